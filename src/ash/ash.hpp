@@ -1,0 +1,15 @@
+#pragma once
+// Umbrella header: everything a user of AdjointSharding needs.
+#include "ash/core/config.hpp"
+#include "ash/core/error.hpp"
+#include "ash/core/memory.hpp"
+#include "ash/core/types.hpp"
+#include "ash/grad/backprop.hpp"
+#include "ash/grad/engine.hpp"
+#include "ash/io/checkpoint.hpp"
+#include "ash/io/tokens.hpp"
+#include "ash/model/embedding.hpp"
+#include "ash/model/forward.hpp"
+#include "ash/model/head.hpp"
+#include "ash/model/params.hpp"
+#include "ash/model/ssm_layer.hpp"

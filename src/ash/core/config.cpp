@@ -1,0 +1,141 @@
+#include "ash/core/config.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include "ash/core/error.hpp"
+
+namespace ash {
+
+nlohmann::json Config::defaults() {
+  return nlohmann::json::parse(R"({
+    "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
+    "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4},
+    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64},
+    "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
+              "beta1": 0.9, "beta2": 0.95},
+    "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200},
+    "dist":  {"layer_ranks": 1, "data_ranks": 1}
+  })");
+}
+
+Config::Config() : j_(defaults()) {}
+
+namespace {
+
+bool same_kind(const nlohmann::json& a, const nlohmann::json& b) {
+  if (a.is_number() && b.is_number()) {
+    // An integer key must stay integral (3.0 is rejected for model.layers).
+    if (a.is_number_integer() || a.is_number_unsigned()) return b.is_number_integer() || b.is_number_unsigned();
+    return true;
+  }
+  return a.type() == b.type();
+}
+
+void merge_into(nlohmann::json& dst, const nlohmann::json& src, const std::string& prefix,
+                const std::string& origin) {
+  require(src.is_object(), origin + ": '" + (prefix.empty() ? std::string("<root>") : prefix) +
+                               "' must be a JSON object");
+  for (auto it = src.begin(); it != src.end(); ++it) {
+    const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
+    require(dst.contains(it.key()), origin + ": unknown config key '" + key + "'");
+    auto& d = dst[it.key()];
+    if (d.is_object()) {
+      merge_into(d, it.value(), key, origin);
+    } else {
+      require(same_kind(d, it.value()), origin + ": config key '" + key + "' expects a " +
+                                            std::string(d.type_name()) + ", got " + it.value().dump());
+      d = it.value();
+    }
+  }
+}
+
+}  // namespace
+
+void Config::merge(const nlohmann::json& doc, const std::string& origin) {
+  nlohmann::json tmp = j_;  // all-or-nothing
+  merge_into(tmp, doc, "", origin);
+  j_ = std::move(tmp);
+}
+
+void Config::merge_file(const std::string& path) {
+  std::ifstream in(path);
+  require(in.good(), "cannot open config file '" + path + "'");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("config file '" + path + "' is not valid JSON: " + e.what());
+  }
+  merge(doc, path);
+}
+
+void Config::set(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  require(eq != std::string::npos && eq > 0, "--set expects key=value, got '" + assignment + "'");
+  const std::string key = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  nlohmann::json value;
+  try {
+    value = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    value = text;  // bare strings need no quotes
+  }
+  // Build {"a": {"b": value}} and merge it, so the same key/type checks apply.
+  nlohmann::json doc = value;
+  std::string rest = key;
+  std::vector<std::string> parts;
+  std::stringstream ss(rest);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) doc = nlohmann::json{{*it, doc}};
+  merge(doc, "--set " + key);
+}
+
+const nlohmann::json& Config::at(const std::string& dotted) const {
+  const nlohmann::json* node = &j_;
+  std::stringstream ss(dotted);
+  for (std::string p; std::getline(ss, p, '.');) {
+    require(node->is_object() && node->contains(p), "unknown config key '" + dotted + "'");
+    node = &(*node)[p];
+  }
+  return *node;
+}
+
+ModelDims Config::model() const {
+  ModelDims d;
+  d.vocab = get<std::int64_t>("model.vocab");
+  d.width = get<std::int64_t>("model.width");
+  d.state = get<std::int64_t>("model.state");
+  d.layers = get<std::int64_t>("model.layers");
+  d.seed = get<std::uint64_t>("model.seed");
+  return d;
+}
+
+void Config::validate() const {
+  const auto d = model();
+  require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
+  require(d.vocab <= (std::int64_t(1) << 31) - 1, "model.vocab must fit in int32");
+  require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
+  require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");
+  require(d.layers >= 1, "model.layers must be >= 1 (got " + std::to_string(d.layers) + ")");
+  const auto T = get<std::int64_t>("data.seq_len");
+  require(T >= 2, "data.seq_len must be >= 2: a window of T tokens has T-1 targets (got " +
+                      std::to_string(T) + ")");
+  const auto B = get<std::int64_t>("data.batch");
+  require(B >= 1, "data.batch must be >= 1 (got " + std::to_string(B) + ")");
+  const auto vf = get<double>("data.valid_fraction");
+  require(vf >= 0.0 && vf < 1.0, "data.valid_fraction must be in [0, 1)");
+  const auto tr = get<std::int64_t>("grad.truncate");
+  require(tr >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
+  require(get<std::int64_t>("grad.chunk") >= 1, "grad.chunk must be >= 1");
+  const auto eng = get<std::string>("grad.engine");
+  require(eng == "backprop" || eng == "adjoint" || eng == "adjoint-exact",
+          "grad.engine must be backprop, adjoint or adjoint-exact (got '" + eng + "')");
+  require(get<std::int64_t>("dist.layer_ranks") >= 1 && get<std::int64_t>("dist.data_ranks") >= 1,
+          "dist.layer_ranks and dist.data_ranks must be >= 1");
+  require(get<std::int64_t>("dist.layer_ranks") <= d.layers,
+          "dist.layer_ranks (" + std::to_string(get<std::int64_t>("dist.layer_ranks")) +
+              ") must not exceed model.layers (" + std::to_string(d.layers) + ")");
+}
+
+}  // namespace ash

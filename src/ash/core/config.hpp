@@ -1,0 +1,54 @@
+#pragma once
+// JSON configuration with the canonical keys of DESIGN.md §4.
+// Every key has a default; a key that is not in the defaults is an error,
+// and so is a value whose type differs from the default's.
+#include <nlohmann/json.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ash {
+
+struct ModelDims {
+  std::int64_t vocab = 256;   // V
+  std::int64_t width = 64;    // P
+  std::int64_t state = 16;    // N
+  std::int64_t layers = 2;    // K
+  std::uint64_t seed = 1234;  // initialisation seed
+  bool operator==(const ModelDims& o) const {
+    return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers;
+  }
+};
+
+class Config {
+ public:
+  Config();  // all defaults
+  static nlohmann::json defaults();
+
+  // Merge a JSON document (file contents); unknown keys and wrong types throw ash::Error.
+  void merge(const nlohmann::json& doc, const std::string& origin);
+  void merge_file(const std::string& path);
+  // "a.b=value"; value is parsed as JSON when it parses, else taken as a string.
+  void set(const std::string& assignment);
+  void set_all(const std::vector<std::string>& assignments) {
+    for (const auto& a : assignments) set(a);
+  }
+
+  // Validates sizes (V >= 2, P, N, K >= 1, seq_len >= 2, batch >= 1, ...).
+  void validate() const;
+
+  ModelDims model() const;
+  const nlohmann::json& json() const { return j_; }
+  std::string dump() const { return j_.dump(2); }
+
+  template <class T>
+  T get(const std::string& dotted) const {
+    return at(dotted).get<T>();
+  }
+  const nlohmann::json& at(const std::string& dotted) const;
+
+ private:
+  nlohmann::json j_;
+};
+
+}  // namespace ash

@@ -1,0 +1,36 @@
+#pragma once
+// Peak memory, measured: Kokkos Tools allocation callbacks see every View
+// (library temporaries included), per memory space; the process high-water
+// mark (VmHWM) covers everything else on the host.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ash {
+
+struct SpaceUsage {
+  std::string space;   // Kokkos memory space name ("Host", "Cuda", ...)
+  std::uint64_t current = 0;
+  std::uint64_t peak = 0;
+};
+
+class MemoryTracker {
+ public:
+  // Registers the allocation callbacks; idempotent. Call after Kokkos::initialize
+  // (ash::ScopeGuard does it) and before the allocations to be counted.
+  static void install();
+  static bool installed();
+  static std::vector<SpaceUsage> usage();
+  static std::uint64_t current(const std::string& space);
+  static std::uint64_t peak(const std::string& space);
+  // Peak := current, for measuring one phase.
+  static void reset_peak();
+  // Process resident-set high-water mark (VmHWM, bytes); 0 where /proc is absent.
+  static std::uint64_t process_hwm_bytes();
+  // One line: "Host peak 1.2 MiB, process HWM 15.3 MiB".
+  static std::string summary();
+};
+
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace ash

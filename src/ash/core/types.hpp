@@ -1,0 +1,35 @@
+#pragma once
+// Execution/memory spaces, View aliases and the Kokkos 3.4 / 4.x math alias.
+#include <Kokkos_Core.hpp>
+#include <cstdint>
+
+namespace ash {
+
+#if KOKKOS_VERSION >= 30700
+namespace kmath = Kokkos;
+#else
+namespace kmath = Kokkos::Experimental;
+#endif
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using MemSpace = ExecSpace::memory_space;
+// 64-bit index: T*P*N passes 2^31 at long contexts.
+using index_t = std::int64_t;
+using token_t = std::int32_t;
+
+// Row-major everywhere: HDF5 datasets are row-major and gemm handles LayoutRight.
+template <class S>
+using View1 = Kokkos::View<S*, Kokkos::LayoutRight, MemSpace>;
+template <class S>
+using View2 = Kokkos::View<S**, Kokkos::LayoutRight, MemSpace>;
+template <class S>
+using View3 = Kokkos::View<S***, Kokkos::LayoutRight, MemSpace>;
+template <class S>
+using Unmanaged1 = Kokkos::View<S*, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class S>
+using Unmanaged2 = Kokkos::View<S**, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
+using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>;
+
+}  // namespace ash

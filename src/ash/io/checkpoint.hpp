@@ -1,0 +1,53 @@
+#pragma once
+// HDF5 checkpoints and gradient files (DESIGN.md §5, format version 1).
+//
+//   attributes  format_version, vocab, width, state, layers, seed, precision,
+//               step, data_cursor, engine, config (the full JSON configuration)
+//   /params     embedding [V,P], final_norm [P], head [V,P],
+//               layers/000/{norm, W_delta, b_delta, A_log, W_B, W_C, D}, ...
+//   gradients:  /loss (scalar), /grad/<same path as under /params>
+// Files are written to "<path>.tmp.<pid>" and renamed, so a failed write never
+// replaces a good file.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ash/core/config.hpp"
+#include "ash/model/params.hpp"
+
+namespace ash {
+
+constexpr int checkpoint_format_version = 1;
+
+struct CheckpointInfo {
+  int format_version = 0;
+  ModelDims dims;
+  std::string precision;  // "float" or "double": dtype of the stored parameters
+  std::int64_t step = 0;
+  std::int64_t data_cursor = 0;
+  Config config;
+  struct Dataset {
+    std::string path;
+    std::vector<std::int64_t> shape;
+    std::string dtype;
+  };
+  std::vector<Dataset> datasets;
+};
+
+template <class S>
+void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<S>& params, std::int64_t step = 0,
+                     std::int64_t data_cursor = 0);
+
+// Reads and validates (version, sizes, every dataset and its shape); converts to S.
+template <class S>
+ParamSet<S> load_checkpoint(const std::string& path, CheckpointInfo* info = nullptr);
+
+CheckpointInfo inspect_checkpoint(const std::string& path);
+
+template <class S>
+void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad);
+
+// Reads /grad/* of a gradient file into a ParamSet with the given sizes.
+ParamSet<double> load_gradients(const std::string& path, const ModelDims& dims, double* loss = nullptr);
+
+}  // namespace ash

@@ -1,0 +1,19 @@
+#pragma once
+// Token windows on the device and the embedding y_0^t = E[x^t].
+#include "ash/core/types.hpp"
+#include "ash/model/ssm_layer.hpp"
+
+namespace ash {
+
+// [Bt, T] token ids; row m = b·T + t of every activation is token (b, t).
+using TokenView = Kokkos::View<token_t**, Kokkos::LayoutRight, MemSpace>;
+
+template <class S>
+void embedding_forward(const Unmanaged2<S>& E, const TokenView& x, const View2<S>& y0);
+
+// gE[v, :] += Σ_{(b,t): x = v} g[m, :]; one thread per channel, tokens in order,
+// so the sum is deterministic (no atomics).
+template <class S>
+void embedding_backward(const TokenView& x, const View2<S>& g, const Unmanaged2<S>& gE);
+
+}  // namespace ash

@@ -1,0 +1,73 @@
+#include "ash/model/head.hpp"
+
+#include "ash/model/impl/blas.hpp"
+#include "ash/model/impl/rms_norm.hpp"
+
+namespace ash {
+
+template <class S>
+double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
+                 const GlobalParams<S>* grad, index_t chunk_rows) {
+  const index_t T = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
+  const index_t count = index_t(x.extent(0)) * (T - 1);
+  const bool want_g = g.extent(0) == index_t(M);
+  const index_t C = chunk_rows < M ? chunk_rows : M;
+  View1<S> rstd("ash::head::rstd", C);
+  View2<S> yhat("ash::head::yhat", C, P);
+  View2<S> logits("ash::head::logits", C, V);
+  View2<S> gyhat;
+  if (want_g) gyhat = View2<S>("ash::head::gyhat", C, P);
+  const S inv_count = S(1) / S(count);
+  double loss_sum = 0;
+  for (index_t r0 = 0; r0 < M; r0 += C) {
+    const index_t r1 = r0 + C < M ? r0 + C : M, c = r1 - r0;
+    const auto rows = Kokkos::make_pair(index_t(0), c);
+    auto y_c = Kokkos::subview(yK, Kokkos::make_pair(r0, r1), Kokkos::ALL());
+    auto rstd_c = Kokkos::subview(rstd, rows);
+    auto yhat_c = Kokkos::subview(yhat, rows, Kokkos::ALL());
+    auto log_c = Kokkos::subview(logits, rows, Kokkos::ALL());
+    impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c);
+    impl::gemm<S>("N", "T", S(1), yhat_c, p.head, S(0), log_c);
+    // Per row: log-sum-exp, loss, and (in place) go = (softmax - onehot) / count.
+    double part = 0;
+    Kokkos::parallel_reduce(
+        "ash::head_softmax", Range(0, c),
+        KOKKOS_LAMBDA(const index_t i, double& acc) {
+          const index_t m = r0 + i, b = m / T, t = m % T;
+          S mx = log_c(i, 0);
+          for (index_t v = 1; v < V; ++v) mx = log_c(i, v) > mx ? log_c(i, v) : mx;
+          S se = 0;
+          for (index_t v = 0; v < V; ++v) se += kmath::exp(log_c(i, v) - mx);
+          const S lse = mx + kmath::log(se);
+          const bool has_target = t + 1 < T;
+          const index_t tgt = has_target ? index_t(x(b, t + 1)) : -1;
+          if (has_target) acc += double(lse - log_c(i, tgt));
+          for (index_t v = 0; v < V; ++v) {
+            const S sm = kmath::exp(log_c(i, v) - lse);
+            log_c(i, v) = has_target ? (sm - (v == tgt ? S(1) : S(0))) * inv_count : S(0);
+          }
+        },
+        part);
+    loss_sum += part;
+    if (grad) impl::gemm<S>("T", "N", S(1), log_c, yhat_c, S(1), grad->head);
+    if (want_g) {
+      auto gyhat_c = Kokkos::subview(gyhat, rows, Kokkos::ALL());
+      auto g_c = Kokkos::subview(g, Kokkos::make_pair(r0, r1), Kokkos::ALL());
+      impl::gemm<S>("N", "N", S(1), log_c, p.head, S(0), gyhat_c);
+      if (grad) {
+        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, grad->final_norm, g_c, false);
+      } else {
+        View1<S> gw_discard("ash::head::gw_discard", P);
+        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, gw_discard, g_c, false);
+      }
+    }
+  }
+  return loss_sum / double(count);
+}
+
+template double head_loss<float>(const GlobalParams<float>&, const TokenView&, const View2<float>&,
+                                 const View2<float>&, const GlobalParams<float>*, index_t);
+template double head_loss<double>(const GlobalParams<double>&, const TokenView&, const View2<double>&,
+                                  const View2<double>&, const GlobalParams<double>*, index_t);
+
+}  // namespace ash

@@ -1,0 +1,16 @@
+#pragma once
+// The head: ŷ_K = RMSNorm(y_K; w_f), o = Ω ŷ_K, l^t = -log softmax(o^t)[x^{t+1}],
+// L = mean over the Bt·(T-1) tokens that have a target.
+#include "ash/model/embedding.hpp"
+#include "ash/model/params.hpp"
+
+namespace ash {
+
+// Returns L. When g is allocated it receives g^t = ∂L/∂y_K^t (0 for the last
+// token of each window); when grad is non-null, ∂L/∂Ω and ∂L/∂w_f are added to it.
+// The T×V logits are formed chunk_rows tokens at a time, never whole.
+template <class S>
+double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
+                 const GlobalParams<S>* grad, index_t chunk_rows = 1024);
+
+}  // namespace ash

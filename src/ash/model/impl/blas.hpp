@@ -1,0 +1,14 @@
+#pragma once
+// Dense products through Kokkos Kernels (OpenBLAS / cuBLAS behind it).
+// Only the 7-argument gemm exists in Kokkos Kernels 3.4 (KOKKOS_NOTES.md).
+#include <KokkosBlas3_gemm.hpp>
+
+namespace ash::impl {
+
+// C = alpha op(A) op(B) + beta C
+template <class S, class A, class B, class C>
+void gemm(const char* ta, const char* tb, S alpha, const A& a, const B& b, S beta, const C& c) {
+  KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
+}
+
+}  // namespace ash::impl

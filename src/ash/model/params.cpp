@@ -1,0 +1,137 @@
+#include "ash/model/params.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "ash/core/error.hpp"
+
+namespace ash {
+
+std::string layer_prefix(int k) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "layers/%03d/", k);
+  return buf;
+}
+
+std::vector<TensorInfo> param_layout(const ModelDims& d) {
+  const std::int64_t V = d.vocab, P = d.width, N = d.state;
+  std::vector<TensorInfo> out;
+  index_t off = 0;
+  auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    TensorInfo t{name, std::move(shape), off};
+    off += t.size();
+    out.push_back(t);
+  };
+  add("embedding", {V, P});
+  add("final_norm", {P});
+  add("head", {V, P});
+  for (int k = 0; k < d.layers; ++k) {
+    const auto pre = layer_prefix(k);
+    add(pre + "norm", {P});
+    add(pre + "W_delta", {P, P});
+    add(pre + "b_delta", {P});
+    add(pre + "A_log", {P, N});
+    add(pre + "W_B", {N, P});
+    add(pre + "W_C", {N, P});
+    add(pre + "D", {P});
+  }
+  return out;
+}
+
+template <class S>
+ParamSet<S>::ParamSet(const ModelDims& d) : dims_(d), tensors_(param_layout(d)) {
+  const index_t off = tensors_.back().offset + tensors_.back().size();
+  data_ = View1<S>("ash::params", off);
+  S* base = data_.data();
+  auto m = [&](const std::string& n) {
+    const auto& t = tensor(n);
+    return Unmanaged2<S>(base + t.offset, t.shape[0], t.shape[1]);
+  };
+  auto v = [&](const std::string& n) { return Unmanaged1<S>(base + tensor(n).offset, tensor(n).shape[0]); };
+  global_ = GlobalParams<S>{m("embedding"), v("final_norm"), m("head")};
+  for (int k = 0; k < d.layers; ++k) {
+    const auto pre = layer_prefix(k);
+    layers_.push_back(LayerParams<S>{v(pre + "norm"), m(pre + "W_delta"), v(pre + "b_delta"), m(pre + "A_log"),
+                                     m(pre + "W_B"), m(pre + "W_C"), v(pre + "D")});
+  }
+}
+
+template <class S>
+const TensorInfo& ParamSet<S>::tensor(const std::string& name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return t;
+  throw Error("no parameter tensor named '" + name + "'");
+}
+
+template <class S>
+void ParamSet<S>::fill_zero() const {
+  Kokkos::deep_copy(data_, S(0));
+}
+
+template <class S>
+void ParamSet<S>::copy_from(const ParamSet& other) const {
+  require(other.size() == size() && other.dims() == dims(), "ParamSet::copy_from: layouts differ");
+  Kokkos::deep_copy(data_, other.data_);
+}
+
+template <class S>
+ParamSet<S> ParamSet<S>::clone() const {
+  ParamSet<S> c(dims_);
+  c.copy_from(*this);
+  return c;
+}
+
+namespace {
+
+// Platform-independent transforms of mt19937_64 output.
+struct Rng {
+  std::mt19937_64 gen;
+  explicit Rng(std::uint64_t seed) : gen(seed) {}
+  double uniform() { return double(gen() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  double uniform(double a, double b) { return a + (b - a) * uniform(); }
+  double normal() {  // Box-Muller, one value per call
+    double u1 = uniform();
+    while (u1 <= 0.0) u1 = uniform();
+    const double u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+};
+
+}  // namespace
+
+template <class S>
+void initialize(const ParamSet<S>& params, std::uint64_t seed) {
+  const auto& d = params.dims();
+  auto host = Kokkos::create_mirror_view(params.data());
+  Rng rng(seed);
+  const double bound = 1.0 / std::sqrt(double(d.width));
+  for (const auto& t : params.tensors()) {
+    S* p = host.data() + t.offset;
+    const index_t n = t.size();
+    const std::string leaf = t.name.substr(t.name.rfind('/') + 1);
+    if (leaf == "embedding") {
+      for (index_t i = 0; i < n; ++i) p[i] = S(0.02 * rng.normal());
+    } else if (leaf == "head" || leaf == "W_delta" || leaf == "W_B" || leaf == "W_C") {
+      for (index_t i = 0; i < n; ++i) p[i] = S(rng.uniform(-bound, bound));
+    } else if (leaf == "b_delta") {
+      for (index_t i = 0; i < n; ++i) {
+        const double dt = std::exp(rng.uniform(std::log(1e-3), std::log(1e-1)));
+        p[i] = S(dt + std::log(-std::expm1(-dt)));  // softplus(b) = dt
+      }
+    } else if (leaf == "A_log") {
+      for (index_t pp = 0; pp < t.shape[0]; ++pp)
+        for (index_t nn = 0; nn < t.shape[1]; ++nn) p[pp * t.shape[1] + nn] = S(std::log(double(nn + 1)));
+    } else {  // norm, final_norm, D
+      for (index_t i = 0; i < n; ++i) p[i] = S(1);
+    }
+  }
+  Kokkos::deep_copy(params.data(), host);
+}
+
+template class ParamSet<float>;
+template class ParamSet<double>;
+template void initialize<float>(const ParamSet<float>&, std::uint64_t);
+template void initialize<double>(const ParamSet<double>&, std::uint64_t);
+
+}  // namespace ash

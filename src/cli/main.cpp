@@ -1,0 +1,164 @@
+// The `ash` command-line tool (DESIGN.md §4): init, grad, inspect.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "ash/ash.hpp"
+
+namespace {
+
+struct Common {
+  std::string config_file;
+  std::vector<std::string> sets;
+};
+
+ash::Config load_config(const Common& c) {
+  ash::Config cfg;
+  if (!c.config_file.empty()) cfg.merge_file(c.config_file);
+  cfg.set_all(c.sets);
+  cfg.validate();
+  return cfg;
+}
+
+template <class S>
+void run_init(const ash::Config& cfg, const std::string& out) {
+  ash::ParamSet<S> params(cfg.model());
+  ash::initialize(params, cfg.model().seed);
+  ash::save_checkpoint(out, cfg, params);
+  std::printf("wrote %s: V=%lld P=%lld N=%lld K=%lld, %lld parameters (%s), seed %llu\n", out.c_str(),
+              (long long)cfg.model().vocab, (long long)cfg.model().width, (long long)cfg.model().state,
+              (long long)cfg.model().layers, (long long)params.size(), sizeof(S) == 8 ? "double" : "float",
+              (unsigned long long)cfg.model().seed);
+}
+
+struct GradArgs {
+  std::string checkpoint, tokens, out, engine, precision;
+  long long truncate = -1, chunk = -1;
+  bool detach = false;
+  Common common;
+};
+
+template <class S>
+void run_grad(const GradArgs& a) {
+  ash::CheckpointInfo info;
+  auto params = ash::load_checkpoint<S>(a.checkpoint, &info);
+  ash::Config cfg = info.config;
+  const ash::ModelDims stored = cfg.model();
+  cfg.set_all(a.common.sets);
+  ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
+  if (!a.engine.empty()) cfg.set("grad.engine=" + a.engine);
+  if (a.truncate >= 0) cfg.set("grad.truncate=" + std::to_string(a.truncate));
+  if (a.chunk >= 0) cfg.set("grad.chunk=" + std::to_string(a.chunk));
+  if (a.detach) cfg.set("grad.detach_inputs=true");
+  cfg.validate();
+  const auto opts = ash::EngineOptions::from_config(cfg);
+  auto engine = ash::make_engine<S>(opts);
+  const auto T = cfg.get<ash::index_t>("data.seq_len");
+  const auto B = cfg.get<ash::index_t>("data.batch");
+  const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, cfg.model().vocab);
+  ash::ParamSet<S> grad(params.dims());
+  ash::MemoryTracker::reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  const double loss = engine->compute(params, x, grad);
+  Kokkos::fence();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
+  ash::save_gradients(a.out, cfg, loss, grad);
+  std::printf("engine %s (%s), %lld window(s) of T=%lld\n", engine->name().c_str(), sizeof(S) == 8 ? "double" : "float",
+              (long long)B, (long long)T);
+  std::printf("loss %.10f\n", loss);
+  std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
+  std::printf("memory: %s\n", ash::MemoryTracker::summary().c_str());
+  std::printf("wrote %s\n", a.out.c_str());
+}
+
+void run_inspect(const std::string& path) {
+  const auto info = ash::inspect_checkpoint(path);
+  std::printf("checkpoint %s\n", path.c_str());
+  std::printf("format_version %d, precision %s, step %lld, data_cursor %lld\n", info.format_version,
+              info.precision.c_str(), (long long)info.step, (long long)info.data_cursor);
+  std::printf("model: vocab V=%lld width P=%lld state N=%lld layers K=%lld seed %llu\n", (long long)info.dims.vocab,
+              (long long)info.dims.width, (long long)info.dims.state, (long long)info.dims.layers,
+              (unsigned long long)info.dims.seed);
+  std::printf("config:\n%s\n", info.config.dump().c_str());
+  long long total = 0;
+  for (const auto& d : info.datasets) {
+    std::string shape = "[";
+    long long n = 1;
+    for (std::size_t i = 0; i < d.shape.size(); ++i) {
+      shape += (i ? ", " : "") + std::to_string(d.shape[i]);
+      n *= d.shape[i];
+    }
+    shape += "]";
+    if (d.dtype != "missing") total += n;
+    std::printf("  %-28s %-12s %s\n", d.path.c_str(), shape.c_str(), d.dtype.c_str());
+  }
+  std::printf("parameters: %lld\n", total);
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  ash::MemoryTracker::install();
+
+  CLI::App app{"ash: adjoint-sharding training and gradients for SSM language models"};
+  app.require_subcommand(1);
+
+  Common init_common;
+  std::string init_out, init_precision = "double";
+  auto* init = app.add_subcommand("init", "write a freshly initialised (seeded) model as a checkpoint");
+  init->add_option("--config", init_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
+  init->add_option("--set", init_common.sets, "override a config key: key=value")->take_all();
+  init->add_option("--out", init_out, "checkpoint to write (.h5)")->required();
+  init->add_option("--precision", init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
+
+  GradArgs g;
+  auto* grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
+  grad->add_option("--checkpoint", g.checkpoint, "model checkpoint (.h5)")->required();
+  grad->add_option("--tokens", g.tokens, "token file: text bytes, .u16 or .u32")->required();
+  grad->add_option("--engine", g.engine, "backprop | adjoint | adjoint-exact (default: grad.engine)");
+  grad->add_option("--truncate", g.truncate, "window T-bar (adjoint engines)");
+  grad->add_flag("--detach-inputs", g.detach, "stop-gradient on every layer input");
+  grad->add_option("--chunk", g.chunk, "chunk length (adjoint-exact)");
+  grad->add_option("--precision", g.precision, "compute type (default: the checkpoint's)")
+      ->check(CLI::IsMember({"float", "double"}));
+  grad->add_option("--set", g.common.sets, "override a config key: key=value")->take_all();
+  grad->add_option("--out", g.out, "gradient file to write (.h5)")->required();
+
+  std::string inspect_path;
+  auto* inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
+  inspect->add_option("checkpoint", inspect_path, "checkpoint (.h5)")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*init) {
+      const auto cfg = load_config(init_common);
+      if (init_precision == "float")
+        run_init<float>(cfg, init_out);
+      else
+        run_init<double>(cfg, init_out);
+    } else if (*grad) {
+      std::string prec = g.precision;
+      if (prec.empty()) prec = ash::inspect_checkpoint(g.checkpoint).precision;
+      if (prec == "float")
+        run_grad<float>(g);
+      else
+        run_grad<double>(g);
+    } else if (*inspect) {
+      run_inspect(inspect_path);
+    }
+  } catch (const ash::Error& e) {
+    std::fprintf(stderr, "ash: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ash: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}
