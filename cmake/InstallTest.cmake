@@ -1,0 +1,26 @@
+# ctest -R install_and_consume: install the build tree into a private prefix,
+# then configure, build and run examples/consumer against it with nothing but
+# find_package(AdjointSharding).
+foreach(v BUILD_DIR SOURCE_DIR WORK_DIR CXX_COMPILER)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "InstallTest.cmake needs -D${v}=...")
+  endif()
+endforeach()
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "install test step failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
+     "-DCMAKE_PREFIX_PATH=${prefix};${PREFIX_PATH}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
+     -DCMAKE_BUILD_TYPE=Release)
+step(${CMAKE_COMMAND} --build "${WORK_DIR}/build" -j 2)
+step("${WORK_DIR}/build/ash_consumer")
+step("${prefix}/bin/ash" inspect --help)
+message(STATUS "install test passed: ${prefix}")

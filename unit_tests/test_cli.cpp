@@ -1,0 +1,158 @@
+// The `ash` tool end to end: init -> inspect -> grad, and bad inputs
+// (DESIGN.md §7): a clear message, a non-zero exit, nothing lost.
+#include <hdf5.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "test_helpers.hpp"
+
+#ifndef ASH_CLI
+#error "ASH_CLI must be the path of the ash executable"
+#endif
+
+namespace ash::test {
+
+namespace {
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(ASH_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::string dir() { return ::testing::TempDir() + "ash_cli_"; }
+
+void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string text_corpus() {
+  std::string s;
+  for (int i = 0; i < 40; ++i) s += "the quick brown fox jumps over the lazy dog; ";
+  return s;
+}
+
+#define EXPECT_FAILS_WITH(res, needle)                                                  \
+  do {                                                                                  \
+    const auto r_ = (res);                                                              \
+    EXPECT_NE(r_.code, 0) << r_.out;                                                    \
+    EXPECT_NE(r_.out.find(needle), std::string::npos) << "output was:\n" << r_.out;     \
+    EXPECT_EQ(r_.out.find("internal error"), std::string::npos) << r_.out;              \
+  } while (0)
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ckpt = dir() + "model.h5";
+    text = dir() + "corpus.txt";
+    write(text, text_corpus());
+    auto r = run("init --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=32 "
+                 "--set data.batch=2 --out " + ckpt);
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  std::string ckpt, text;
+};
+
+}  // namespace
+
+TEST_F(Cli, InitInspectGradMatchTheLibrary) {
+  auto ins = run("inspect " + ckpt);
+  ASSERT_EQ(ins.code, 0) << ins.out;
+  EXPECT_NE(ins.out.find("/params/layers/001/W_B"), std::string::npos);
+  EXPECT_NE(ins.out.find("[4, 8]"), std::string::npos);
+  EXPECT_NE(ins.out.find("\"seq_len\": 32"), std::string::npos);
+  EXPECT_NE(ins.out.find("format_version 1"), std::string::npos);
+
+  const auto out = dir() + "grads.h5";
+  auto g = run("grad --checkpoint " + ckpt + " --tokens " + text + " --engine backprop --out " + out);
+  ASSERT_EQ(g.code, 0) << g.out;
+  EXPECT_NE(g.out.find("loss "), std::string::npos);
+  EXPECT_NE(g.out.find("peak"), std::string::npos);
+
+  // Same numbers as the library on the same windows.
+  CheckpointInfo info;
+  auto ps = load_checkpoint<double>(ckpt, &info);
+  const auto x = make_windows(load_tokens(text), 2, 32, info.dims.vocab);
+  ParamSet<double> ref(info.dims);
+  const double loss = make_engine<double>(EngineOptions{})->compute(ps, x, ref);
+  double file_loss = 0;
+  const auto got = load_gradients(out, info.dims, &file_loss);
+  EXPECT_EQ(file_loss, loss);
+  EXPECT_EQ(to_host(got), to_host(ref));
+}
+
+TEST_F(Cli, BadConfigs) {
+  const auto cfg = dir() + "bad.json";
+  write(cfg, R"({"model": {"width": 8, "colour": "red"}})");
+  EXPECT_FAILS_WITH(run("init --config " + cfg + " --out " + dir() + "x.h5"), "unknown config key 'model.colour'");
+  EXPECT_FAILS_WITH(run("init --set model.bogus=1 --out " + dir() + "x.h5"), "unknown config key 'model.bogus'");
+  EXPECT_FAILS_WITH(run("init --set model.width=0 --out " + dir() + "x.h5"), "model.width");
+  EXPECT_FAILS_WITH(run("init --set model.layers=two --out " + dir() + "x.h5"), "model.layers");
+  write(cfg, "{\"model\": ");
+  EXPECT_FAILS_WITH(run("init --config " + cfg + " --out " + dir() + "x.h5"), "not valid JSON");
+}
+
+TEST_F(Cli, BadTokensAndSizes) {
+  const auto out = dir() + "g.h5";
+  const auto g = "grad --checkpoint " + ckpt + " --out " + out + " ";
+  EXPECT_FAILS_WITH(run(g + "--tokens " + dir() + "none.txt"), "cannot open token file");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --set data.seq_len=0"), "data.seq_len");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --set data.seq_len=100000"), "tokens");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --set model.width=4"), "may not change the model sizes");
+  const auto u16 = dir() + "odd.u16";
+  write(u16, "abc");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + u16), "truncated");
+  // Token ids >= V: a 17-symbol model on text bytes.
+  const auto small = dir() + "small.h5";
+  ASSERT_EQ(run("init --set model.vocab=17 --set data.seq_len=8 --out " + small).code, 0);
+  EXPECT_FAILS_WITH(run("grad --checkpoint " + small + " --tokens " + text + " --out " + out), ">= vocab 17");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --engine sgd"), "grad.engine");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --truncate 4"), "--truncate");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --chunk 0"), "grad.chunk");
+  EXPECT_NE(run("grad --checkpoint " + ckpt).code, 0);  // missing required options (CLI11)
+  EXPECT_FALSE(std::ifstream(out).good()) << "no gradient file after failures";
+}
+
+TEST_F(Cli, BadCheckpoints) {
+  const auto g = " --tokens " + text + " --out " + dir() + "g.h5";
+  EXPECT_FAILS_WITH(run("grad --checkpoint " + dir() + "nope.h5" + g), "cannot open checkpoint");
+  EXPECT_FAILS_WITH(run("inspect " + dir() + "nope.h5"), "cannot open checkpoint");
+  const auto junk = dir() + "junk.h5";
+  write(junk, "garbage that is not HDF5");
+  EXPECT_FAILS_WITH(run("grad --checkpoint " + junk + g), "not an HDF5 file");
+  // Truncated copy of a good checkpoint.
+  std::ifstream in(ckpt, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto cut = dir() + "cut.h5";
+  write(cut, bytes.substr(0, bytes.size() / 3));
+  const auto r = run("inspect " + cut);
+  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+  // Wrong version.
+  const auto wrong = dir() + "wrong.h5";
+  write(wrong, bytes);
+  hid_t f = H5Fopen(wrong.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  const std::int64_t v = 7;
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Fclose(f);
+  EXPECT_FAILS_WITH(run("inspect " + wrong), "format version 7");
+}
+
+TEST_F(Cli, FailedInitKeepsExistingFile) {
+  // A refused init must not touch a good checkpoint at the same path.
+  EXPECT_NE(run("init --set model.nope=1 --out " + ckpt).code, 0);
+  EXPECT_EQ(run("inspect " + ckpt).code, 0);
+}
+
+}  // namespace ash::test

@@ -1,0 +1,71 @@
+// JSON configuration: canonical keys, --set overrides, errors that name the key.
+#include <fstream>
+
+#include "test_helpers.hpp"
+
+namespace ash::test {
+
+namespace {
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Config, DefaultsAreValid) {
+  Config c;
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_EQ(c.model().vocab, 256);
+  EXPECT_EQ(c.get<std::string>("grad.engine"), "backprop");
+}
+
+TEST(Config, SetParsesValues) {
+  Config c;
+  c.set("model.width=32");
+  c.set("grad.engine=adjoint-exact");
+  c.set("grad.detach_inputs=true");
+  c.set("optim.lr=1e-4");
+  c.set("optim.lr=1");  // an integer is fine for a float key
+  EXPECT_EQ(c.model().width, 32);
+  EXPECT_EQ(c.get<std::string>("grad.engine"), "adjoint-exact");
+  EXPECT_TRUE(c.get<bool>("grad.detach_inputs"));
+  EXPECT_EQ(c.get<double>("optim.lr"), 1.0);
+}
+
+TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
+  Config c;
+  EXPECT_NE(what_of([&] { c.set("model.widht=3"); }).find("unknown config key 'model.widht'"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.set("nothing=3"); }).find("unknown config key 'nothing'"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.set("model.layers=2.5"); }).find("'model.layers'"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.set("model=3"); }).find("'model'"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.set("noequals"); }).find("key=value"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.merge(nlohmann::json::parse(R"({"data": {"seq_len": 8, "bogus": 1}})"), "f.json"); })
+                .find("unknown config key 'data.bogus'"),
+            std::string::npos);
+  // All-or-nothing: the failed merge did not apply seq_len.
+  EXPECT_EQ(c.get<std::int64_t>("data.seq_len"), Config().get<std::int64_t>("data.seq_len"));
+}
+
+TEST(Config, ValidateRejectsInconsistentSizes) {
+  for (const char* bad : {"model.vocab=1", "model.width=0", "model.layers=0", "model.state=0", "data.seq_len=0",
+                          "data.seq_len=1", "data.batch=0", "grad.chunk=0", "dist.layer_ranks=5",
+                          "grad.engine=sgd"}) {
+    Config c;
+    c.set(bad);
+    EXPECT_THROW(c.validate(), Error) << bad;
+  }
+}
+
+TEST(Config, FileErrors) {
+  Config c;
+  EXPECT_NE(what_of([&] { c.merge_file("/nonexistent/cfg.json"); }).find("cannot open"), std::string::npos);
+  const auto p = ::testing::TempDir() + "ash_bad.json";
+  std::ofstream(p) << "{ not json";
+  EXPECT_NE(what_of([&] { c.merge_file(p); }).find("not valid JSON"), std::string::npos);
+}
+
+}  // namespace ash::test

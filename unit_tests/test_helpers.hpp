@@ -1,0 +1,93 @@
+#pragma once
+// Shared test fixtures: tiny models, random tokens, host copies, allclose.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ash/ash.hpp"
+
+namespace ash::test {
+
+using Scalars = ::testing::Types<float, double>;
+
+// Tolerances a real bug would break: double ~ rounding, float ~ 1e-4 relative.
+template <class S>
+struct Tol;
+template <>
+struct Tol<double> {
+  static constexpr double forward = 1e-12;
+  static constexpr double grad_vs_double = 1e-12;
+};
+template <>
+struct Tol<float> {
+  static constexpr double forward = 2e-5;
+  static constexpr double grad_vs_double = 2e-3;
+};
+
+inline ModelDims tiny_dims(int K, std::int64_t V = 17, std::int64_t P = 8, std::int64_t N = 4) {
+  ModelDims d;
+  d.vocab = V;
+  d.width = P;
+  d.state = N;
+  d.layers = K;
+  d.seed = 7;
+  return d;
+}
+
+template <class S>
+std::vector<double> to_host(const ParamSet<S>& ps) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps.data());
+  return std::vector<double>(h.data(), h.data() + h.extent(0));
+}
+
+template <class S>
+void from_host(const ParamSet<S>& ps, const std::vector<double>& v) {
+  auto h = Kokkos::create_mirror_view(ps.data());
+  for (std::size_t i = 0; i < v.size(); ++i) h(i) = S(v[i]);
+  Kokkos::deep_copy(ps.data(), h);
+}
+
+// The documented initialisation, then every tensor moved off its special
+// values (w = 1, D = 1, ...) so that every gradient path is exercised.
+template <class S>
+ParamSet<S> random_model(const ModelDims& d, std::uint64_t seed) {
+  ParamSet<S> ps(d);
+  initialize(ps, seed);
+  auto v = to_host(ps);
+  std::mt19937_64 gen(seed + 99);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (const auto& t : ps.tensors()) {
+    const bool big = t.name == "embedding";  // so RMSNorm sees O(1) inputs
+    for (index_t i = 0; i < t.size(); ++i) v[t.offset + i] += (big ? 1.0 : 0.3) * u(gen);
+  }
+  from_host(ps, v);
+  return ps;
+}
+
+inline std::vector<std::uint32_t> random_token_ids(index_t n, index_t V, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<std::uint32_t> ids(n);
+  for (auto& x : ids) x = std::uint32_t(gen() % std::uint64_t(V));
+  return ids;
+}
+
+inline TokenView random_tokens(index_t batch, index_t T, index_t V, std::uint64_t seed) {
+  return make_windows(random_token_ids(batch * T, V, seed), batch, T, V);
+}
+
+// ||a - b|| / max(||b||, tiny) over a slice.
+inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b, std::size_t off = 0,
+                     std::size_t n = std::size_t(-1)) {
+  if (n == std::size_t(-1)) n = a.size() - off;
+  double num = 0, den = 0;
+  for (std::size_t i = off; i < off + n; ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
+}  // namespace ash::test
