@@ -104,33 +104,56 @@ void ssm_layer_backward(const LayerParams<S>& p, const SeqShape& s, const View2<
   View2<S> gz("ash::grad::gz", M, P);
   View3<S> mu("ash::grad::mu", M, P, N);  // adjoint of h: μ^t = gy^t γ^t + A^{t+1} μ^{t+1}
 
-  // C-network output term: ỹ_p = Σ_n γ_n h_pn + D_p ŷ_p.
-  Kokkos::parallel_for(
-      "ash::layer_bwd_D", Range(0, P), KOKKOS_LAMBDA(const index_t q) {
-        S acc = 0;
-        for (index_t m = 0; m < M; ++m) acc += gy(m, q) * yhat(m, q);
-        gD(q) += acc;
-      });
-
-  // Reverse scan per (b, p); gΔ and the ŷ-part through u = Δ ŷ β are local to (m, p).
+  // Reverse scan per (b, p): μ, and everything local to (m, p) — gΔ, the ŷ-part
+  // through u = Δ ŷ β, and the per-sequence partial sums of gD, gbδ, gAlog
+  // (reduced over b below: deterministic, unit stride, no atomics).
+  View2<S> part_D("ash::grad::part_D", s.batch, P);
+  View2<S> part_bd("ash::grad::part_bdelta", s.batch, P);
+  View3<S> part_Alog("ash::grad::part_Alog", s.batch, P, N);
   Kokkos::parallel_for(
       "ash::layer_scan_backward", Range(0, s.batch * P), KOKKOS_LAMBDA(const index_t bp) {
         const index_t b = bp / P, q = bp % P;
+        S acc_D = 0, acc_bd = 0;
         for (index_t t = T - 1; t >= 0; --t) {
           const index_t m = b * T + t;
           const S dq = delta(m, q);
           S gdelta = 0, gyh = gy(m, q) * D(q);
+          acc_D += gy(m, q) * yhat(m, q);  // ỹ_p = Σ_n γ_n h_pn + D_p ŷ_p
           for (index_t n = 0; n < N; ++n) {
             const S carry = (t + 1 < T) ? Ast(m + 1, q, n) * mu(m + 1, q, n) : S(0);
             const S mun = gy(m, q) * gamma(m, n) + carry;
             mu(m, q, n) = mun;
             const S hprev = t > 0 ? Hst(m - 1, q, n) : S(0);
             const S a = -kmath::exp(Alog(q, n));
-            gdelta += mun * (hprev * Ast(m, q, n) * a + beta(m, n) * yhat(m, q));
+            const S gA = mun * hprev * Ast(m, q, n);  // ∂L/∂A · A
+            gdelta += gA * a + mun * beta(m, n) * yhat(m, q);
             gyh += mun * dq * beta(m, n);
+            part_Alog(b, q, n) += gA * dq * a;  // ∂A/∂Alog = A Δ a
           }
           gyhat(m, q) = gyh;
-          gz(m, q) = gdelta / (S(1) + kmath::exp(-z(m, q)));  // softplus' = sigmoid
+          const S gzm = gdelta / (S(1) + kmath::exp(-z(m, q)));  // softplus' = sigmoid
+          gz(m, q) = gzm;
+          acc_bd += gzm;
+        }
+        part_D(b, q) = acc_D;
+        part_bd(b, q) = acc_bd;
+      });
+  auto gAlog = grad.A_log;
+  auto gbd = grad.b_delta;
+  const index_t Bt = s.batch;
+  Kokkos::parallel_for(
+      "ash::layer_bwd_reduce_batch", Range2({0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
+        S acc = 0;
+        for (index_t b = 0; b < Bt; ++b) acc += part_Alog(b, q, n);
+        gAlog(q, n) += acc;
+        if (n == 0) {
+          S d = 0, bd = 0;
+          for (index_t b = 0; b < Bt; ++b) {
+            d += part_D(b, q);
+            bd += part_bd(b, q);
+          }
+          gD(q) += d;
+          gbd(q) += bd;
         }
       });
 
@@ -146,28 +169,6 @@ void ssm_layer_backward(const LayerParams<S>& p, const SeqShape& s, const View2<
         }
         gbeta(m, n) = gb;
         ggamma(m, n) = gg;
-      });
-
-  // A_log: ∂A/∂Alog = A Δ a.
-  auto gAlog = grad.A_log;
-  Kokkos::parallel_for(
-      "ash::layer_bwd_Alog", Range2({0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
-        const S a = -kmath::exp(Alog(q, n));
-        S acc = 0;
-        for (index_t m = 0; m < M; ++m) {
-          const index_t t = m % T;
-          const S hprev = t > 0 ? Hst(m - 1, q, n) : S(0);
-          acc += mu(m, q, n) * hprev * Ast(m, q, n) * delta(m, q);
-        }
-        gAlog(q, n) += acc * a;
-      });
-
-  auto gbd = grad.b_delta;
-  Kokkos::parallel_for(
-      "ash::layer_bwd_bdelta", Range(0, P), KOKKOS_LAMBDA(const index_t q) {
-        S acc = 0;
-        for (index_t m = 0; m < M; ++m) acc += gz(m, q);
-        gbd(q) += acc;
       });
 
   // Dense VJPs: weight gradients are GEMMs over tokens.

@@ -1,0 +1,104 @@
+// Time per token and measured peak memory of the gradient engines across T.
+//   ash_bench_grad [--engines backprop] [--T 256,1024,4096] [--width 64 --state 16 --layers 2 --vocab 256]
+//                  [--batch 1] [--reps 3] [--precision double|float] [--json FILE]
+// Peak bytes are the Kokkos Tools high-water mark of the compute call alone
+// (parameters and gradient buffers excluded), per memory space.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ash/ash.hpp"
+
+namespace {
+
+std::vector<long long> parse_list(const std::string& s) {
+  std::vector<long long> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) out.push_back(std::stoll(x));
+  return out;
+}
+
+template <class S>
+nlohmann::json run(const ash::ModelDims& d, const std::string& engine_name, long long T, long long batch, int reps) {
+  ash::ParamSet<S> params(d);
+  ash::initialize(params, d.seed);
+  std::vector<std::uint32_t> ids(std::size_t(batch * T));
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::uint32_t((i * 2654435761u) % std::uint64_t(d.vocab));
+  const auto x = ash::make_windows(ids, batch, T, d.vocab);
+  ash::ParamSet<S> grad(d);
+  ash::EngineOptions o;
+  o.engine = engine_name;
+  auto engine = ash::make_engine<S>(o);
+  const std::string space = ash::MemSpace::name();
+  std::vector<double> times;
+  std::uint64_t peak = 0;
+  double loss = 0;
+  for (int r = 0; r < reps; ++r) {
+    const auto base = ash::MemoryTracker::current(space);
+    ash::MemoryTracker::reset_peak();
+    const auto t0 = std::chrono::steady_clock::now();
+    loss = engine->compute(params, x, grad);
+    Kokkos::fence();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    peak = std::max(peak, ash::MemoryTracker::peak(space) - base);
+  }
+  std::sort(times.begin(), times.end());
+  const double med = times[times.size() / 2];
+  return {{"engine", engine->name()}, {"T", T},          {"batch", batch},
+          {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
+          {"peak_bytes", peak},       {"space", space}, {"loss", loss}};
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  ash::MemoryTracker::install();
+  CLI::App app{"AdjointSharding gradient-engine benchmark"};
+  std::string engines = "backprop", Ts = "256,1024,4096,16384", precision = "double", json_out;
+  ash::ModelDims d;
+  long long batch = 1;
+  int reps = 3;
+  app.add_option("--engines", engines, "comma-separated engines");
+  app.add_option("--T", Ts, "comma-separated context lengths");
+  app.add_option("--vocab", d.vocab);
+  app.add_option("--width", d.width);
+  app.add_option("--state", d.state);
+  app.add_option("--layers", d.layers);
+  app.add_option("--batch", batch);
+  app.add_option("--reps", reps);
+  app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
+  app.add_option("--json", json_out, "also write the rows as JSON lines");
+  CLI11_PARSE(app, argc, argv);
+
+  std::string cmd;
+  for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
+  std::printf("# %s\n# Kokkos %d, exec space %s, concurrency %d; V=%lld P=%lld N=%lld K=%lld batch=%lld %s\n",
+              cmd.c_str(), KOKKOS_VERSION, ash::ExecSpace::name(), int(ash::ExecSpace().concurrency()),
+              (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
+              precision.c_str());
+  std::printf("%-28s %8s %12s %14s %14s %10s\n", "engine", "T", "seconds", "us/token", "peak", "loss");
+  std::ofstream js;
+  if (!json_out.empty()) js.open(json_out);
+  std::stringstream es(engines);
+  for (std::string e; std::getline(es, e, ',');) {
+    for (long long T : parse_list(Ts)) {
+      try {
+        const auto row = precision == "float" ? run<float>(d, e, T, batch, reps) : run<double>(d, e, T, batch, reps);
+        std::printf("%-28s %8lld %12.4f %14.2f %14s %10.4f\n", row["engine"].get<std::string>().c_str(), T,
+                    row["seconds"].get<double>(), row["us_per_token"].get<double>(),
+                    ash::format_bytes(row["peak_bytes"].get<std::uint64_t>()).c_str(), row["loss"].get<double>());
+        std::fflush(stdout);
+        if (js) js << row.dump() << "\n";
+      } catch (const std::exception& ex) {  // e.g. out of memory: report and go on
+        std::printf("%-28s %8lld  failed: %s\n", e.c_str(), T, ex.what());
+      }
+    }
+  }
+  std::printf("# process HWM %s\n", ash::format_bytes(ash::MemoryTracker::process_hwm_bytes()).c_str());
+  return 0;
+}
