@@ -7,6 +7,30 @@
 
 namespace ash {
 
+namespace {
+
+// μ^t = gy^t_p γ^t_n + A^{t+1} μ^{t+1}: the adjoint of h, a plain reverse
+// loop over t per (sequence, channel, state), A^{t+1} from the stored values.
+template <class S>
+void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu) {
+  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+  auto A = act.A;
+  auto gamma = act.gamma;
+  Kokkos::parallel_for(
+      "ash::e1::reverse_scan", Range(0, s.batch * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+        S carry = 0;
+        for (index_t t = T - 1; t >= 0; --t) {
+          const index_t m = b * T + t;
+          carry = gy(m, q) * gamma(m, n) + carry;
+          mu(m, q, n) = carry;
+          carry *= A(m, q, n);  // becomes A^{t} μ^{t} for step t-1
+        }
+      });
+}
+
+}  // namespace
+
 template <class S>
 double BackpropEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
@@ -17,7 +41,7 @@ double BackpropEngine<S>::compute(const ParamSet<S>& params, const TokenView& x,
   ys.emplace_back("ash::e1::y0", s.rows(), d.width);
   embedding_forward(params.global().embedding, x, ys[0]);
   for (int k = 0; k < d.layers; ++k) {
-    acts.emplace_back(s, d, /*store_state=*/true);
+    acts.emplace_back(s, d, LayerActivations<S>::with_hprev_and_A);
     ys.emplace_back("ash::e1::y", s.rows(), d.width);
     ssm_layer_forward(params.layer(k), s, ys[k], acts[k], ys[k + 1]);
   }
@@ -26,8 +50,12 @@ double BackpropEngine<S>::compute(const ParamSet<S>& params, const TokenView& x,
   View2<S> g("ash::e1::g", s.rows(), d.width);
   View2<S> g_in("ash::e1::g_in", s.rows(), d.width);
   const double loss = head_loss<S>(params.global(), x, ys[d.layers], g, &gglobal, opts_.head_chunk);
+  View3<S> mu("ash::e1::mu", s.rows(), d.width, d.state);
   for (int k = d.layers - 1; k >= 0; --k) {
-    ssm_layer_backward(params.layer(k), s, ys[k], acts[k], g, grad.layer(k), g_in, opts_.detach_inputs);
+    const LayerCotangents<S> cot(s, d);
+    reverse_scan(s, acts[k], g, mu);
+    ssm_layer_token_vjp(params.layer(k), s, acts[k], g, RowBlock{0, s.T}, mu, acts[k].hprev, cot);
+    ssm_layer_finish_vjp(params.layer(k), ys[k], acts[k], g, cot, grad.layer(k), g_in, opts_.detach_inputs);
     std::swap(g, g_in);
     acts.pop_back();  // free as we go
   }

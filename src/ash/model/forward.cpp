@@ -11,7 +11,7 @@ double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_
   View2<S> y("ash::fwd::y", s.rows(), d.width);
   View2<S> y_next("ash::fwd::y_next", s.rows(), d.width);
   embedding_forward(params.global().embedding, x, y);
-  LayerActivations<S> act(s, d, /*store_state=*/false);
+  LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
   for (int k = 0; k < d.layers; ++k) {
     ssm_layer_forward(params.layer(k), s, y, act, y_next);
     std::swap(y, y_next);
