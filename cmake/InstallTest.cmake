@@ -17,9 +17,11 @@ function(step)
 endfunction()
 
 step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
-step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
-     "-DCMAKE_PREFIX_PATH=${prefix};${PREFIX_PATH}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
-     -DCMAKE_BUILD_TYPE=Release)
+# The prefix list goes through an initial-cache file: a ';' on a command line splits arguments.
+string(REPLACE "|" ";" prefix_path "${prefix};${PREFIX_PATH}")
+file(WRITE "${WORK_DIR}/init.cmake" "set(CMAKE_PREFIX_PATH \"${prefix_path}\" CACHE STRING \"\")\n")
+step(${CMAKE_COMMAND} -C "${WORK_DIR}/init.cmake" -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
+     "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" -DCMAKE_BUILD_TYPE=Release)
 step(${CMAKE_COMMAND} --build "${WORK_DIR}/build" -j 2)
 step("${WORK_DIR}/build/ash_consumer")
 step("${prefix}/bin/ash" inspect --help)
