@@ -88,6 +88,22 @@ TEST_F(Cli, InitInspectGradMatchTheLibrary) {
   const auto got = load_gradients(out, info.dims, &file_loss);
   EXPECT_EQ(file_loss, loss);
   EXPECT_EQ(to_host(got), to_host(ref));
+
+  // The exact adjoint through the tool: same gradient to rounding.
+  const auto out3 = dir() + "grads_e3.h5";
+  auto g3 = run("grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint-exact --chunk 5 --out " + out3);
+  ASSERT_EQ(g3.code, 0) << g3.out;
+  EXPECT_NE(g3.out.find("adjoint-exact (C=5)"), std::string::npos) << g3.out;
+  const auto e3 = to_host(load_gradients(out3, info.dims));
+  EXPECT_LE(rel_l2(e3, to_host(ref)), 1e-10);
+  // Paper mode: E2 truncated and E3 detached with the same window agree.
+  const auto o2 = dir() + "g_e2.h5", o3 = dir() + "g_e3w.h5";
+  ASSERT_EQ(run("grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint --truncate 6 --out " + o2).code, 0);
+  ASSERT_EQ(run("grad --checkpoint " + ckpt + " --tokens " + text +
+                " --engine adjoint-exact --detach-inputs --truncate 6 --chunk 4 --out " + o3).code, 0);
+  EXPECT_LE(rel_l2(to_host(load_gradients(o3, info.dims)), to_host(load_gradients(o2, info.dims))), 1e-10);
+  EXPECT_FAILS_WITH(run("grad --checkpoint " + ckpt + " --tokens " + text +
+                        " --engine adjoint-exact --truncate 6 --out " + o3), "needs --detach-inputs");
 }
 
 TEST_F(Cli, BadConfigs) {

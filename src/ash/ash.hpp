@@ -4,6 +4,8 @@
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/core/types.hpp"
+#include "ash/grad/adjoint.hpp"
+#include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/io/checkpoint.hpp"

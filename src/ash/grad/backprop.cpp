@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "ash/model/head.hpp"
+#include "ash/model/forward.hpp"
 
 namespace ash {
 
@@ -35,32 +35,24 @@ template <class S>
 double BackpropEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
   const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
-  // Forward, storing y_k and every intermediate of every layer.
-  std::vector<View2<S>> ys;
-  std::vector<LayerActivations<S>> acts;
-  ys.emplace_back("ash::e1::y0", s.rows(), d.width);
-  embedding_forward(params.global().embedding, x, ys[0]);
-  for (int k = 0; k < d.layers; ++k) {
-    acts.emplace_back(s, d, LayerActivations<S>::with_hprev_and_A);
-    ys.emplace_back("ash::e1::y", s.rows(), d.width);
-    ssm_layer_forward(params.layer(k), s, ys[k], acts[k], ys[k + 1]);
-  }
   grad.fill_zero();
   const auto gglobal = grad.global();
-  View2<S> g("ash::e1::g", s.rows(), d.width);
+  // Forward, storing y_k and every intermediate of every layer.
+  auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::with_hprev_and_A, true, opts_.head_chunk);
+  auto& acts = tape.acts;
+  View2<S> g = tape.g;
   View2<S> g_in("ash::e1::g_in", s.rows(), d.width);
-  const double loss = head_loss<S>(params.global(), x, ys[d.layers], g, &gglobal, opts_.head_chunk);
   View3<S> mu("ash::e1::mu", s.rows(), d.width, d.state);
   for (int k = d.layers - 1; k >= 0; --k) {
     const LayerCotangents<S> cot(s, d);
     reverse_scan(s, acts[k], g, mu);
     ssm_layer_token_vjp(params.layer(k), s, acts[k], g, RowBlock{0, s.T}, mu, acts[k].hprev, cot);
-    ssm_layer_finish_vjp(params.layer(k), ys[k], acts[k], g, cot, grad.layer(k), g_in, opts_.detach_inputs);
+    ssm_layer_finish_vjp(params.layer(k), tape.ys[k], acts[k], g, cot, grad.layer(k), g_in, opts_.detach_inputs);
     std::swap(g, g_in);
     acts.pop_back();  // free as we go
   }
   embedding_backward(x, g, gglobal.embedding);
-  return loss;
+  return tape.loss;
 }
 
 template class BackpropEngine<float>;

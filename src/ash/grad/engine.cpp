@@ -1,6 +1,8 @@
 #include "ash/grad/engine.hpp"
 
 #include "ash/core/error.hpp"
+#include "ash/grad/adjoint.hpp"
+#include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 
 namespace ash {
@@ -22,8 +24,8 @@ std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts) {
     require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
     return std::make_unique<BackpropEngine<S>>(opts);
   }
-  if (opts.engine == "adjoint" || opts.engine == "adjoint-exact")
-    throw Error("engine '" + opts.engine + "' is not available in this build yet (only 'backprop')");
+  if (opts.engine == "adjoint") return std::make_unique<AdjointEngine<S>>(opts);
+  if (opts.engine == "adjoint-exact") return std::make_unique<AdjointExactEngine<S>>(opts);
   throw Error("unknown engine '" + opts.engine + "' (expected backprop, adjoint or adjoint-exact)");
 }
 

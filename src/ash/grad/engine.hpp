@@ -14,7 +14,8 @@ struct EngineOptions {
   std::string engine = "backprop";  // backprop | adjoint | adjoint-exact
   index_t truncate = 0;             // T̄; 0 = the full window T
   bool detach_inputs = false;       // stop-gradient on every layer input
-  index_t chunk = 64;               // E3 chunk length
+  index_t chunk = 64;               // E3 chunk length C
+  index_t wave = 1024;              // E3: tokens whose A, h, μ are recomputed at once
   index_t head_chunk = 1024;        // tokens per head chunk (T×V logits never whole)
 
   static EngineOptions from_config(const Config& cfg);

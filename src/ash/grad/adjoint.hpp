@@ -1,0 +1,30 @@
+#pragma once
+// E2: adjoint sharding as in the paper (Xu et al. 2024, Prop. 2, Alg. 1-4).
+//
+// Forward in evaluation mode storing per layer A^t, h^{t-1}, γ^t, ŷ^t and the
+// RMSNorm factor, plus g^t = ∂L/∂y_K^t. Then, per layer k and token i, the
+// adjoint states of the window
+//     λ^{t,i} ⊙ g^t:  v^{t,i}_pn = g^t_p γ^t_n Π_{j=i+1..t} A^j_pn,  t = i .. min(T, i+T̄-1)
+// are formed as explicit products (O(T·T̄·P·N) per layer) and summed — VJPs are
+// linear in the cotangent, so Σ_t VJP(v^{t,i}) = VJP(Σ_t v^{t,i}) — then the
+// VJPs of the A-, B- and C-networks run per token, with the dense ones as GEMMs.
+//
+// Every layer uses the same g (the paper's formula), i.e. each layer's input
+// is a constant: E2 equals E1 on the stop-gradient-inputs model; the embedding
+// receives Σ g. T̄ = 0 or T̄ >= T is full adjoint sharding.
+#include "ash/grad/engine.hpp"
+
+namespace ash {
+
+template <class S>
+class AdjointEngine final : public GradientEngine<S> {
+ public:
+  explicit AdjointEngine(const EngineOptions& opts) : opts_(opts) {}
+  std::string name() const override;
+  double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
+
+ private:
+  EngineOptions opts_;
+};
+
+}  // namespace ash

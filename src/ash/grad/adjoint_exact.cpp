@@ -1,0 +1,252 @@
+#include "ash/grad/adjoint_exact.hpp"
+
+#include <utility>
+
+#include "ash/core/error.hpp"
+#include "ash/model/forward.hpp"
+
+namespace ash {
+
+namespace {
+
+// Chunk c of a sequence covers tokens [c·C, min(T, (c+1)·C)).
+struct Chunks {
+  index_t C, nc, T;
+  KOKKOS_INLINE_FUNCTION index_t start(index_t c) const { return c * C; }
+  KOKKOS_INLINE_FUNCTION index_t end(index_t c) const { return (c + 1) * C < T ? (c + 1) * C : T; }  // exclusive
+};
+
+// Everything the E3 kernels of one layer read: the projections of the layer
+// and the cotangent g_k, with A^t and u^t = Δ^t ŷ^t β^t recomputed on the fly.
+template <class S>
+struct LayerView {
+  View2<S> delta, yhat, beta, gamma, gy;
+  Unmanaged2<S> Alog;
+  index_t T;
+  KOKKOS_INLINE_FUNCTION S A(index_t m, index_t q, index_t n) const {
+    return kmath::exp(delta(m, q) * -kmath::exp(Alog(q, n)));
+  }
+  KOKKOS_INLINE_FUNCTION S u(index_t m, index_t q, index_t n) const { return delta(m, q) * yhat(m, q) * beta(m, n); }
+  KOKKOS_INLINE_FUNCTION S qv(index_t m, index_t q, index_t n) const { return gy(m, q) * gamma(m, n); }  // g ⊗ γ
+};
+
+// h at the end of every chunk: chunk-local scans from h = 0 in parallel, then
+// a carry pass over chunks, H_c = h_c^local + (Π_c A) H_{c-1}. Hb and PA are
+// [Bt·nc, P, N]; on return Hb holds the true boundary states.
+template <class S>
+void boundary_states(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View3<S>& PA) {
+  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
+  Kokkos::parallel_for(
+      "ash::e3::chunk_scan_h", Range(0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
+        S h = 0, pr = 1;
+        for (index_t t = ch.start(c); t < ch.end(c); ++t) {
+          const index_t m = b * T + t;
+          const S a = L.A(m, q, n);
+          h = a * h + L.u(m, q, n);
+          pr *= a;
+        }
+        Hb(bc, q, n) = h;
+        PA(bc, q, n) = pr;
+      });
+  Kokkos::parallel_for(
+      "ash::e3::carry_h", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+        S H = 0;
+        for (index_t c = 0; c < nc; ++c) {
+          H = Hb(b * nc + c, q, n) + PA(b * nc + c, q, n) * H;
+          Hb(b * nc + c, q, n) = H;
+        }
+      });
+}
+
+// μ at every chunk start: chunk-local reverse scans from 0 in parallel
+// (L_c = local μ at the chunk start, G_c = Π_{j=start_c+1..start_{c+1}} A^j),
+// then M_c = L_c + G_c M_{c+1} right to left. On return Ms holds μ^{start_c}.
+template <class S>
+void chunk_start_adjoints(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
+                          const View3<S>& G) {
+  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  Kokkos::parallel_for(
+      "ash::e3::chunk_scan_mu", Range(0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
+        const index_t t0 = ch.start(c), t1 = ch.end(c);
+        S carry = 0, pr = 1, mu = 0;
+        for (index_t t = t1 - 1; t >= t0; --t) {
+          const index_t m = b * T + t;
+          mu = L.qv(m, q, n) + carry;
+          if (t > t0) {
+            const S a = L.A(m, q, n);
+            carry = a * mu;
+            pr *= a;
+          }
+        }
+        Ms(bc, q, n) = mu;
+        G(bc, q, n) = t1 < T ? pr * L.A(b * T + t1, q, n) : S(0);
+      });
+  Kokkos::parallel_for(
+      "ash::e3::carry_mu", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+        S next = 0;
+        for (index_t c = nc - 1; c >= 0; --c) {
+          next = Ms(b * nc + c, q, n) + G(b * nc + c, q, n) * next;
+          Ms(b * nc + c, q, n) = next;
+        }
+      });
+}
+
+// h^{t-1} for the tokens [w0, w0+W) of every sequence, recomputed from the
+// boundary state before each chunk that overlaps the wave.
+template <class S>
+void wave_hprev(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, index_t w0, index_t W,
+                const View3<S>& hbuf) {
+  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
+  const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
+  Kokkos::parallel_for(
+      "ash::e3::wave_h", Range(0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
+        S h = c > 0 ? Hb(b * nc + c - 1, q, n) : S(0);
+        const index_t t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
+        for (index_t t = ch.start(c); t < t1; ++t) {
+          const index_t m = b * T + t;
+          if (t >= w0) hbuf(b * W + t - w0, q, n) = h;
+          h = L.A(m, q, n) * h + L.u(m, q, n);
+        }
+      });
+}
+
+// Exact μ for a chunk-aligned wave: each chunk's reverse scan starts from the
+// carry A^{start_{c+1}} μ^{start_{c+1}}.
+template <class S>
+void wave_mu_exact(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms, index_t w0, index_t W,
+                   const View3<S>& mubuf) {
+  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  const index_t c_lo = w0 / ch.C, ncw = (W + ch.C - 1) / ch.C;
+  Kokkos::parallel_for(
+      "ash::e3::wave_mu", Range(0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
+        const index_t t0 = ch.start(c), t1 = ch.end(c);
+        S carry = c + 1 < nc ? L.A(b * T + t1, q, n) * Ms(b * nc + c + 1, q, n) : S(0);
+        for (index_t t = t1 - 1; t >= t0; --t) {
+          const index_t m = b * T + t;
+          const S mu = L.qv(m, q, n) + carry;
+          mubuf(b * W + t - w0, q, n) = mu;
+          carry = L.A(m, q, n) * mu;
+        }
+      });
+}
+
+// Windowed μ_T̄ for a wave of whole blocks of T̄ tokens (DESIGN.md §2):
+//   μ_T̄^i = S^i + R^i F^{min(T, i+T̄-1)}
+// Per (sequence, block b, channel): first the prefix scan F over block b+1,
+// stored one block back in mubuf (F^s at the row of token s-T̄), then the
+// reverse pass over block b forming S and R and overwriting mubuf with μ
+// (the F it reads, at token i-1 or earlier, is not yet overwritten).
+template <class S>
+void wave_mu_window(const LayerView<S>& L, index_t Tbar, index_t Bt, index_t P, index_t N, index_t w0, index_t W,
+                    const View3<S>& mubuf) {
+  const index_t T = L.T, nbw = (W + Tbar - 1) / Tbar, blk0 = w0 / Tbar;
+  Kokkos::parallel_for(
+      "ash::e3::wave_mu_window", Range(0, Bt * nbw * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bb = i / (P * N), q = (i / N) % P, n = i % N, b = bb / nbw, blk = blk0 + bb % nbw;
+        const index_t s0 = blk * Tbar, s1 = (s0 + Tbar < T) ? s0 + Tbar : T;  // block b = [s0, s1)
+        const index_t e1 = (s1 + Tbar < T) ? s1 + Tbar : T;                   // block b+1 = [s1, e1)
+        S F = 0, pr = 1;
+        for (index_t s = s1; s < e1; ++s) {
+          const index_t m = b * T + s;
+          pr *= L.A(m, q, n);  // Π_{j=start_{b+1}..s} A^j
+          F += L.qv(m, q, n) * pr;
+          mubuf(b * W + s - Tbar - w0, q, n) = F;
+        }
+        S carry = 0, R = 1;
+        for (index_t t = s1 - 1; t >= s0; --t) {
+          const index_t m = b * T + t;
+          const S Sv = L.qv(m, q, n) + carry;
+          const index_t s = (t + Tbar - 1 < T - 1) ? t + Tbar - 1 : T - 1;
+          const S Fv = s >= s1 ? mubuf(b * W + s - Tbar - w0, q, n) : S(0);
+          mubuf(b * W + t - w0, q, n) = Sv + R * Fv;
+          const S a = L.A(m, q, n);
+          carry = a * Sv;
+          R *= a;
+        }
+      });
+}
+
+}  // namespace
+
+template <class S>
+AdjointExactEngine<S>::AdjointExactEngine(const EngineOptions& opts) : opts_(opts) {
+  require(opts.truncate == 0 || opts.detach_inputs,
+          "adjoint-exact: a window (--truncate) needs --detach-inputs; a window on the exact gradient is undefined");
+  require(opts.chunk >= 1 && opts.wave >= 1, "adjoint-exact: chunk and wave must be >= 1");
+}
+
+template <class S>
+std::string AdjointExactEngine<S>::name() const {
+  std::string n = "adjoint-exact (C=" + std::to_string(opts_.chunk);
+  if (opts_.detach_inputs) n += ", detached";
+  if (opts_.truncate > 0) n += ", T-bar=" + std::to_string(opts_.truncate);
+  return n + ")";
+}
+
+template <class S>
+double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+  const auto& d = params.dims();
+  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  const index_t T = s.T, Bt = s.batch, P = d.width, N = d.state;
+  const bool window = opts_.truncate > 0 && opts_.truncate < T;
+  const index_t Tbar = window ? opts_.truncate : T;
+  const index_t C = opts_.chunk < T ? opts_.chunk : T;
+  const Chunks chunks{C, (T + C - 1) / C, T};
+  // Waves: whole chunks (exact) or whole blocks of T̄ (window).
+  const index_t unit = window ? Tbar : chunks.C;
+  const index_t W = unit * (opts_.wave / unit > 0 ? opts_.wave / unit : 1);
+
+  grad.fill_zero();
+  const auto gglobal = grad.global();
+  auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::projections_only, false, opts_.head_chunk);
+  const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
+  const LayerCotangents<S> cot(s, d);
+  View3<S> Hb("ash::e3::h_boundary", Bt * chunks.nc, P, N);
+  View3<S> scratch("ash::e3::chunk_products", Bt * chunks.nc, P, N);
+  View3<S> Ms;
+  if (!window) Ms = View3<S>("ash::e3::mu_chunk_start", Bt * chunks.nc, P, N);
+  const index_t Wbuf = W < T ? W : T;
+  View3<S> hbuf("ash::e3::wave_hprev", Bt * Wbuf, P, N);
+  View3<S> mubuf("ash::e3::wave_mu", Bt * Wbuf, P, N);
+  View2<S> g = tape.g;
+  View2<S> g_in;
+  if (!opts_.detach_inputs) g_in = View2<S>("ash::e3::g_in", s.rows(), P);
+
+  for (int k = d.layers - 1; k >= 0; --k) {
+    const auto layer = params.layer(k);
+    ssm_layer_project(layer, tape.ys[k], act);
+    const LayerView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
+    boundary_states(L, chunks, Bt, Hb, scratch);
+    if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch);
+    Kokkos::deep_copy(cot.alog_sum, S(0));
+    for (index_t w0 = 0; w0 < T; w0 += W) {
+      const index_t Ww = (w0 + W < T) ? W : T - w0;
+      wave_hprev(L, chunks, Bt, Hb, w0, Ww, hbuf);
+      if (window)
+        wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf);
+      else
+        wave_mu_exact(L, chunks, Bt, Ms, w0, Ww, mubuf);
+      ssm_layer_token_vjp(layer, s, act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot);
+    }
+    if (opts_.detach_inputs) {
+      ssm_layer_finish_vjp(layer, tape.ys[k], act, g, cot, grad.layer(k), g, true);
+    } else {
+      ssm_layer_finish_vjp(layer, tape.ys[k], act, g, cot, grad.layer(k), g_in, false);
+      std::swap(g, g_in);
+    }
+    tape.ys[k + 1] = View2<S>();  // y_k is no longer needed
+  }
+  embedding_backward(x, g, gglobal.embedding);
+  return tape.loss;
+}
+
+template class AdjointExactEngine<float>;
+template class AdjointExactEngine<double>;
+
+}  // namespace ash

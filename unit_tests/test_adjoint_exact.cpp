@@ -1,0 +1,108 @@
+// E3 (exact O(T) adjoint) against E1, and in its paper modes against E2.
+#include "test_helpers.hpp"
+
+namespace ash::test {
+
+namespace {
+
+template <class S>
+std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const TokenView& x, double* loss = nullptr) {
+  ParamSet<S> g(ps.dims());
+  const double l = make_engine<S>(o)->compute(ps, x, g);
+  if (loss) *loss = l;
+  return to_host(g);
+}
+
+EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0) {
+  EngineOptions o;
+  o.engine = "adjoint-exact";
+  o.chunk = C;
+  o.wave = wave;
+  o.detach_inputs = detach;
+  o.truncate = Tbar;
+  return o;
+}
+
+EngineOptions named(const std::string& name, index_t Tbar = 0) {
+  EngineOptions o;
+  o.engine = name;
+  o.truncate = Tbar;
+  return o;
+}
+
+void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const ModelDims& d, double tol,
+                  const std::string& what) {
+  for (const auto& t : param_layout(d)) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), tol) << t.name << " " << what;
+}
+
+}  // namespace
+
+// T = 29 is not a multiple of any chunk below; waves smaller than T make the
+// recompute run in several pieces.
+TEST(AdjointExact, EqualsBackpropForAnyDepthChunkAndWave) {
+  const index_t T = 29;
+  for (int K : {1, 2, 3}) {
+    const auto d = tiny_dims(K);
+    auto ps = random_model<double>(d, 80 + K);
+    const auto x = random_tokens(2, T, d.vocab, 90 + K);
+    double l1 = 0, l3 = 0;
+    const auto e1 = grad_of(named("backprop"), ps, x, &l1);
+    for (auto cw : {std::pair<index_t, index_t>{4, 8}, {4, 1024}, {1, 3}, {7, 7}, {29, 29}, {64, 64}}) {
+      const auto g3 = grad_of(e3(cw.first, cw.second), ps, x, &l3);
+      EXPECT_EQ(l1, l3);
+      expect_close(g3, e1, d, 1e-10,
+                   "K=" + std::to_string(K) + " C=" + std::to_string(cw.first) + " wave=" + std::to_string(cw.second));
+    }
+  }
+}
+
+TEST(AdjointExact, DetachedEqualsFullAdjointSharding) {
+  for (int K : {1, 3}) {
+    const auto d = tiny_dims(K);
+    auto ps = random_model<double>(d, 100 + K);
+    const auto x = random_tokens(3, 29, d.vocab, 110 + K);
+    expect_close(grad_of(e3(4, 8, true), ps, x), grad_of(named("adjoint"), ps, x), d, 1e-10, "K=" + std::to_string(K));
+  }
+}
+
+TEST(AdjointExact, WindowEqualsTruncatedAdjointSharding) {
+  const index_t T = 29, C = 4;
+  const auto d = tiny_dims(2);
+  auto ps = random_model<double>(d, 121);
+  const auto x = random_tokens(2, T, d.vocab, 122);
+  for (index_t Tbar : {index_t(1), index_t(3), C - 1, C, C + 1, index_t(10), T}) {
+    const auto e2 = grad_of(named("adjoint", Tbar), ps, x);
+    for (index_t wave : {index_t(1), index_t(8), index_t(1024)})
+      expect_close(grad_of(e3(C, wave, true, Tbar), ps, x), e2, d, 1e-10,
+                   "T-bar=" + std::to_string(Tbar) + " wave=" + std::to_string(wave));
+  }
+}
+
+TEST(AdjointExact, WindowWithoutDetachIsRejected) {
+  EXPECT_THROW(make_engine<double>(e3(4, 8, false, 3)), Error);
+}
+
+template <class S>
+class AdjointExactTyped : public ::testing::Test {};
+TYPED_TEST_SUITE(AdjointExactTyped, Scalars);
+
+TYPED_TEST(AdjointExactTyped, AgreesWithDoubleBackprop) {
+  using S = TypeParam;
+  const auto d = tiny_dims(3);
+  auto ref = random_model<double>(d, 131);
+  ParamSet<S> ps(d);
+  from_host(ps, to_host(ref));
+  const auto x = random_tokens(2, 37, d.vocab, 132);
+  expect_close(grad_of(e3(5, 10), ps, x), grad_of(named("backprop"), ref, x), d, Tol<S>::grad_vs_double, "exact");
+  expect_close(grad_of(e3(5, 10, true, 6), ps, x), grad_of(named("adjoint", 6), ref, x), d, Tol<S>::grad_vs_double,
+               "window");
+}
+
+TEST(AdjointExact, Deterministic) {
+  const auto d = tiny_dims(2);
+  auto ps = random_model<double>(d, 141);
+  const auto x = random_tokens(2, 40, d.vocab, 142);
+  EXPECT_EQ(grad_of(e3(6, 12), ps, x), grad_of(e3(6, 12), ps, x));
+}
+
+}  // namespace ash::test
