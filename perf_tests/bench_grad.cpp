@@ -1,13 +1,17 @@
 // Time per token and measured peak memory of the gradient engines across T.
-//   ash_bench_grad [--engines backprop] [--T 256,1024,4096] [--width 64 --state 16 --layers 2 --vocab 256]
-//                  [--batch 1] [--reps 3] [--precision double|float] [--json FILE]
-// Peak bytes are the Kokkos Tools high-water mark of the compute call alone
-// (parameters and gradient buffers excluded), per memory space.
+//   ash_bench_grad [--engines backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
+//                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--batch 1]
+//                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W]
+// An engine "adjoint:256" is E2 with T̄ = 256. Peak bytes are the Kokkos Tools
+// high-water mark of the compute call alone (parameters and gradient buffers
+// excluded) in the default memory space; "vs E1" is the ratio to backprop's
+// peak at the same T in the same run.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -23,15 +27,13 @@ std::vector<long long> parse_list(const std::string& s) {
 }
 
 template <class S>
-nlohmann::json run(const ash::ModelDims& d, const std::string& engine_name, long long T, long long batch, int reps) {
+nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, long long T, long long batch, int reps) {
   ash::ParamSet<S> params(d);
   ash::initialize(params, d.seed);
   std::vector<std::uint32_t> ids(std::size_t(batch * T));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::uint32_t((i * 2654435761u) % std::uint64_t(d.vocab));
   const auto x = ash::make_windows(ids, batch, T, d.vocab);
   ash::ParamSet<S> grad(d);
-  ash::EngineOptions o;
-  o.engine = engine_name;
   auto engine = ash::make_engine<S>(o);
   const std::string space = ash::MemSpace::name();
   std::vector<double> times;
@@ -59,9 +61,11 @@ int main(int argc, char* argv[]) {
   Kokkos::ScopeGuard kokkos(argc, argv);
   ash::MemoryTracker::install();
   CLI::App app{"AdjointSharding gradient-engine benchmark"};
-  std::string engines = "backprop", Ts = "256,1024,4096,16384", precision = "double", json_out;
+  std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
+              precision = "double", json_out;
   ash::ModelDims d;
-  long long batch = 1;
+  long long batch = 1, chunk = 64;
+  double max_work = 2e10;
   int reps = 3;
   app.add_option("--engines", engines, "comma-separated engines");
   app.add_option("--T", Ts, "comma-separated context lengths");
@@ -70,6 +74,8 @@ int main(int argc, char* argv[]) {
   app.add_option("--state", d.state);
   app.add_option("--layers", d.layers);
   app.add_option("--batch", batch);
+  app.add_option("--chunk", chunk, "E3 chunk length");
+  app.add_option("--max-work", max_work, "skip E2 runs with T*T-bar*P*N*K above this");
   app.add_option("--reps", reps);
   app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
   app.add_option("--json", json_out, "also write the rows as JSON lines");
@@ -81,17 +87,34 @@ int main(int argc, char* argv[]) {
               cmd.c_str(), KOKKOS_VERSION, ash::ExecSpace::name(), int(ash::ExecSpace().concurrency()),
               (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
               precision.c_str());
-  std::printf("%-28s %8s %12s %14s %14s %10s\n", "engine", "T", "seconds", "us/token", "peak", "loss");
+  std::printf("%-28s %8s %12s %14s %14s %8s %10s\n", "engine", "T", "seconds", "us/token", "peak", "vs E1",
+              "loss");
+  std::map<long long, double> e1_peak;
   std::ofstream js;
   if (!json_out.empty()) js.open(json_out);
   std::stringstream es(engines);
   for (std::string e; std::getline(es, e, ',');) {
+    ash::EngineOptions o;
+    o.engine = e.substr(0, e.find(':'));
+    if (e.find(':') != std::string::npos) o.truncate = std::stoll(e.substr(e.find(':') + 1));
+    o.chunk = chunk;
     for (long long T : parse_list(Ts)) {
+      const double work = double(T) * double(o.truncate > 0 && o.truncate < T ? o.truncate : T) *
+                          double(d.width * d.state * d.layers * batch);
+      if (o.engine == "adjoint" && work > max_work) {
+        std::printf("%-28s %8lld  skipped: O(T*T-bar) work %.2g > --max-work %.2g\n", e.c_str(), T, work, max_work);
+        continue;
+      }
       try {
-        const auto row = precision == "float" ? run<float>(d, e, T, batch, reps) : run<double>(d, e, T, batch, reps);
-        std::printf("%-28s %8lld %12.4f %14.2f %14s %10.4f\n", row["engine"].get<std::string>().c_str(), T,
+        const auto row = precision == "float" ? run<float>(d, o, T, batch, reps) : run<double>(d, o, T, batch, reps);
+        const double peak = double(row["peak_bytes"].get<std::uint64_t>());
+        if (o.engine == "backprop") e1_peak[T] = peak;
+        char ratio[32] = "-";
+        if (e1_peak.count(T)) std::snprintf(ratio, sizeof ratio, "%.3f", peak / e1_peak[T]);
+        std::printf("%-28s %8lld %12.4f %14.2f %14s %8s %10.4f\n", row["engine"].get<std::string>().c_str(), T,
                     row["seconds"].get<double>(), row["us_per_token"].get<double>(),
-                    ash::format_bytes(row["peak_bytes"].get<std::uint64_t>()).c_str(), row["loss"].get<double>());
+                    ash::format_bytes(row["peak_bytes"].get<std::uint64_t>()).c_str(), ratio,
+                    row["loss"].get<double>());
         std::fflush(stdout);
         if (js) js << row.dump() << "\n";
       } catch (const std::exception& ex) {  // e.g. out of memory: report and go on

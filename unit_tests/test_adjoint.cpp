@@ -51,9 +51,9 @@ std::vector<double> brute_force_window(const ParamSet<double>& ps, const TokenVi
             muh(b * T + i, q, n) = acc;
           }
     Kokkos::deep_copy(mu, muh);
-    const LayerCotangents<double> cot(s, d);
-    ssm_layer_token_vjp(ps.layer(k), s, act, tape.g, RowBlock{0, T}, mu, act.hprev, cot);
-    ssm_layer_finish_vjp(ps.layer(k), tape.ys[k], act, tape.g, cot, grad.layer(k), tape.g, true);
+    const LayerCotangents<double> cot(s.rows(), d);
+    ssm_layer_backward_rows(ps.layer(k), s, tape.ys[k], act, tape.g, RowBlock{0, T}, mu, act.hprev, cot,
+                            grad.layer(k), tape.g, true);
   }
   embedding_backward(x, tape.g, gg.embedding);
   return to_host(grad);

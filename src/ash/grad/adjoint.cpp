@@ -56,11 +56,11 @@ double AdjointEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, 
                                     opts_.head_chunk);
   // Layers are independent given g (paper §4.5); each runs its parallel kernels in turn.
   View3<S> mu("ash::e2::mu", s.rows(), d.width, d.state);
+  const LayerCotangents<S> cot(s.rows(), d);
   for (int k = 0; k < d.layers; ++k) {
-    const LayerCotangents<S> cot(s, d);
     window_adjoint(s, tape.acts[k], tape.g, Tbar, mu);
-    ssm_layer_token_vjp(params.layer(k), s, tape.acts[k], tape.g, RowBlock{0, s.T}, mu, tape.acts[k].hprev, cot);
-    ssm_layer_finish_vjp(params.layer(k), tape.ys[k], tape.acts[k], tape.g, cot, grad.layer(k), tape.g, true);
+    ssm_layer_backward_rows(params.layer(k), s, tape.ys[k], tape.acts[k], tape.g, RowBlock{0, s.T}, mu,
+                            tape.acts[k].hprev, cot, grad.layer(k), tape.g, /*detach_input=*/true);
   }
   embedding_backward(x, tape.g, gglobal.embedding);  // inputs detached: the residual stream passes g
   return tape.loss;

@@ -206,7 +206,6 @@ double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView
   const auto gglobal = grad.global();
   auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::projections_only, false, opts_.head_chunk);
   const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
-  const LayerCotangents<S> cot(s, d);
   View3<S> Hb("ash::e3::h_boundary", Bt * chunks.nc, P, N);
   View3<S> scratch("ash::e3::chunk_products", Bt * chunks.nc, P, N);
   View3<S> Ms;
@@ -214,9 +213,9 @@ double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView
   const index_t Wbuf = W < T ? W : T;
   View3<S> hbuf("ash::e3::wave_hprev", Bt * Wbuf, P, N);
   View3<S> mubuf("ash::e3::wave_mu", Bt * Wbuf, P, N);
-  View2<S> g = tape.g;
-  View2<S> g_in;
-  if (!opts_.detach_inputs) g_in = View2<S>("ash::e3::g_in", s.rows(), P);
+  const LayerCotangents<S> cot(Bt * Wbuf, d);
+  tape.ys[d.layers] = View2<S>();  // y_K served the head; the layers need y_0..y_{K-1}
+  const View2<S> g = tape.g;      // g_K, then g_k in place (unchanged when detached)
 
   for (int k = d.layers - 1; k >= 0; --k) {
     const auto layer = params.layer(k);
@@ -224,7 +223,6 @@ double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView
     const LayerView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
     boundary_states(L, chunks, Bt, Hb, scratch);
     if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch);
-    Kokkos::deep_copy(cot.alog_sum, S(0));
     for (index_t w0 = 0; w0 < T; w0 += W) {
       const index_t Ww = (w0 + W < T) ? W : T - w0;
       wave_hprev(L, chunks, Bt, Hb, w0, Ww, hbuf);
@@ -232,15 +230,12 @@ double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView
         wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf);
       else
         wave_mu_exact(L, chunks, Bt, Ms, w0, Ww, mubuf);
-      ssm_layer_token_vjp(layer, s, act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot);
+      // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
+      // only rows of this wave or later ones, and the carries were taken first.
+      ssm_layer_backward_rows(layer, s, tape.ys[k], act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot, grad.layer(k), g,
+                              opts_.detach_inputs);
     }
-    if (opts_.detach_inputs) {
-      ssm_layer_finish_vjp(layer, tape.ys[k], act, g, cot, grad.layer(k), g, true);
-    } else {
-      ssm_layer_finish_vjp(layer, tape.ys[k], act, g, cot, grad.layer(k), g_in, false);
-      std::swap(g, g_in);
-    }
-    tape.ys[k + 1] = View2<S>();  // y_k is no longer needed
+    tape.ys[k] = View2<S>();  // y_{k-1} is no longer needed
   }
   embedding_backward(x, g, gglobal.embedding);
   return tape.loss;

@@ -1,6 +1,5 @@
 #include "ash/grad/backprop.hpp"
 
-#include <utility>
 #include <vector>
 
 #include "ash/model/forward.hpp"
@@ -40,15 +39,13 @@ double BackpropEngine<S>::compute(const ParamSet<S>& params, const TokenView& x,
   // Forward, storing y_k and every intermediate of every layer.
   auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::with_hprev_and_A, true, opts_.head_chunk);
   auto& acts = tape.acts;
-  View2<S> g = tape.g;
-  View2<S> g_in("ash::e1::g_in", s.rows(), d.width);
+  const View2<S> g = tape.g;  // g_K, then g_k in place
   View3<S> mu("ash::e1::mu", s.rows(), d.width, d.state);
+  const LayerCotangents<S> cot(s.rows(), d);
   for (int k = d.layers - 1; k >= 0; --k) {
-    const LayerCotangents<S> cot(s, d);
     reverse_scan(s, acts[k], g, mu);
-    ssm_layer_token_vjp(params.layer(k), s, acts[k], g, RowBlock{0, s.T}, mu, acts[k].hprev, cot);
-    ssm_layer_finish_vjp(params.layer(k), tape.ys[k], acts[k], g, cot, grad.layer(k), g_in, opts_.detach_inputs);
-    std::swap(g, g_in);
+    ssm_layer_backward_rows(params.layer(k), s, tape.ys[k], acts[k], g, RowBlock{0, s.T}, mu, acts[k].hprev, cot,
+                            grad.layer(k), g, opts_.detach_inputs);
     acts.pop_back();  // free as we go
   }
   embedding_backward(x, g, gglobal.embedding);

@@ -20,12 +20,15 @@ LayerActivations<S>::LayerActivations(const SeqShape& s, const ModelDims& d, Sto
 }
 
 template <class S>
-LayerCotangents<S>::LayerCotangents(const SeqShape& s, const ModelDims& d)
-    : gyhat("ash::cot::gyhat", s.rows(), d.width),
-      gz("ash::cot::gz", s.rows(), d.width),
-      gbeta("ash::cot::gbeta", s.rows(), d.state),
-      ggamma("ash::cot::ggamma", s.rows(), d.state),
-      alog_sum("ash::cot::alog_sum", d.width * d.state) {}
+LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d)
+    : gyhat("ash::cot::gyhat", rows, d.width),
+      gz("ash::cot::gz", rows, d.width),
+      gbeta("ash::cot::gbeta", rows, d.state),
+      ggamma("ash::cot::ggamma", rows, d.state),
+      alog_sum("ash::cot::alog_sum", d.width * d.state),
+      ones("ash::cot::ones", rows) {
+  Kokkos::deep_copy(ones, S(1));
+}
 
 namespace {
 
@@ -88,12 +91,14 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
 }
 
 template <class S>
-void ssm_layer_token_vjp(const LayerParams<S>& p, const SeqShape& s, const LayerActivations<S>& act,
-                         const View2<S>& gy, const RowBlock& rb, const View3<S>& mu, const View3<S>& hprev,
-                         const LayerCotangents<S>& cot) {
+void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
+                             const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
+                             const View3<S>& mu, const View3<S>& hprev, const LayerCotangents<S>& cot,
+                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
-  require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R, "ssm_layer_token_vjp: buffers too small");
+  require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(cot.gyhat.extent(0)) >= R,
+          "ssm_layer_backward_rows: buffers smaller than the row block");
   auto yhat = act.yhat;
   auto delta = act.delta;
   auto beta = act.beta;
@@ -107,7 +112,7 @@ void ssm_layer_token_vjp(const LayerParams<S>& p, const SeqShape& s, const Layer
 
   // Per (token, channel): gΔ and the ŷ-part through u = Δ ŷ β (sums over n).
   Kokkos::parallel_for(
-      "ash::token_vjp_channel", Range2({0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
+      "ash::vjp_channel", Range2({0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
         const index_t m = (r / W) * T + t0 + r % W;
         const S dq = delta(m, q);
         S gdelta = 0, gyh = gy(m, q) * D(q);  // output term D_p ŷ_p
@@ -117,12 +122,12 @@ void ssm_layer_token_vjp(const LayerParams<S>& p, const SeqShape& s, const Layer
           gdelta += mu(r, q, n) * (hprev(r, q, n) * An * a + beta(m, n) * yhat(m, q));
           gyh += mu(r, q, n) * dq * beta(m, n);
         }
-        gyhat(m, q) = gyh;
-        gz(m, q) = -gdelta * kmath::expm1(-dq);  // softplus'(z) = sigmoid(z) = 1 - e^{-Δ}
+        gyhat(r, q) = gyh;
+        gz(r, q) = -gdelta * kmath::expm1(-dq);  // softplus'(z) = sigmoid(z) = 1 - e^{-Δ}
       });
   // Per (token, state): β and γ cotangents (sums over p); h^i recomputed.
   Kokkos::parallel_for(
-      "ash::token_vjp_state", Range2({0, 0}, {R, N}), KOKKOS_LAMBDA(const index_t r, const index_t n) {
+      "ash::vjp_state", Range2({0, 0}, {R, N}), KOKKOS_LAMBDA(const index_t r, const index_t n) {
         const index_t m = (r / W) * T + t0 + r % W;
         S gb = 0, gg = 0;
         for (index_t q = 0; q < P; ++q) {
@@ -131,64 +136,69 @@ void ssm_layer_token_vjp(const LayerParams<S>& p, const SeqShape& s, const Layer
           gb += mu(r, q, n) * dq * yhat(m, q);
           gg += gy(m, q) * h;
         }
-        gbeta(m, n) = gb;
-        ggamma(m, n) = gg;
+        gbeta(r, n) = gb;
+        ggamma(r, n) = gg;
       });
-  // A_log: Σ_i μ^i h^{i-1} A^i Δ^i, summed over rows by a gemv on [R, P·N].
+  // Per-channel sums over the rows (one thread per channel: deterministic).
+  auto gD = grad.D;
+  auto gbd = grad.b_delta;
   Kokkos::parallel_for(
-      "ash::token_vjp_alog", Range2({0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
+      "ash::vjp_D_bdelta", Range(0, P), KOKKOS_LAMBDA(const index_t q) {
+        S d = 0, bd = 0;
+        for (index_t r = 0; r < R; ++r) {
+          const index_t m = (r / W) * T + t0 + r % W;
+          d += gy(m, q) * yhat(m, q);
+          bd += gz(r, q);
+        }
+        gD(q) += d;
+        gbd(q) += bd;
+      });
+  // A_log: Σ_i μ^i h^{i-1} A^i Δ^i · a, the sum over rows as a gemv on [R, P·N]
+  // (mu is consumed here and reused as scratch).
+  Kokkos::parallel_for(
+      "ash::vjp_alog_terms", Range2({0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
         const index_t m = (r / W) * T + t0 + r % W;
         const S dq = delta(m, q);
         for (index_t n = 0; n < N; ++n)
           mu(r, q, n) *= hprev(r, q, n) * kmath::exp(dq * -kmath::exp(Alog(q, n))) * dq;
       });
-  Unmanaged2<S> contrib(mu.data(), R, P * N);
-  View1<S> ones("ash::ones", R);
-  Kokkos::deep_copy(ones, S(1));
-  KokkosBlas::gemv("T", S(1), contrib, ones, S(1), cot.alog_sum);
-}
-
-template <class S>
-void ssm_layer_finish_vjp(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act,
-                          const View2<S>& gy, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
-                          const View2<S>& gy_in, bool detach_input) {
-  const index_t M = y_in.extent(0), P = y_in.extent(1), N = p.W_B.extent(0);
-  require(detach_input || gy_in.data() != gy.data(), "ssm_layer_finish_vjp: gy_in aliases gy");
-  auto yhat = act.yhat;
-  auto gz = cot.gz;
-  auto gD = grad.D;
-  auto gbd = grad.b_delta;
-  Kokkos::parallel_for(
-      "ash::finish_vjp_D_bdelta", Range(0, P), KOKKOS_LAMBDA(const index_t q) {
-        S d = 0, bd = 0;
-        for (index_t m = 0; m < M; ++m) {
-          d += gy(m, q) * yhat(m, q);
-          bd += gz(m, q);
-        }
-        gD(q) += d;
-        gbd(q) += bd;
-      });
+  Unmanaged2<S> terms(mu.data(), R, P * N);
+  auto ones = Kokkos::subview(cot.ones, Kokkos::make_pair(index_t(0), R));
+  KokkosBlas::gemv("T", S(1), terms, ones, S(0), cot.alog_sum);
   auto gAlog = grad.A_log;
-  auto Alog = p.A_log;
   auto alog_sum = cot.alog_sum;
   Kokkos::parallel_for(
-      "ash::finish_vjp_Alog", Range2({0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
+      "ash::vjp_alog", Range2({0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
         gAlog(q, n) += alog_sum(q * N + n) * -kmath::exp(Alog(q, n));  // ∂a/∂Alog = a
       });
-  // Weight gradients are GEMMs over tokens; their input VJPs add into ∂L/∂ŷ.
-  impl::gemm<S>("T", "N", S(1), cot.gz, act.yhat, S(1), grad.W_delta);
-  impl::gemm<S>("T", "N", S(1), cot.gbeta, act.yhat, S(1), grad.W_B);
-  impl::gemm<S>("T", "N", S(1), cot.ggamma, act.yhat, S(1), grad.W_C);
-  impl::gemm<S>("N", "N", S(1), cot.gz, p.W_delta, S(1), cot.gyhat);
-  impl::gemm<S>("N", "N", S(1), cot.gbeta, p.W_B, S(1), cot.gyhat);
-  impl::gemm<S>("N", "N", S(1), cot.ggamma, p.W_C, S(1), cot.gyhat);
-  if (gy_in.data() != gy.data()) Kokkos::deep_copy(gy_in, gy);
-  if (detach_input) {
-    // Stop-gradient: the input gets gy by identity; only the norm weight uses ∂L/∂ŷ.
-    View2<S> discard("ash::cot::gx_detached", M, P);
-    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, cot.gyhat, grad.norm, discard, false);
-  } else {
-    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, cot.gyhat, grad.norm, gy_in, true);
+
+  // Dense VJPs per sequence (contiguous rows): weight gradients are GEMMs over
+  // tokens, their input VJPs add into ∂L/∂ŷ, then the RMSNorm VJP gives the input's.
+  // gy was read for the last time above, so gy_in may be gy itself (in place);
+  // detached, the input gets gy by identity and only the norm weight uses ∂L/∂ŷ.
+  for (index_t b = 0; b < s.batch; ++b) {
+    const auto rows = Kokkos::make_pair(b * W, b * W + W);
+    const auto toks = Kokkos::make_pair(b * T + t0, b * T + t0 + W);
+    const auto all = Kokkos::ALL();
+    auto yh = Kokkos::subview(act.yhat, toks, all);
+    auto gz_b = Kokkos::subview(cot.gz, rows, all);
+    auto gb_b = Kokkos::subview(cot.gbeta, rows, all);
+    auto gg_b = Kokkos::subview(cot.ggamma, rows, all);
+    auto gyh_b = Kokkos::subview(cot.gyhat, rows, all);
+    impl::gemm<S>("T", "N", S(1), gz_b, yh, S(1), grad.W_delta);
+    impl::gemm<S>("T", "N", S(1), gb_b, yh, S(1), grad.W_B);
+    impl::gemm<S>("T", "N", S(1), gg_b, yh, S(1), grad.W_C);
+    impl::gemm<S>("N", "N", S(1), gz_b, p.W_delta, S(1), gyh_b);
+    impl::gemm<S>("N", "N", S(1), gb_b, p.W_B, S(1), gyh_b);
+    impl::gemm<S>("N", "N", S(1), gg_b, p.W_C, S(1), gyh_b);
+    auto x_b = Kokkos::subview(y_in, toks, all);
+    auto r_b = Kokkos::subview(act.rstd, toks);
+    auto gin_b = Kokkos::subview(gy_in, toks, all);
+    if (gy_in.data() != gy.data()) Kokkos::deep_copy(gin_b, Kokkos::subview(gy, toks, all));
+    if (detach_input)
+      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, decltype(gin_b)(), true);
+    else
+      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, gin_b, true);
   }
 }
 
@@ -198,12 +208,10 @@ void ssm_layer_finish_vjp(const LayerParams<S>& p, const View2<S>& y_in, const L
   template void ssm_layer_project<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&);          \
   template void ssm_layer_forward<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                      \
                                      const LayerActivations<S>&, const View2<S>&);                                 \
-  template void ssm_layer_token_vjp<S>(const LayerParams<S>&, const SeqShape&, const LayerActivations<S>&,         \
-                                       const View2<S>&, const RowBlock&, const View3<S>&, const View3<S>&,         \
-                                       const LayerCotangents<S>&);                                                 \
-  template void ssm_layer_finish_vjp<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&,        \
-                                        const View2<S>&, const LayerCotangents<S>&, const LayerParams<S>&,         \
-                                        const View2<S>&, bool);
+  template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
+                                           const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
+                                           const View3<S>&, const View3<S>&, const LayerCotangents<S>&,            \
+                                           const LayerParams<S>&, const View2<S>&, bool);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

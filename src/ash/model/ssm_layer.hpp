@@ -10,11 +10,8 @@
 //
 // Reverse mode is split the way DESIGN.md §2 splits the engines: an engine
 // computes the adjoint of h, μ^i (E1: full reverse scan; E2: the paper's
-// windowed sum of λ^{t,i}; E3: chunked scan), then
-//   ssm_layer_token_vjp   — per-token VJPs of step i (cotangent μ^i) and of
-//                           output i (cotangent gy^i), on any set of rows;
-//   ssm_layer_finish_vjp  — the dense VJPs (weight gradients as GEMMs over
-//                           tokens) and the input VJP through the RMSNorm.
+// windowed sum of λ^{t,i}; E3: chunked scan), then ssm_layer_backward_rows
+// runs the per-token and dense VJPs on any block of token rows.
 #include "ash/core/types.hpp"
 #include "ash/model/params.hpp"
 
@@ -53,39 +50,35 @@ template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                        const LayerActivations<S>& act, const View2<S>& y_out);
 
-// Per-token cotangents of one layer, accumulated over the row sets given to
-// ssm_layer_token_vjp and consumed by ssm_layer_finish_vjp.
+// Scratch for the per-token cotangents of one row block (reused across blocks).
 template <class S>
 struct LayerCotangents {
-  View2<S> gyhat;     // ∂L/∂ŷ   [M, P] (state and output parts; dense parts added later)
-  View2<S> gz;        // ∂L/∂(Wδ ŷ + bδ) [M, P]
-  View2<S> gbeta;     // ∂L/∂β  [M, N]
-  View2<S> ggamma;    // ∂L/∂γ  [M, N]
-  View1<S> alog_sum;  // Σ_i μ^i h^{i-1} A^i Δ^i  [P·N]  (times a = ∂Alog later)
-  LayerCotangents(const SeqShape& s, const ModelDims& d);
+  View2<S> gyhat;     // ∂L/∂ŷ   [R, P]
+  View2<S> gz;        // ∂L/∂(Wδ ŷ + bδ) [R, P]
+  View2<S> gbeta;     // ∂L/∂β  [R, N]
+  View2<S> ggamma;    // ∂L/∂γ  [R, N]
+  View1<S> alog_sum;  // Σ_i μ^i h^{i-1} A^i Δ^i  [P·N]
+  View1<S> ones;      // [R], for row sums by gemv
+  LayerCotangents(index_t rows, const ModelDims& d);
 };
 
-// Token rows handled by one ssm_layer_token_vjp call: tokens t in [t0, t0+W)
-// of every sequence; buffer row r = b·W + (t - t0).
+// Token rows handled by one ssm_layer_backward_rows call: tokens t in
+// [t0, t0+W) of every sequence; buffer row r = b·W + (t - t0).
 struct RowBlock {
   index_t t0 = 0;
   index_t W = 0;
 };
 
-// VJP of step i (cotangent μ^i) and of output i (cotangent gy^i) for the rows
-// of `rows`. mu and hprev are [Bt·W, P, N] in RowBlock order; mu is
-// overwritten (used as scratch once consumed).
+// Reverse mode of layer k on one row block, given the h-adjoint μ of its rows:
+// the VJPs of step i (cotangent μ^i) and of output i (cotangent gy^i) w.r.t.
+// θ_k (added to grad) and the layer input: gy_in = gy + RMSNorm VJP on these
+// rows (gy alone when detach_input: stop-gradient on the layer input). Weight
+// gradients are GEMMs over the block's tokens. mu, hprev are [Bt·W, P, N] in
+// RowBlock order; mu is overwritten (scratch once consumed). gy_in may be gy.
 template <class S>
-void ssm_layer_token_vjp(const LayerParams<S>& p, const SeqShape& s, const LayerActivations<S>& act,
-                         const View2<S>& gy, const RowBlock& rows, const View3<S>& mu, const View3<S>& hprev,
-                         const LayerCotangents<S>& cot);
-
-// Dense VJPs into grad (+=), and gy_in = gy + RMSNorm VJP (= gy alone when
-// detach_input: stop-gradient on the layer input). gy_in may alias gy only
-// when detach_input.
-template <class S>
-void ssm_layer_finish_vjp(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act,
-                          const View2<S>& gy, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
-                          const View2<S>& gy_in, bool detach_input);
+void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
+                             const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
+                             const View3<S>& mu, const View3<S>& hprev, const LayerCotangents<S>& cot,
+                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input);
 
 }  // namespace ash

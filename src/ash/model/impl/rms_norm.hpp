@@ -22,6 +22,7 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat) {
 
 // Given gyhat = ∂L/∂ŷ: gw[p] += Σ_m gyhat x r (deterministic: one thread per p),
 // gx[m, :] (=, or += when accumulate) r (gw⊙gyhat - x̂ mean(gyhat⊙w⊙x̂)), x̂ = x r.
+// An empty gx skips the input VJP (stop-gradient on x).
 template <class S, class X, class W, class R, class G, class GW, class GX>
 void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, const GW& gw, const GX& gx,
                        bool accumulate_gx) {
@@ -32,6 +33,7 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
         for (index_t m = 0; m < M; ++m) acc += gyhat(m, p) * x(m, p) * rstd(m);
         gw(p) += acc;
       });
+  if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);
   Kokkos::parallel_for(
       "ash::rms_norm_backward_x", Range(0, M), KOKKOS_LAMBDA(const index_t m) {
