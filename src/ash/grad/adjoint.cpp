@@ -15,26 +15,36 @@ namespace {
 template <class S>
 void window_adjoint(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
                     const View3<S>& mu) {
-  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1), PN = P * N;
   auto A = act.A;
   auto gamma = act.gamma;
   using Team = Kokkos::TeamPolicy<ExecSpace>;
+  using Scratch = Kokkos::View<S*, ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  // The running products Π A of the item live in team scratch; the t loop is
+  // outermost so every step reads contiguous rows A^t, g^t, γ^t.
+  const int level = Scratch::shmem_size(PN) <= 32768 ? 0 : 1;
+  Team policy(int(s.rows()), Kokkos::AUTO);
+  policy.set_scratch_size(level, Kokkos::PerTeam(Scratch::shmem_size(PN)));
   Kokkos::parallel_for(
-      "ash::e2::window_adjoint", Team(int(s.rows()), Kokkos::AUTO),
-      KOKKOS_LAMBDA(const typename Team::member_type& team) {
+      "ash::e2::window_adjoint", policy, KOKKOS_LAMBDA(const typename Team::member_type& team) {
         const index_t m_i = team.league_rank();
         const index_t b = m_i / T, i = m_i % T;
         const index_t t_end = (i + Tbar - 1 < T - 1) ? i + Tbar - 1 : T - 1;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P * N), [&](const index_t pn) {
-          const index_t q = pn / N, n = pn % N;
-          S prod = 1, acc = 0;
-          for (index_t t = i; t <= t_end; ++t) {
-            const index_t m_t = b * T + t;
-            if (t > i) prod *= A(m_t, q, n);  // Π_{j=i+1..t} A^j
-            acc += g(m_t, q) * gamma(m_t, n) * prod;
-          }
-          mu(m_i, q, n) = acc;
-        });
+        Scratch prod(team.team_scratch(level), PN);
+        for (index_t t = i; t <= t_end; ++t) {
+          const index_t m_t = b * T + t;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t q) {
+            const S gq = g(m_t, q);
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, N), [&](const index_t n) {
+              const index_t pn = q * N + n;
+              const S pr = t > i ? prod(pn) * A(m_t, q, n) : S(1);  // Π_{j=i+1..t} A^j
+              prod(pn) = pr;
+              const S v = gq * gamma(m_t, n) * pr;  // v^{t,i} = g^t γ^t Π A
+              mu(m_i, q, n) = t > i ? mu(m_i, q, n) + v : v;
+            });
+          });
+          team.team_barrier();
+        }
       });
 }
 
