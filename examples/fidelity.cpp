@@ -90,11 +90,12 @@ int main(int argc, char* argv[]) {
       auto hp = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gp.data());
       std::map<std::string, Acc> groups;
       std::vector<Acc> per_layer(K);
-      Acc all;
+      Acc all, no_emb;
       for (const auto& t : ge.tensors()) {
         for (ash::index_t i = t.offset; i < t.offset + t.size(); ++i) {
           groups[group_of(t.name)].add(hp(i), he(i));
           all.add(hp(i), he(i));
+          if (t.name != "embedding") no_emb.add(hp(i), he(i));
           if (t.name.rfind("layers/", 0) == 0) per_layer[std::stoi(t.name.substr(7, 3))].add(hp(i), he(i));
         }
       }
@@ -103,6 +104,7 @@ int main(int argc, char* argv[]) {
       };
       for (const auto& kv : groups) row(kv.first, kv.second);
       for (long long k = 0; k < K; ++k) row("layer " + std::to_string(k) + " (all of θ_k)", per_layer[k]);
+      row("all but the embedding", no_emb);
       row("**all parameters**", all);
       std::fflush(stdout);
     }

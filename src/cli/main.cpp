@@ -1,4 +1,4 @@
-// The `ash` command-line tool (DESIGN.md §4): init, grad, inspect.
+// The `ash` command-line tool (DESIGN.md §4): init, train, grad, generate, inspect.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -73,6 +73,48 @@ void run_grad(const GradArgs& a) {
   std::printf("wrote %s\n", a.out.c_str());
 }
 
+void run_train(const Common& c, const std::string& resume, long long until) {
+  ash::Config cfg = load_config(c);
+  if (!resume.empty()) {
+    // The checkpoint's configuration is the base; the file and --set override it.
+    const auto info = ash::inspect_checkpoint(resume);
+    ash::Config merged = info.config;
+    if (!c.config_file.empty()) merged.merge_file(c.config_file);
+    merged.set_all(c.sets);
+    merged.validate();
+    cfg = merged;
+  }
+  const auto s = ash::train(cfg, resume, stdout, until);
+  std::printf("done: steps %lld..%lld, last loss %.4f, checkpoint %s\n", (long long)s.first_step,
+              (long long)s.last_step, s.last_loss, s.checkpoint.c_str());
+  if (std::isfinite(s.val_loss))
+    std::printf("validation: %.3f bits/token; baselines: uniform %.3f, unigram %.3f bits/token\n", s.val_bits,
+                s.uniform_bits, s.unigram_bits);
+  std::printf("memory: %s\n", ash::MemoryTracker::summary().c_str());
+}
+
+void run_generate(const std::string& ckpt, const std::string& prompt, long long n, double temperature,
+                  unsigned long long seed) {
+  ash::CheckpointInfo info;
+  const auto params = ash::load_checkpoint<double>(ckpt, &info);
+  ash::require(!prompt.empty(), "--prompt must not be empty");
+  ash::require(n >= 0, "--tokens must be >= 0");
+  std::vector<std::uint32_t> ids(prompt.begin(), prompt.end());
+  for (auto& v : ids) v &= 0xff;
+  ash::Generator<double> gen(params);
+  gen.feed(ids);
+  std::mt19937_64 rng(seed);
+  std::string out = prompt;
+  for (long long i = 0; i < n; ++i) {
+    const auto v = gen.sample(temperature, rng);
+    if (info.dims.vocab <= 256)
+      out.push_back(char(v));
+    else
+      out += " " + std::to_string(v);
+  }
+  std::printf("%s\n", out.c_str());
+}
+
 void run_inspect(const std::string& path) {
   const auto info = ash::inspect_checkpoint(path);
   std::printf("checkpoint %s\n", path.c_str());
@@ -127,6 +169,26 @@ int main(int argc, char* argv[]) {
   grad->add_option("--set", g.common.sets, "override a config key: key=value")->take_all();
   grad->add_option("--out", g.out, "gradient file to write (.h5)")->required();
 
+  Common train_common;
+  std::string resume;
+  auto* train = app.add_subcommand("train", "train with AdamW; progress, metrics, checkpoints");
+  train->add_option("--config", train_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
+  train->add_option("--set", train_common.sets, "override a config key: key=value")->take_all();
+  train->add_option("--resume", resume, "continue from this checkpoint");
+  long long until = 0;
+  train->add_option("--until", until, "stop after this step (schedule unchanged; resume later)");
+
+  std::string gen_ckpt, prompt;
+  long long gen_n = 200;
+  double temperature = 0.8;
+  unsigned long long gen_seed = 1;
+  auto* generate = app.add_subcommand("generate", "sample text from a checkpoint (recurrent, O(1) per token)");
+  generate->add_option("--checkpoint", gen_ckpt, "model checkpoint (.h5)")->required();
+  generate->add_option("--prompt", prompt, "text to start from")->required();
+  generate->add_option("--tokens", gen_n, "how many tokens to sample");
+  generate->add_option("--temperature", temperature, "softmax temperature (0: greedy)");
+  generate->add_option("--seed", gen_seed, "sampling seed");
+
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   inspect->add_option("checkpoint", inspect_path, "checkpoint (.h5)")->required();
@@ -150,6 +212,10 @@ int main(int argc, char* argv[]) {
         run_grad<float>(g);
       else
         run_grad<double>(g);
+    } else if (*train) {
+      run_train(train_common, resume, until);
+    } else if (*generate) {
+      run_generate(gen_ckpt, prompt, gen_n, temperature, gen_seed);
     } else if (*inspect) {
       run_inspect(inspect_path);
     }

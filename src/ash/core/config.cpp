@@ -10,11 +10,11 @@ namespace ash {
 nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
-    "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4},
+    "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false},
     "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64},
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
               "beta1": 0.9, "beta2": 0.95},
-    "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200},
+    "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200, "precision": "float"},
     "dist":  {"layer_ranks": 1, "data_ranks": 1}
   })");
 }
@@ -131,6 +131,14 @@ void Config::validate() const {
   const auto eng = get<std::string>("grad.engine");
   require(eng == "backprop" || eng == "adjoint" || eng == "adjoint-exact",
           "grad.engine must be backprop, adjoint or adjoint-exact (got '" + eng + "')");
+  const auto prec = get<std::string>("run.precision");
+  require(prec == "float" || prec == "double", "run.precision must be float or double (got '" + prec + "')");
+  require(get<std::int64_t>("optim.steps") >= 0 && get<std::int64_t>("optim.warmup") >= 0,
+          "optim.steps and optim.warmup must be >= 0");
+  require(get<double>("optim.lr") > 0, "optim.lr must be > 0");
+  require(get<double>("optim.beta1") >= 0 && get<double>("optim.beta1") < 1 && get<double>("optim.beta2") >= 0 &&
+              get<double>("optim.beta2") < 1,
+          "optim.beta1 and optim.beta2 must be in [0, 1)");
   require(get<std::int64_t>("dist.layer_ranks") >= 1 && get<std::int64_t>("dist.data_ranks") >= 1,
           "dist.layer_ranks and dist.data_ranks must be >= 1");
   require(get<std::int64_t>("dist.layer_ranks") <= d.layers,

@@ -178,6 +178,9 @@ void write_header(hid_t file, const Config& cfg, const ModelDims& d, std::int64_
   write_attr_str(file, "precision", std::is_same<S, double>::value ? "double" : "float");
   write_attr_i64(file, "step", step);
   write_attr_i64(file, "data_cursor", cursor);
+  // Batches are a pure function of (model.seed, step) and the cursor (see
+  // TokenDataset), so this names the generator state rather than dumping one.
+  write_attr_str(file, "rng_state", "splitmix64(seed=" + std::to_string(d.seed) + ", step=" + std::to_string(step) + ")");
   write_attr_str(file, "engine", cfg.get<std::string>("grad.engine"));
   write_attr_str(file, "config", cfg.json().dump());
 }
@@ -213,12 +216,30 @@ CheckpointInfo read_header(hid_t file, const std::string& path) {
 
 template <class S>
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<S>& params, std::int64_t step,
-                     std::int64_t data_cursor) {
+                     std::int64_t data_cursor, const OptimizerState<S>& opt) {
   require(cfg.model() == params.dims(), "save_checkpoint: config sizes differ from the parameters'");
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, params.dims(), step, data_cursor);
     write_paramset(file, "/params", params);
+    if (opt.m && opt.v) {
+      write_paramset(file, "/optimizer/m", *opt.m);
+      write_paramset(file, "/optimizer/v", *opt.v);
+      Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
+      write_attr_i64(g, "step", opt.step);
+    }
   });
+}
+
+template <class S>
+bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const ParamSet<S>& v, std::int64_t* step) {
+  Handle file = open_for_read(path, "checkpoint");
+  read_header(file, path);
+  if (H5Lexists(file, "/optimizer", H5P_DEFAULT) <= 0) return false;
+  read_paramset(file, "/optimizer/m", m, path);
+  read_paramset(file, "/optimizer/v", v, path);
+  Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
+  if (step) *step = read_attr_i64(g, "step", path);
+  return true;
 }
 
 CheckpointInfo inspect_checkpoint(const std::string& path) {
@@ -277,9 +298,13 @@ ParamSet<double> load_gradients(const std::string& path, const ModelDims& dims, 
 }
 
 template void save_checkpoint<float>(const std::string&, const Config&, const ParamSet<float>&, std::int64_t,
-                                     std::int64_t);
+                                     std::int64_t, const OptimizerState<float>&);
 template void save_checkpoint<double>(const std::string&, const Config&, const ParamSet<double>&, std::int64_t,
-                                      std::int64_t);
+                                      std::int64_t, const OptimizerState<double>&);
+template bool load_optimizer_state<float>(const std::string&, const ParamSet<float>&, const ParamSet<float>&,
+                                          std::int64_t*);
+template bool load_optimizer_state<double>(const std::string&, const ParamSet<double>&, const ParamSet<double>&,
+                                           std::int64_t*);
 template ParamSet<float> load_checkpoint<float>(const std::string&, CheckpointInfo*);
 template ParamSet<double> load_checkpoint<double>(const std::string&, CheckpointInfo*);
 template void save_gradients<float>(const std::string&, const Config&, double, const ParamSet<float>&);

@@ -2,9 +2,10 @@
 // HDF5 checkpoints and gradient files (DESIGN.md §5, format version 1).
 //
 //   attributes  format_version, vocab, width, state, layers, seed, precision,
-//               step, data_cursor, engine, config (the full JSON configuration)
+//               step, data_cursor, rng_state, engine, config (the full JSON configuration)
 //   /params     embedding [V,P], final_norm [P], head [V,P],
 //               layers/000/{norm, W_delta, b_delta, A_log, W_B, W_C, D}, ...
+//   /optimizer  m/<param path>, v/<param path>, attribute step (after ash train)
 //   gradients:  /loss (scalar), /grad/<same path as under /params>
 // Files are written to "<path>.tmp.<pid>" and renamed, so a failed write never
 // replaces a good file.
@@ -34,9 +35,22 @@ struct CheckpointInfo {
   std::vector<Dataset> datasets;
 };
 
+// Adam state stored under /optimizer: m/<param path>, v/<param path>, attribute step.
+template <class S>
+struct OptimizerState {
+  const ParamSet<S>* m = nullptr;
+  const ParamSet<S>* v = nullptr;
+  std::int64_t step = 0;
+};
+
 template <class S>
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<S>& params, std::int64_t step = 0,
-                     std::int64_t data_cursor = 0);
+                     std::int64_t data_cursor = 0, const OptimizerState<S>& opt = {});
+
+// Reads /optimizer into m and v (sizes from the checkpoint); false when the
+// checkpoint has no optimizer state (a fresh `ash init` model).
+template <class S>
+bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const ParamSet<S>& v, std::int64_t* step);
 
 // Reads and validates (version, sizes, every dataset and its shape); converts to S.
 template <class S>

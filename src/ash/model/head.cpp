@@ -65,6 +65,16 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
   return loss_sum / double(count);
 }
 
+template <class S>
+void head_logits(const GlobalParams<S>& p, const View2<S>& y, const View2<S>& logits) {
+  View1<S> rstd("ash::head::rstd", y.extent(0));
+  View2<S> yhat("ash::head::yhat", y.extent(0), y.extent(1));
+  impl::rms_norm_forward<S>(y, p.final_norm, rstd, yhat);
+  impl::gemm<S>("N", "T", S(1), yhat, p.head, S(0), logits);
+}
+
+template void head_logits<float>(const GlobalParams<float>&, const View2<float>&, const View2<float>&);
+template void head_logits<double>(const GlobalParams<double>&, const View2<double>&, const View2<double>&);
 template double head_loss<float>(const GlobalParams<float>&, const TokenView&, const View2<float>&,
                                  const View2<float>&, const GlobalParams<float>*, index_t);
 template double head_loss<double>(const GlobalParams<double>&, const TokenView&, const View2<double>&,

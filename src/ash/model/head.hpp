@@ -13,4 +13,8 @@ template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
                  const GlobalParams<S>* grad, index_t chunk_rows = 1024);
 
+// Logits o = Ω RMSNorm(y; w_f) for the rows of y ([R, P] -> [R, V]).
+template <class S>
+void head_logits(const GlobalParams<S>& p, const View2<S>& y, const View2<S>& logits);
+
 }  // namespace ash

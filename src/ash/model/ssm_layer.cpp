@@ -53,13 +53,14 @@ void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const Laye
 
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                       const LayerActivations<S>& act, const View2<S>& y_out) {
+                       const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io) {
   const index_t T = s.T, P = y_in.extent(1), N = p.W_B.extent(0);
   ssm_layer_project(p, y_in, act);
   // Scan along t, one work item per (sequence b, channel p); the state h_p[N]
   // lives in `state`; h^{t-1} and A^t are stored per token when allocated.
   const bool store_h = act.hprev.extent(0) > 0, store_A = act.A.extent(0) > 0;
-  View2<S> state("ash::layer_state", s.batch * P, N);
+  const bool carry = state_io.extent(0) == std::size_t(s.batch * P);
+  View2<S> state = carry ? state_io : View2<S>("ash::layer_state", s.batch * P, N);
   auto beta = act.beta;
   auto gamma = act.gamma;
   auto yhat = act.yhat;
@@ -71,7 +72,8 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
   Kokkos::parallel_for(
       "ash::layer_scan_forward", Range(0, s.batch * P), KOKKOS_LAMBDA(const index_t bp) {
         const index_t b = bp / P, q = bp % P;
-        for (index_t n = 0; n < N; ++n) state(bp, n) = 0;
+        if (!carry)
+          for (index_t n = 0; n < N; ++n) state(bp, n) = 0;
         for (index_t t = 0; t < T; ++t) {
           const index_t m = b * T + t;
           const S dq = delta(m, q);
@@ -207,7 +209,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   template struct LayerCotangents<S>;                                                                              \
   template void ssm_layer_project<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&);          \
   template void ssm_layer_forward<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                      \
-                                     const LayerActivations<S>&, const View2<S>&);                                 \
+                                     const LayerActivations<S>&, const View2<S>&, const View2<S>&);                \
   template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
                                            const View3<S>&, const View3<S>&, const LayerCotangents<S>&,            \

@@ -46,9 +46,11 @@ template <class S>
 void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act);
 
 // Projections, then the scan; y_out = y_in + ỹ (y_out must not alias y_in).
+// state_io, when given ([Bt·P, N]), is h before the first token on entry and
+// h after the last on return (recurrent generation); else h^0 = 0.
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                       const LayerActivations<S>& act, const View2<S>& y_out);
+                       const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io = View2<S>());
 
 // Scratch for the per-token cotangents of one row block (reused across blocks).
 template <class S>

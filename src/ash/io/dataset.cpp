@@ -1,0 +1,89 @@
+#include "ash/io/dataset.hpp"
+
+#include <cmath>
+
+#include "ash/core/error.hpp"
+
+namespace ash {
+
+namespace {
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+TokenDataset::TokenDataset(std::vector<std::uint32_t> tokens, index_t vocab, index_t T, double valid_fraction,
+                           std::uint64_t seed, bool sequential)
+    : tokens_(std::move(tokens)), vocab_(vocab), T_(T), seed_(seed), sequential_(sequential) {
+  require(T >= 2, "data.seq_len = " + std::to_string(T) + " is too short: a window needs T >= 2 tokens");
+  require(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must be in [0, 1)");
+  const index_t n = index_t(tokens_.size());
+  for (index_t i = 0; i < n; ++i)
+    require(index_t(tokens_[i]) < vocab, "token id " + std::to_string(tokens_[i]) + " at position " +
+                                             std::to_string(i) + " is >= model.vocab " + std::to_string(vocab));
+  index_t n_valid = index_t(std::floor(valid_fraction * double(n)));
+  if (valid_fraction > 0 && n_valid < T) n_valid = T;  // at least one validation window
+  n_train_ = n - n_valid;
+  require(n_train_ >= T, "the token file has " + std::to_string(n) + " tokens: too few for a training window of T = " +
+                             std::to_string(T) + (n_valid ? " plus a validation window" : ""));
+}
+
+TokenDataset TokenDataset::from_file(const std::string& path, index_t vocab, index_t T, double valid_fraction,
+                                     std::uint64_t seed, bool sequential) {
+  require(!path.empty(), "data.train is empty: name a token file (text, .u16 or .u32)");
+  return TokenDataset(load_tokens(path), vocab, T, valid_fraction, seed, sequential);
+}
+
+std::vector<index_t> TokenDataset::train_offsets(std::int64_t step, index_t batch, std::int64_t cursor) const {
+  std::vector<index_t> off(batch);
+  const index_t span = n_train_ - T_ + 1;
+  for (index_t b = 0; b < batch; ++b) {
+    if (sequential_) {
+      off[b] = (cursor + b * T_) % span;
+    } else {
+      off[b] = index_t(splitmix64(seed_ ^ splitmix64(std::uint64_t(step) * std::uint64_t(batch) + b)) %
+                       std::uint64_t(span));
+    }
+  }
+  return off;
+}
+
+TokenView TokenDataset::train_batch(std::int64_t step, index_t batch, std::int64_t* cursor) const {
+  const auto off = train_offsets(step, batch, cursor ? *cursor : 0);
+  std::vector<std::uint32_t> ids(std::size_t(batch * T_));
+  for (index_t b = 0; b < batch; ++b)
+    for (index_t t = 0; t < T_; ++t) ids[b * T_ + t] = tokens_[off[b] + t];
+  if (sequential_ && cursor) *cursor = (*cursor + batch * T_) % (n_train_ - T_ + 1);
+  return make_windows(ids, batch, T_, vocab_);
+}
+
+TokenView TokenDataset::valid_batch(index_t max_windows) const {
+  const index_t nw = std::min(max_windows, valid_windows());
+  require(nw >= 1, "no validation windows (data.valid_fraction is 0 or the file is too short)");
+  return make_windows(tokens_, nw, T_, vocab_, n_train_);
+}
+
+double TokenDataset::unigram_bits() const {
+  std::vector<double> c(vocab_, 0.0);
+  for (index_t i = 0; i < n_train_; ++i) c[tokens_[i]] += 1;
+  double h = 0;
+  for (double x : c)
+    if (x > 0) h -= x / double(n_train_) * std::log2(x / double(n_train_));
+  return h;
+}
+
+double TokenDataset::unigram_valid_bits(index_t max_windows) const {
+  std::vector<double> c(vocab_, 1.0);  // add-one
+  for (index_t i = 0; i < n_train_; ++i) c[tokens_[i]] += 1;
+  const double total = double(n_train_ + vocab_);
+  const index_t nw = std::min(max_windows, valid_windows());
+  double bits = 0;
+  for (index_t w = 0; w < nw; ++w)
+    for (index_t t = 1; t < T_; ++t) bits -= std::log2(c[tokens_[n_train_ + w * T_ + t]] / total);
+  return nw > 0 ? bits / double(nw * (T_ - 1)) : 0.0;
+}
+
+}  // namespace ash

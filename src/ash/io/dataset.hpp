@@ -1,0 +1,52 @@
+#pragma once
+// Training data: one token file split into a training part and a held-out
+// validation tail, served as batches of windows of T tokens.
+//
+// Random mode (default): window b of step s starts at
+//   splitmix64(seed, s·Bt + b) mod (n_train - T + 1)
+// so a batch depends only on (seed, step): resuming at step s replays exactly.
+// Sequential mode (data.sequential = true): consecutive windows in document
+// order from a cursor that wraps around; the cursor is saved in checkpoints.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ash/io/tokens.hpp"
+
+namespace ash {
+
+class TokenDataset {
+ public:
+  // Validates sizes: enough tokens for one training window and one validation
+  // window (when valid_fraction > 0), every id < vocab.
+  TokenDataset(std::vector<std::uint32_t> tokens, index_t vocab, index_t T, double valid_fraction,
+               std::uint64_t seed, bool sequential);
+  static TokenDataset from_file(const std::string& path, index_t vocab, index_t T, double valid_fraction,
+                                std::uint64_t seed, bool sequential);
+
+  // Training batch for `step`; in sequential mode reads at and advances *cursor.
+  TokenView train_batch(std::int64_t step, index_t batch, std::int64_t* cursor) const;
+  // The first `max_windows` consecutive windows of the validation part (fixed).
+  TokenView valid_batch(index_t max_windows) const;
+  // Start offsets (into the training part) that train_batch uses; for tests.
+  std::vector<index_t> train_offsets(std::int64_t step, index_t batch, std::int64_t cursor) const;
+
+  index_t train_tokens() const { return n_train_; }
+  index_t valid_tokens() const { return index_t(tokens_.size()) - n_train_; }
+  index_t valid_windows() const { return valid_tokens() / T_; }
+  const std::vector<std::uint32_t>& tokens() const { return tokens_; }
+  // Entropy (bits/token) of the training part's unigram distribution, for a baseline.
+  double unigram_bits() const;
+  // Cross-entropy (bits/token) under the training part's unigram model (add-one
+  // smoothing) of exactly the targets valid_batch(max_windows) scores: the
+  // baseline a model must beat.
+  double unigram_valid_bits(index_t max_windows) const;
+
+ private:
+  std::vector<std::uint32_t> tokens_;
+  index_t vocab_, T_, n_train_;
+  std::uint64_t seed_;
+  bool sequential_;
+};
+
+}  // namespace ash

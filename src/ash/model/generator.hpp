@@ -1,0 +1,31 @@
+#pragma once
+// Recurrent sampling: the SSM carries a fixed-size state h [K, P, N], so each
+// new token costs O(K·(P² + P·N) + V·P), independent of how many came before.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ash/model/head.hpp"
+
+namespace ash {
+
+template <class S>
+class Generator {
+ public:
+  explicit Generator(const ParamSet<S>& params);
+  // Feeds tokens (the prompt) through the model in one pass, carrying the state.
+  void feed(const std::vector<std::uint32_t>& tokens);
+  // Samples the next token from softmax(logits / temperature) (argmax when
+  // temperature <= 0), feeds it, and returns it.
+  std::uint32_t sample(double temperature, std::mt19937_64& rng);
+  // Logits after the last fed token (host copy).
+  const std::vector<double>& logits() const { return logits_; }
+
+ private:
+  const ParamSet<S>& params_;
+  std::vector<View2<S>> state_;  // per layer [P, N]
+  std::vector<double> logits_;
+};
+
+}  // namespace ash

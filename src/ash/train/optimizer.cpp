@@ -1,0 +1,84 @@
+#include "ash/train/optimizer.hpp"
+
+#include <cmath>
+
+namespace ash {
+
+AdamWOptions AdamWOptions::from_config(const Config& cfg) {
+  AdamWOptions o;
+  o.lr = cfg.get<double>("optim.lr");
+  o.weight_decay = cfg.get<double>("optim.weight_decay");
+  o.beta1 = cfg.get<double>("optim.beta1");
+  o.beta2 = cfg.get<double>("optim.beta2");
+  o.clip = cfg.get<double>("optim.clip");
+  o.warmup = cfg.get<std::int64_t>("optim.warmup");
+  o.steps = cfg.get<std::int64_t>("optim.steps");
+  return o;
+}
+
+double learning_rate(const AdamWOptions& o, std::int64_t step) {
+  if (o.warmup > 0 && step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);
+  const double span = double(o.steps - o.warmup);
+  const double prog = span > 0 ? std::min(1.0, double(step - o.warmup) / span) : 1.0;
+  const double lo = o.min_lr_ratio * o.lr;
+  return lo + 0.5 * (o.lr - lo) * (1.0 + std::cos(3.14159265358979323846 * prog));
+}
+
+bool decays(const std::string& name) {
+  const std::string leaf = name.substr(name.rfind('/') + 1);
+  return leaf == "embedding" || leaf == "head" || leaf == "W_delta" || leaf == "W_B" || leaf == "W_C";
+}
+
+template <class S>
+AdamW<S>::AdamW(const ModelDims& dims, const AdamWOptions& opts)
+    : opts_(opts), m_(dims), v_(dims), decay_mask_("ash::adamw::decay_mask", m_.size()) {
+  auto h = Kokkos::create_mirror_view(decay_mask_);
+  for (const auto& t : m_.tensors())
+    for (index_t i = 0; i < t.size(); ++i) h(t.offset + i) = decays(t.name) ? S(1) : S(0);
+  Kokkos::deep_copy(decay_mask_, h);
+}
+
+template <class S>
+double global_norm(const ParamSet<S>& x) {
+  auto d = x.data();
+  double ss = 0;
+  Kokkos::parallel_reduce(
+      "ash::global_norm", Range(0, x.size()),
+      KOKKOS_LAMBDA(const index_t i, double& acc) { acc += double(d(i)) * double(d(i)); }, ss);
+  return std::sqrt(ss);
+}
+
+template <class S>
+double AdamW<S>::update(const ParamSet<S>& params, const ParamSet<S>& grad) {
+  const double norm = global_norm(grad);
+  const double scale = (opts_.clip > 0 && norm > opts_.clip) ? opts_.clip / norm : 1.0;
+  const double lr = learning_rate(opts_, step_);
+  const std::int64_t t = step_ + 1;
+  const S b1 = S(opts_.beta1), b2 = S(opts_.beta2), eps = S(opts_.eps);
+  const S c1 = S(1.0 / (1.0 - std::pow(opts_.beta1, double(t))));
+  const S c2 = S(1.0 / (1.0 - std::pow(opts_.beta2, double(t))));
+  const S lr_s = S(lr), wd = S(lr * opts_.weight_decay), sc = S(scale);
+  auto p = params.data();
+  auto g = grad.data();
+  auto m = m_.data();
+  auto v = v_.data();
+  auto mask = decay_mask_;
+  Kokkos::parallel_for(
+      "ash::adamw", Range(0, params.size()), KOKKOS_LAMBDA(const index_t i) {
+        const S gi = g(i) * sc;
+        g(i) = gi;  // the clipped gradient
+        m(i) = b1 * m(i) + (S(1) - b1) * gi;
+        v(i) = b2 * v(i) + (S(1) - b2) * gi * gi;
+        const S mh = m(i) * c1, vh = v(i) * c2;
+        p(i) -= lr_s * mh / (kmath::sqrt(vh) + eps) + wd * mask(i) * p(i);
+      });
+  ++step_;
+  return norm;
+}
+
+template class AdamW<float>;
+template class AdamW<double>;
+template double global_norm<float>(const ParamSet<float>&);
+template double global_norm<double>(const ParamSet<double>&);
+
+}  // namespace ash

@@ -1,0 +1,54 @@
+#pragma once
+// AdamW with bias correction, global gradient-norm clipping and a warm-up +
+// cosine learning-rate schedule. Moments are ParamSets (one slice per
+// parameter tensor), so a distributed run can keep each tensor's state on its
+// owner.
+#include "ash/core/config.hpp"
+#include "ash/model/params.hpp"
+
+namespace ash {
+
+struct AdamWOptions {
+  double lr = 3e-3;
+  double weight_decay = 0.1;  // decoupled; matrices only (see decays())
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 1.0;          // max global L2 norm of the gradient; <= 0: off
+  std::int64_t warmup = 50;   // linear warm-up steps
+  std::int64_t steps = 1000;  // schedule length (cosine to min_lr_ratio·lr)
+  double min_lr_ratio = 0.1;
+  static AdamWOptions from_config(const Config& cfg);
+};
+
+// lr(step), step = 0, 1, ...: lr·(step+1)/warmup during warm-up, then cosine
+// from lr to min_lr_ratio·lr at `steps`, constant after.
+double learning_rate(const AdamWOptions& o, std::int64_t step);
+
+// Weight decay applies to embedding, head, W_delta, W_B, W_C; not to norms,
+// biases, A_log or D.
+bool decays(const std::string& tensor_name);
+
+template <class S>
+class AdamW {
+ public:
+  AdamW(const ModelDims& dims, const AdamWOptions& opts);
+  const AdamWOptions& options() const { return opts_; }
+  // One update with the gradient of step `step()`; clips grad in place.
+  // Returns the gradient norm before clipping.
+  double update(const ParamSet<S>& params, const ParamSet<S>& grad);
+  std::int64_t step() const { return step_; }
+  void set_step(std::int64_t s) { step_ = s; }
+  const ParamSet<S>& m() const { return m_; }
+  const ParamSet<S>& v() const { return v_; }
+
+ private:
+  AdamWOptions opts_;
+  ParamSet<S> m_, v_;
+  View1<S> decay_mask_;  // 1 where weight decay applies
+  std::int64_t step_ = 0;
+};
+
+// ||x||_2 over all tensors (deterministic for a fixed build and thread count).
+template <class S>
+double global_norm(const ParamSet<S>& x);
+
+}  // namespace ash
