@@ -1,53 +1,24 @@
 // The `ash` tool end to end: init -> inspect -> grad, and bad inputs
 // (DESIGN.md §7): a clear message, a non-zero exit, nothing lost.
 #include <hdf5.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 
+#include "cli_runner.hpp"
 #include "test_helpers.hpp"
-
-#ifndef ASH_CLI
-#error "ASH_CLI must be the path of the ash executable"
-#endif
 
 namespace ash::test {
 
 namespace {
 
-struct Result {
-  int code;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(ASH_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
-
 std::string dir() { return ::testing::TempDir() + "ash_cli_"; }
-
-void write(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 std::string text_corpus() {
   std::string s;
   for (int i = 0; i < 40; ++i) s += "the quick brown fox jumps over the lazy dog; ";
   return s;
 }
-
-#define EXPECT_FAILS_WITH(res, needle)                                                  \
-  do {                                                                                  \
-    const auto r_ = (res);                                                              \
-    EXPECT_NE(r_.code, 0) << r_.out;                                                    \
-    EXPECT_NE(r_.out.find(needle), std::string::npos) << "output was:\n" << r_.out;     \
-    EXPECT_EQ(r_.out.find("internal error"), std::string::npos) << r_.out;              \
-  } while (0)
 
 class Cli : public ::testing::Test {
  protected:

@@ -1,0 +1,50 @@
+#pragma once
+// Runs the `ash` executable from tests and captures its exit code and output.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#ifndef ASH_CLI
+#error "ASH_CLI must be the path of the ash executable"
+#endif
+
+namespace ash::test {
+
+struct CliResult {
+  int code;
+  std::string out;
+};
+
+inline CliResult run(const std::string& args) {
+  const std::string cmd = std::string(ASH_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+inline void write(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A clear message, a non-zero exit, and no crash report.
+#define EXPECT_FAILS_WITH(res, needle)                                              \
+  do {                                                                              \
+    const auto r_ = (res);                                                          \
+    EXPECT_NE(r_.code, 0) << r_.out;                                                \
+    EXPECT_NE(r_.out.find(needle), std::string::npos) << "output was:\n" << r_.out; \
+    EXPECT_EQ(r_.out.find("internal error"), std::string::npos) << r_.out;          \
+  } while (0)
+
+}  // namespace ash::test
