@@ -5,22 +5,6 @@ namespace ash::test {
 
 namespace {
 
-template <class S>
-std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const TokenView& x, double* loss = nullptr) {
-  ParamSet<S> g(ps.dims());
-  const double l = make_engine<S>(o)->compute(ps, x, g);
-  if (loss) *loss = l;
-  return to_host(g);
-}
-
-EngineOptions engine(const std::string& name, index_t Tbar = 0, bool detach = false) {
-  EngineOptions o;
-  o.engine = name;
-  o.truncate = Tbar;
-  o.detach_inputs = detach;
-  return o;
-}
-
 // The truncated adjoint of DESIGN.md §2 by explicit products on the host:
 //   μ^i = Σ_{t=i}^{min(T,i+T̄-1)} g^t_p γ^t_n Π_{j=i+1..t} A^j_pn
 // fed to the library's per-token and dense VJPs (checked against E1 elsewhere).
@@ -67,8 +51,8 @@ TEST(Adjoint, MatchesBackpropForOneLayerExceptEmbedding) {
   auto ps = random_model<double>(d, 31);
   const auto x = random_tokens(2, 23, d.vocab, 32);
   double l1 = 0, l2 = 0;
-  const auto e1 = grad_of(engine("backprop"), ps, x, &l1);
-  const auto e2 = grad_of(engine("adjoint"), ps, x, &l2);
+  const auto e1 = grad_of(engine_options("backprop"), ps, x, &l1);
+  const auto e2 = grad_of(engine_options("adjoint"), ps, x, &l2);
   EXPECT_EQ(l1, l2);
   for (const auto& t : param_layout(d)) {
     const double err = rel_l2(e2, e1, t.offset, t.size());
@@ -85,8 +69,8 @@ TEST(Adjoint, EqualsBackpropWithDetachedInputs) {
     const auto d = tiny_dims(K);
     auto ps = random_model<double>(d, 40 + K);
     const auto x = random_tokens(2, 19, d.vocab, 50 + K);
-    const auto e1 = grad_of(engine("backprop", 0, true), ps, x);
-    const auto e2 = grad_of(engine("adjoint"), ps, x);
+    const auto e1 = grad_of(engine_options("backprop", 0, true), ps, x);
+    const auto e2 = grad_of(engine_options("adjoint"), ps, x);
     for (const auto& t : param_layout(d))
       EXPECT_LE(rel_l2(e2, e1, t.offset, t.size()), 1e-10) << t.name << " K=" << K;
   }
@@ -98,14 +82,14 @@ TEST(Adjoint, TruncatedEqualsBruteForceWindowSum) {
   auto ps = random_model<double>(d, 61);
   const auto x = random_tokens(2, T, d.vocab, 62);
   for (index_t Tbar : {index_t(1), index_t(2), T - 1, T}) {
-    const auto e2 = grad_of(engine("adjoint", Tbar), ps, x);
+    const auto e2 = grad_of(engine_options("adjoint", Tbar), ps, x);
     const auto bf = brute_force_window(ps, x, Tbar);
     EXPECT_LE(rel_l2(e2, bf), 1e-12) << "T-bar=" << Tbar;
     for (const auto& t : param_layout(d))
       EXPECT_LE(rel_l2(e2, bf, t.offset, t.size()), 1e-11) << t.name << " T-bar=" << Tbar;
   }
   // The window matters: T̄ = 1 and T̄ = T differ.
-  EXPECT_GT(rel_l2(grad_of(engine("adjoint", 1), ps, x), grad_of(engine("adjoint", T), ps, x)), 1e-4);
+  EXPECT_GT(rel_l2(grad_of(engine_options("adjoint", 1), ps, x), grad_of(engine_options("adjoint", T), ps, x)), 1e-4);
 }
 
 template <class S>
@@ -116,16 +100,15 @@ TYPED_TEST(AdjointTyped, AgreesWithDoubleDetachedBackprop) {
   using S = TypeParam;
   const auto d = tiny_dims(2);
   auto ref = random_model<double>(d, 71);
-  ParamSet<S> ps(d);
-  from_host(ps, to_host(ref));
+  const auto ps = cast_model<S>(ref);
   const auto x = random_tokens(2, 21, d.vocab, 72);
-  const auto e1 = grad_of(engine("backprop", 0, true), ref, x);
+  const auto e1 = grad_of(engine_options("backprop", 0, true), ref, x);
   for (index_t Tbar : {index_t(0), index_t(4)}) {
-    const auto e2 = grad_of(engine("adjoint", Tbar), ps, x);
+    const auto e2 = grad_of(engine_options("adjoint", Tbar), ps, x);
     if (Tbar == 0)
       for (const auto& t : ps.tensors()) EXPECT_LE(rel_l2(e2, e1, t.offset, t.size()), Tol<S>::grad_vs_double) << t.name;
     else
-      EXPECT_LE(rel_l2(e2, grad_of(engine("adjoint", Tbar), ref, x)), Tol<S>::grad_vs_double);
+      EXPECT_LE(rel_l2(e2, grad_of(engine_options("adjoint", Tbar), ref, x)), Tol<S>::grad_vs_double);
   }
 }
 

@@ -5,27 +5,12 @@ namespace ash::test {
 
 namespace {
 
-template <class S>
-std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const TokenView& x, double* loss = nullptr) {
-  ParamSet<S> g(ps.dims());
-  const double l = make_engine<S>(o)->compute(ps, x, g);
-  if (loss) *loss = l;
-  return to_host(g);
-}
-
 EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0) {
   EngineOptions o;
   o.engine = "adjoint-exact";
   o.chunk = C;
   o.wave = wave;
   o.detach_inputs = detach;
-  o.truncate = Tbar;
-  return o;
-}
-
-EngineOptions named(const std::string& name, index_t Tbar = 0) {
-  EngineOptions o;
-  o.engine = name;
   o.truncate = Tbar;
   return o;
 }
@@ -46,7 +31,7 @@ TEST(AdjointExact, EqualsBackpropForAnyDepthChunkAndWave) {
     auto ps = random_model<double>(d, 80 + K);
     const auto x = random_tokens(2, T, d.vocab, 90 + K);
     double l1 = 0, l3 = 0;
-    const auto e1 = grad_of(named("backprop"), ps, x, &l1);
+    const auto e1 = grad_of(engine_options("backprop"), ps, x, &l1);
     for (auto cw : {std::pair<index_t, index_t>{4, 8}, {4, 1024}, {1, 3}, {7, 7}, {29, 29}, {64, 64}}) {
       const auto g3 = grad_of(e3(cw.first, cw.second), ps, x, &l3);
       EXPECT_EQ(l1, l3);
@@ -61,7 +46,7 @@ TEST(AdjointExact, DetachedEqualsFullAdjointSharding) {
     const auto d = tiny_dims(K);
     auto ps = random_model<double>(d, 100 + K);
     const auto x = random_tokens(3, 29, d.vocab, 110 + K);
-    expect_close(grad_of(e3(4, 8, true), ps, x), grad_of(named("adjoint"), ps, x), d, 1e-10, "K=" + std::to_string(K));
+    expect_close(grad_of(e3(4, 8, true), ps, x), grad_of(engine_options("adjoint"), ps, x), d, 1e-10, "K=" + std::to_string(K));
   }
 }
 
@@ -71,7 +56,7 @@ TEST(AdjointExact, WindowEqualsTruncatedAdjointSharding) {
   auto ps = random_model<double>(d, 121);
   const auto x = random_tokens(2, T, d.vocab, 122);
   for (index_t Tbar : {index_t(1), index_t(3), C - 1, C, C + 1, index_t(10), T}) {
-    const auto e2 = grad_of(named("adjoint", Tbar), ps, x);
+    const auto e2 = grad_of(engine_options("adjoint", Tbar), ps, x);
     for (index_t wave : {index_t(1), index_t(8), index_t(1024)})
       expect_close(grad_of(e3(C, wave, true, Tbar), ps, x), e2, d, 1e-10,
                    "T-bar=" + std::to_string(Tbar) + " wave=" + std::to_string(wave));
@@ -90,11 +75,10 @@ TYPED_TEST(AdjointExactTyped, AgreesWithDoubleBackprop) {
   using S = TypeParam;
   const auto d = tiny_dims(3);
   auto ref = random_model<double>(d, 131);
-  ParamSet<S> ps(d);
-  from_host(ps, to_host(ref));
+  const auto ps = cast_model<S>(ref);
   const auto x = random_tokens(2, 37, d.vocab, 132);
-  expect_close(grad_of(e3(5, 10), ps, x), grad_of(named("backprop"), ref, x), d, Tol<S>::grad_vs_double, "exact");
-  expect_close(grad_of(e3(5, 10, true, 6), ps, x), grad_of(named("adjoint", 6), ref, x), d, Tol<S>::grad_vs_double,
+  expect_close(grad_of(e3(5, 10), ps, x), grad_of(engine_options("backprop"), ref, x), d, Tol<S>::grad_vs_double, "exact");
+  expect_close(grad_of(e3(5, 10, true, 6), ps, x), grad_of(engine_options("adjoint", 6), ref, x), d, Tol<S>::grad_vs_double,
                "window");
 }
 

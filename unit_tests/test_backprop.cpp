@@ -60,16 +60,12 @@ TYPED_TEST(Backprop, AgreesWithDouble) {
   using S = TypeParam;
   const auto d = tiny_dims(2);
   auto ref = random_model<double>(d, 5);
-  ParamSet<S> ps(d);
-  from_host(ps, to_host(ref));
   const auto x = random_tokens(2, 21, d.vocab, 6);
-  ParamSet<double> gref(d);
-  ParamSet<S> g(d);
-  const double lref = make_engine<double>(EngineOptions{})->compute(ref, x, gref);
-  const double l = make_engine<S>(EngineOptions{})->compute(ps, x, g);
+  double lref = 0, l = 0;
+  const auto b = grad_of(EngineOptions{}, ref, x, &lref);
+  const auto a = grad_of(EngineOptions{}, cast_model<S>(ref), x, &l);
   EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
-  const auto a = to_host(g), b = to_host(gref);
-  for (const auto& t : g.tensors()) EXPECT_LE(rel_l2(a, b, t.offset, t.size()), Tol<S>::grad_vs_double) << t.name;
+  for (const auto& t : param_layout(d)) EXPECT_LE(rel_l2(a, b, t.offset, t.size()), Tol<S>::grad_vs_double) << t.name;
 }
 
 TYPED_TEST(Backprop, DeterministicAndOverwritesGrad) {

@@ -12,9 +12,7 @@ TYPED_TEST(Forward, MatchesHostReference) {
   using S = TypeParam;
   for (int K : {1, 2, 3}) {
     const auto d = tiny_dims(K);
-    auto model = random_model<double>(d, 11 + K);
-    ParamSet<S> ps(d);
-    from_host(ps, to_host(model));
+    const auto ps = cast_model<S>(random_model<double>(d, 11 + K));
     const int B = 2, T = 13;
     const auto ids = random_token_ids(B * T, d.vocab, 5 + K);
     const double ref = reference_loss(d, to_host(ps), ids, B, T);

@@ -67,6 +67,32 @@ ParamSet<S> random_model(const ModelDims& d, std::uint64_t seed) {
   return ps;
 }
 
+// A double model in scalar type S (exact for double, rounded for float).
+template <class S>
+ParamSet<S> cast_model(const ParamSet<double>& ref) {
+  ParamSet<S> ps(ref.dims());
+  from_host(ps, to_host(ref));
+  return ps;
+}
+
+inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, bool detach = false) {
+  EngineOptions o;
+  o.engine = name;
+  o.truncate = Tbar;
+  o.detach_inputs = detach;
+  return o;
+}
+
+// The gradient an engine computes, flattened to the host (and the loss).
+template <class S>
+std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const TokenView& x,
+                            double* loss = nullptr) {
+  ParamSet<S> g(ps.dims());
+  const double l = make_engine<S>(o)->compute(ps, x, g);
+  if (loss) *loss = l;
+  return to_host(g);
+}
+
 inline std::vector<std::uint32_t> random_token_ids(index_t n, index_t V, std::uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::vector<std::uint32_t> ids(n);
