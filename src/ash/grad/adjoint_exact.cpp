@@ -4,67 +4,21 @@
 
 #include "ash/core/error.hpp"
 #include "ash/model/forward.hpp"
+#include "ash/model/impl/chunked_scan.hpp"
 
 namespace ash {
 
 namespace {
 
-// Chunk c of a sequence covers tokens [c·C, min(T, (c+1)·C)).
-struct Chunks {
-  index_t C, nc, T;
-  KOKKOS_INLINE_FUNCTION index_t start(index_t c) const { return c * C; }
-  KOKKOS_INLINE_FUNCTION index_t end(index_t c) const { return (c + 1) * C < T ? (c + 1) * C : T; }  // exclusive
-};
-
-// Everything the E3 kernels of one layer read: the projections of the layer
-// and the cotangent g_k, with A^t and u^t = Δ^t ŷ^t β^t recomputed on the fly.
-template <class S>
-struct LayerView {
-  View2<S> delta, yhat, beta, gamma, gy;
-  Unmanaged2<S> Alog;
-  index_t T;
-  KOKKOS_INLINE_FUNCTION S A(index_t m, index_t q, index_t n) const {
-    return kmath::exp(delta(m, q) * -kmath::exp(Alog(q, n)));
-  }
-  KOKKOS_INLINE_FUNCTION S u(index_t m, index_t q, index_t n) const { return delta(m, q) * yhat(m, q) * beta(m, n); }
-  KOKKOS_INLINE_FUNCTION S qv(index_t m, index_t q, index_t n) const { return gy(m, q) * gamma(m, n); }  // g ⊗ γ
-};
-
-// h at the end of every chunk: chunk-local scans from h = 0 in parallel, then
-// a carry pass over chunks, H_c = h_c^local + (Π_c A) H_{c-1}. Hb and PA are
-// [Bt·nc, P, N]; on return Hb holds the true boundary states.
-template <class S>
-void boundary_states(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View3<S>& PA) {
-  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
-  Kokkos::parallel_for(
-      "ash::e3::chunk_scan_h", Range(0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
-        S h = 0, pr = 1;
-        for (index_t t = ch.start(c); t < ch.end(c); ++t) {
-          const index_t m = b * T + t;
-          const S a = L.A(m, q, n);
-          h = a * h + L.u(m, q, n);
-          pr *= a;
-        }
-        Hb(bc, q, n) = h;
-        PA(bc, q, n) = pr;
-      });
-  Kokkos::parallel_for(
-      "ash::e3::carry_h", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-        S H = 0;
-        for (index_t c = 0; c < nc; ++c) {
-          H = Hb(b * nc + c, q, n) + PA(b * nc + c, q, n) * H;
-          Hb(b * nc + c, q, n) = H;
-        }
-      });
-}
+using impl::Chunks;
+using impl::ScanView;
+using impl::boundary_states;
 
 // μ at every chunk start: chunk-local reverse scans from 0 in parallel
 // (L_c = local μ at the chunk start, G_c = Π_{j=start_c+1..start_{c+1}} A^j),
 // then M_c = L_c + G_c M_{c+1} right to left. On return Ms holds μ^{start_c}.
 template <class S>
-void chunk_start_adjoints(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
+void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
                           const View3<S>& G) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
   Kokkos::parallel_for(
@@ -98,7 +52,7 @@ void chunk_start_adjoints(const LayerView<S>& L, const Chunks ch, index_t Bt, co
 // h^{t-1} for the tokens [w0, w0+W) of every sequence, recomputed from the
 // boundary state before each chunk that overlaps the wave.
 template <class S>
-void wave_hprev(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, index_t w0, index_t W,
+void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, index_t w0, index_t W,
                 const View3<S>& hbuf) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
@@ -118,7 +72,7 @@ void wave_hprev(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<
 // Exact μ for a chunk-aligned wave: each chunk's reverse scan starts from the
 // carry A^{start_{c+1}} μ^{start_{c+1}}.
 template <class S>
-void wave_mu_exact(const LayerView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms, index_t w0, index_t W,
+void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms, index_t w0, index_t W,
                    const View3<S>& mubuf) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
   const index_t c_lo = w0 / ch.C, ncw = (W + ch.C - 1) / ch.C;
@@ -143,7 +97,7 @@ void wave_mu_exact(const LayerView<S>& L, const Chunks ch, index_t Bt, const Vie
 // reverse pass over block b forming S and R and overwriting mubuf with μ
 // (the F it reads, at token i-1 or earlier, is not yet overwritten).
 template <class S>
-void wave_mu_window(const LayerView<S>& L, index_t Tbar, index_t Bt, index_t P, index_t N, index_t w0, index_t W,
+void wave_mu_window(const ScanView<S>& L, index_t Tbar, index_t Bt, index_t P, index_t N, index_t w0, index_t W,
                     const View3<S>& mubuf) {
   const index_t T = L.T, nbw = (W + Tbar - 1) / Tbar, blk0 = w0 / Tbar;
   Kokkos::parallel_for(
@@ -220,7 +174,7 @@ double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView
   for (int k = d.layers - 1; k >= 0; --k) {
     const auto layer = params.layer(k);
     ssm_layer_project(layer, tape.ys[k], act);
-    const LayerView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
+    const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
     boundary_states(L, chunks, Bt, Hb, scratch);
     if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch);
     for (index_t w0 = 0; w0 < T; w0 += W) {

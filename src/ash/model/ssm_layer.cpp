@@ -4,6 +4,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/model/impl/blas.hpp"
+#include "ash/model/impl/chunked_scan.hpp"
 #include "ash/model/impl/rms_norm.hpp"
 
 namespace ash {
@@ -32,6 +33,8 @@ LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d)
 
 namespace {
 
+constexpr index_t forward_chunk = 64;  // tokens per chunk of the forward scan
+
 KOKKOS_INLINE_FUNCTION double softplus(double z) { return z > 20.0 ? z : kmath::log1p(kmath::exp(z)); }
 KOKKOS_INLINE_FUNCTION float softplus(float z) { return z > 20.0f ? z : kmath::log1p(kmath::exp(z)); }
 
@@ -54,42 +57,50 @@ void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const Laye
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io) {
-  const index_t T = s.T, P = y_in.extent(1), N = p.W_B.extent(0);
+  const index_t T = s.T, Bt = s.batch, P = y_in.extent(1), N = p.W_B.extent(0);
   ssm_layer_project(p, y_in, act);
-  // Scan along t, one work item per (sequence b, channel p); the state h_p[N]
-  // lives in `state`; h^{t-1} and A^t are stored per token when allocated.
+  // The scan as a chunked parallel scan: h at every chunk end (chunk-local
+  // scans, then a carry pass), then every (sequence, chunk, channel) replays
+  // its chunk from the boundary state, forming ỹ and storing h^{t-1} and A^t
+  // where allocated.
+  const index_t C = forward_chunk < T ? forward_chunk : T;
+  const impl::Chunks ch{C, (T + C - 1) / C, T};
+  const index_t nc = ch.nc;
   const bool store_h = act.hprev.extent(0) > 0, store_A = act.A.extent(0) > 0;
-  const bool carry = state_io.extent(0) == std::size_t(s.batch * P);
-  View2<S> state = carry ? state_io : View2<S>("ash::layer_state", s.batch * P, N);
-  auto beta = act.beta;
+  const bool carry = state_io.extent(0) == std::size_t(Bt * P);
+  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), p.A_log, T};
+  View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
+  View3<S> st("ash::fwd::chunk_state", Bt * nc, P, N);
+  impl::boundary_states(L, ch, Bt, Hb, st, carry ? state_io : View2<S>());
   auto gamma = act.gamma;
   auto yhat = act.yhat;
-  auto delta = act.delta;
   auto Hst = act.hprev;
   auto Ast = act.A;
-  auto Alog = p.A_log;
   auto D = p.D;
   Kokkos::parallel_for(
-      "ash::layer_scan_forward", Range(0, s.batch * P), KOKKOS_LAMBDA(const index_t bp) {
-        const index_t b = bp / P, q = bp % P;
-        if (!carry)
-          for (index_t n = 0; n < N; ++n) state(bp, n) = 0;
-        for (index_t t = 0; t < T; ++t) {
+      "ash::layer_scan_forward", Range(0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
+        for (index_t n = 0; n < N; ++n)
+          st(bc, q, n) = c > 0 ? Hb(bc - 1, q, n) : (carry ? state_io(b * P + q, n) : S(0));
+        for (index_t t = ch.start(c); t < ch.end(c); ++t) {
           const index_t m = b * T + t;
-          const S dq = delta(m, q);
-          const S u = dq * yhat(m, q);
           S out = D(q) * yhat(m, q);
           for (index_t n = 0; n < N; ++n) {
-            const S a = kmath::exp(dq * -kmath::exp(Alog(q, n)));
-            if (store_h) Hst(m, q, n) = state(bp, n);
+            const S a = L.A(m, q, n);
+            if (store_h) Hst(m, q, n) = st(bc, q, n);
             if (store_A) Ast(m, q, n) = a;
-            const S hn = a * state(bp, n) + u * beta(m, n);
-            state(bp, n) = hn;
+            const S hn = a * st(bc, q, n) + L.u(m, q, n);
+            st(bc, q, n) = hn;
             out += gamma(m, n) * hn;
           }
           y_out(m, q) = y_in(m, q) + out;
         }
       });
+  if (carry)
+    Kokkos::parallel_for(
+        "ash::layer_state_out", Range2({0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
+          state_io(bq, n) = Hb((bq / P) * nc + nc - 1, bq % P, n);
+        });
 }
 
 template <class S>
