@@ -25,7 +25,14 @@ else
 fi
 
 echo "[setup] configuring $ASH_BUILD_DIR"
+mkdir -p "$ASH_BUILD_DIR"
 # shellcheck disable=SC2086
-cmake -S "$ASH_ROOT" -B "$ASH_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${ASH_CMAKE_ARGS:-} | grep -E "AdjointSharding|Error|error" || true
+if ! cmake -S "$ASH_ROOT" -B "$ASH_BUILD_DIR" -DCMAKE_BUILD_TYPE=Release ${ASH_CMAKE_ARGS:-} \
+     > "$ASH_BUILD_DIR/configure.log" 2>&1; then
+  cat "$ASH_BUILD_DIR/configure.log"
+  echo "[setup] configure failed (log: $ASH_BUILD_DIR/configure.log)" >&2
+  exit 1
+fi
+grep -E "AdjointSharding" "$ASH_BUILD_DIR/configure.log" || true
 echo "[setup] building with $(nproc) jobs"
 cmake --build "$ASH_BUILD_DIR" -j "$(nproc)"
