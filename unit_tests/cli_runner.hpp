@@ -33,11 +33,6 @@ inline void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-inline std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // A clear message, a non-zero exit, and no crash report.
 #define EXPECT_FAILS_WITH(res, needle)                                              \
   do {                                                                              \

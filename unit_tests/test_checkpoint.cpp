@@ -98,8 +98,7 @@ TEST(Checkpoint, BadFilesGiveClearErrors) {
   expect_error([&] { load_checkpoint<double>(junk); }, "not an HDF5 file");
 
   // Truncated: the first half of a good file.
-  std::ifstream in(good, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = slurp(good);
   const auto cut = tmp_path("truncated.h5");
   std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
   EXPECT_THROW(load_checkpoint<double>(cut), Error);
@@ -107,14 +106,7 @@ TEST(Checkpoint, BadFilesGiveClearErrors) {
   // Wrong version and a wrong shape, edited in place with the HDF5 API.
   const auto wrongv = tmp_path("wrong_version.h5");
   save_checkpoint(wrongv, config_for(d), ps);
-  {
-    hid_t f = H5Fopen(wrongv.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
-    const std::int64_t v = 99;
-    H5Awrite(a, H5T_NATIVE_INT64, &v);
-    H5Aclose(a);
-    H5Fclose(f);
-  }
+  set_format_version(wrongv, 99);
   expect_error([&] { load_checkpoint<double>(wrongv); }, "format version 99");
 
   const auto missing = tmp_path("missing.h5");

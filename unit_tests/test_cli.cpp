@@ -117,8 +117,7 @@ TEST_F(Cli, BadCheckpoints) {
   write(junk, "garbage that is not HDF5");
   EXPECT_FAILS_WITH(run("grad --checkpoint " + junk + g), "not an HDF5 file");
   // Truncated copy of a good checkpoint.
-  std::ifstream in(ckpt, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = slurp(ckpt);
   const auto cut = dir() + "cut.h5";
   write(cut, bytes.substr(0, bytes.size() / 3));
   const auto r = run("inspect " + cut);
@@ -127,12 +126,7 @@ TEST_F(Cli, BadCheckpoints) {
   // Wrong version.
   const auto wrong = dir() + "wrong.h5";
   write(wrong, bytes);
-  hid_t f = H5Fopen(wrong.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
-  const std::int64_t v = 7;
-  H5Awrite(a, H5T_NATIVE_INT64, &v);
-  H5Aclose(a);
-  H5Fclose(f);
+  set_format_version(wrong, 7);
   EXPECT_FAILS_WITH(run("inspect " + wrong), "format version 7");
 }
 

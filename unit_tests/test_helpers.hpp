@@ -1,6 +1,10 @@
 #pragma once
 // Shared test fixtures: tiny models, random tokens, host copies, allclose.
 #include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <fstream>
+#include <iterator>
 
 #include <cmath>
 #include <random>
@@ -102,6 +106,20 @@ inline std::vector<std::uint32_t> random_token_ids(index_t n, index_t V, std::ui
 
 inline TokenView random_tokens(index_t batch, index_t T, index_t V, std::uint64_t seed) {
   return make_windows(random_token_ids(batch * T, V, seed), batch, T, V);
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Rewrites a checkpoint's format_version attribute in place (bad-file tests).
+inline void set_format_version(const std::string& path, std::int64_t v) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Fclose(f);
 }
 
 // ||a - b|| / max(||b||, tiny) over a slice.

@@ -153,12 +153,7 @@ TEST(TrainFailures, BadInputsNameTheProblemAndTouchNothing) {
   write(dir + "/cut.h5", before.substr(0, before.size() / 2));
   EXPECT_NE(run(base + "--resume " + dir + "/cut.h5").code, 0);
   write(dir + "/old.h5", before);
-  hid_t f = H5Fopen((dir + "/old.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
-  const std::int64_t v = 0;
-  H5Awrite(a, H5T_NATIVE_INT64, &v);
-  H5Aclose(a);
-  H5Fclose(f);
+  set_format_version(dir + "/old.h5", 0);
   EXPECT_FAILS_WITH(run(base + "--resume " + dir + "/old.h5"), "format version 0");
   EXPECT_FAILS_WITH(run(base + "--resume " + ckpt + " --set run.precision=double"), "trained in float");
   EXPECT_EQ(slurp(ckpt), before) << "a failed run must not touch the previous checkpoint";
