@@ -15,11 +15,6 @@ EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0)
   return o;
 }
 
-void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const ModelDims& d, double tol,
-                  const std::string& what) {
-  for (const auto& t : param_layout(d)) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), tol) << t.name << " " << what;
-}
-
 }  // namespace
 
 // T = 29 is not a multiple of any chunk below; waves smaller than T make the

@@ -134,4 +134,10 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b,
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
 
+// Per-tensor relative L2 error of got against ref is at most tol.
+inline void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const ModelDims& d,
+                         double tol, const std::string& what = "") {
+  for (const auto& t : param_layout(d)) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), tol) << t.name << " " << what;
+}
+
 }  // namespace ash::test
