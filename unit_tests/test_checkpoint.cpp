@@ -9,7 +9,6 @@
 namespace ash::test {
 
 namespace {
-std::string tmp_path(const std::string& name) { return ::testing::TempDir() + "ash_test_" + name; }
 
 Config config_for(const ModelDims& d) {
   Config c;

@@ -12,7 +12,7 @@ namespace ash::test {
 
 namespace {
 
-std::string dir() { return ::testing::TempDir() + "ash_cli_"; }
+std::string dir() { return tmp_path(""); }
 
 std::string text_corpus() {
   std::string s;

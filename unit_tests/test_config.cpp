@@ -63,7 +63,7 @@ TEST(Config, ValidateRejectsInconsistentSizes) {
 TEST(Config, FileErrors) {
   Config c;
   EXPECT_NE(what_of([&] { c.merge_file("/nonexistent/cfg.json"); }).find("cannot open"), std::string::npos);
-  const auto p = ::testing::TempDir() + "ash_bad.json";
+  const auto p = tmp_path("bad.json");
   std::ofstream(p) << "{ not json";
   EXPECT_NE(what_of([&] { c.merge_file(p); }).find("not valid JSON"), std::string::npos);
 }

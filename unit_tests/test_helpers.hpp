@@ -108,6 +108,16 @@ inline TokenView random_tokens(index_t batch, index_t T, index_t V, std::uint64_
   return make_windows(random_token_ids(batch * T, V, seed), batch, T, V);
 }
 
+// A path in the test temp directory unique to the running test: ctest runs the
+// tests of one executable as concurrent processes, so fixed names would race.
+inline std::string tmp_path(const std::string& name) {
+  const auto* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string id = t ? std::string(t->test_suite_name()) + "." + t->name() : std::string("global");
+  for (auto& c : id)
+    if (c == '/') c = '_';
+  return ::testing::TempDir() + "ash_" + id + "_" + name;
+}
+
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -7,7 +7,7 @@ namespace ash::test {
 
 namespace {
 std::string write_file(const std::string& name, const std::string& bytes) {
-  const auto p = ::testing::TempDir() + name;
+  const auto p = tmp_path(name);
   std::ofstream(p, std::ios::binary) << bytes;
   return p;
 }

@@ -13,7 +13,7 @@ namespace ash::test {
 
 namespace {
 
-std::string tmp(const std::string& name) { return ::testing::TempDir() + "ash_train_" + name; }
+std::string tmp(const std::string& name) { return tmp_path(name); }
 
 std::string corpus_file() {
   const auto path = tmp("corpus_" + std::to_string(::getpid()) + ".txt");  // ctest -j runs tests in parallel
