@@ -8,6 +8,7 @@
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/engine.hpp"
+#include "ash/grad/layer_adjoint.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
 #include "ash/io/tokens.hpp"

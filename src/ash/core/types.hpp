@@ -29,6 +29,9 @@ using Unmanaged1 = Kokkos::View<S*, Kokkos::LayoutRight, MemSpace, Kokkos::Memor
 template <class S>
 using Unmanaged2 = Kokkos::View<S**, Kokkos::LayoutRight, MemSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
 
+// [Bt, T] token ids; row m = b·T + t of every activation is token (b, t).
+using TokenView = Kokkos::View<token_t**, Kokkos::LayoutRight, MemSpace>;
+
 using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
 using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>;
 

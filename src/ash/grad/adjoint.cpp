@@ -1,6 +1,6 @@
 #include "ash/grad/adjoint.hpp"
 
-#include "ash/model/forward.hpp"
+#include "ash/core/error.hpp"
 
 namespace ash {
 
@@ -51,32 +51,41 @@ void window_adjoint(const SeqShape& s, const LayerActivations<S>& act, const Vie
 }  // namespace
 
 template <class S>
-std::string AdjointEngine<S>::name() const {
-  return opts_.truncate > 0 ? "adjoint (T-bar=" + std::to_string(opts_.truncate) + ")" : "adjoint";
+AdjointLayer<S>::AdjointLayer(const EngineOptions& opts) : truncate_(opts.truncate) {}
+
+template <class S>
+std::string AdjointLayer<S>::name() const {
+  return truncate_ > 0 ? "adjoint (T-bar=" + std::to_string(truncate_) + ")" : "adjoint";
+}
+
+// Layers are independent given g (paper §4.5): every layer uses the same g and
+// leaves it unchanged (inputs detached; the residual stream passes g to the embedding).
+template <class S>
+void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                               const LayerParams<S>& grad) {
+  const auto& s = store.shape();
+  const index_t Tbar = (truncate_ <= 0 || truncate_ > s.T) ? s.T : truncate_;
+  const index_t P = p.W_delta.extent(0), N = p.W_B.extent(0);
+  if (index_t(mu_.extent(0)) != s.rows()) {
+    mu_ = View3<S>("ash::e2::mu", s.rows(), P, N);
+    ModelDims d;
+    d.width = P;
+    d.state = N;
+    cot_ = std::make_unique<LayerCotangents<S>>(s.rows(), d);
+  }
+  const auto& act = store.kept(k);
+  window_adjoint(s, act, g, Tbar, mu_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu_, act.hprev, *cot_, grad, g,
+                          /*detach_input=*/true);
 }
 
 template <class S>
-double AdjointEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
-  const auto& d = params.dims();
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
-  const index_t Tbar = (opts_.truncate <= 0 || opts_.truncate > s.T) ? s.T : opts_.truncate;
-  grad.fill_zero();
-  const auto gglobal = grad.global();
-  const auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::with_hprev_and_A, true,
-                                    opts_.head_chunk);
-  // Layers are independent given g (paper §4.5); each runs its parallel kernels in turn.
-  View3<S> mu("ash::e2::mu", s.rows(), d.width, d.state);
-  const LayerCotangents<S> cot(s.rows(), d);
-  for (int k = 0; k < d.layers; ++k) {
-    window_adjoint(s, tape.acts[k], tape.g, Tbar, mu);
-    ssm_layer_backward_rows(params.layer(k), s, tape.ys[k], tape.acts[k], tape.g, RowBlock{0, s.T}, mu,
-                            tape.acts[k].hprev, cot, grad.layer(k), tape.g, /*detach_input=*/true);
-  }
-  embedding_backward(x, tape.g, gglobal.embedding);  // inputs detached: the residual stream passes g
-  return tape.loss;
+void AdjointLayer<S>::release() {
+  mu_ = View3<S>();
+  cot_.reset();
 }
 
-template class AdjointEngine<float>;
-template class AdjointEngine<double>;
+template class AdjointLayer<float>;
+template class AdjointLayer<double>;
 
 }  // namespace ash

@@ -17,14 +17,21 @@
 namespace ash {
 
 template <class S>
-class AdjointEngine final : public GradientEngine<S> {
+class AdjointLayer final : public LayerAdjoint<S> {
  public:
-  explicit AdjointEngine(const EngineOptions& opts) : opts_(opts) {}
+  explicit AdjointLayer(const EngineOptions& opts);
   std::string name() const override;
-  double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
+  bool keeps_activations() const override { return true; }
+  typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::with_hprev_and_A; }
+  bool detached() const override { return true; }
+  void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                const LayerParams<S>& grad) override;
+  void release() override;
 
  private:
-  EngineOptions opts_;
+  index_t truncate_;
+  View3<S> mu_;  // Σ_t v^{t,i} per token [M, P, N]
+  std::unique_ptr<LayerCotangents<S>> cot_;
 };
 
 }  // namespace ash

@@ -4,7 +4,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/model/forward.hpp"
-#include "ash/model/impl/chunked_scan.hpp"
+#include "ash/kernels/chunked_scan.hpp"
 
 namespace ash {
 
@@ -17,10 +17,15 @@ using impl::boundary_states;
 // μ at every chunk start: chunk-local reverse scans from 0 in parallel
 // (L_c = local μ at the chunk start, G_c = Π_{j=start_c+1..start_{c+1}} A^j),
 // then M_c = L_c + G_c M_{c+1} right to left. On return Ms holds μ^{start_c}.
+// With a carry (a later token block), the last chunk continues into it:
+// G = Π A · A^{next start} and M_last = L_last + G μ^{next start}.
 template <class S>
 void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
-                          const View3<S>& G) {
+                          const View3<S>& G, const ExactCarry<S>& carry) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  const bool next = carry.valid;
+  auto Mn = carry.mu;
+  auto An = carry.A;
   Kokkos::parallel_for(
       "ash::e3::chunk_scan_mu", Range(0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
@@ -36,30 +41,31 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
           }
         }
         Ms(bc, q, n) = mu;
-        G(bc, q, n) = t1 < T ? pr * L.A(b * T + t1, q, n) : S(0);
+        G(bc, q, n) = t1 < T ? pr * L.A(b * T + t1, q, n) : (next ? pr * An(b, q, n) : S(0));
       });
   Kokkos::parallel_for(
       "ash::e3::carry_mu", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-        S next = 0;
+        S m = next ? Mn(b, q, n) : S(0);
         for (index_t c = nc - 1; c >= 0; --c) {
-          next = Ms(b * nc + c, q, n) + G(b * nc + c, q, n) * next;
-          Ms(b * nc + c, q, n) = next;
+          m = Ms(b * nc + c, q, n) + G(b * nc + c, q, n) * m;
+          Ms(b * nc + c, q, n) = m;
         }
       });
 }
 
 // h^{t-1} for the tokens [w0, w0+W) of every sequence, recomputed from the
-// boundary state before each chunk that overlaps the wave.
+// boundary state before each chunk that overlaps the wave (h0 before the first; zero when empty).
 template <class S>
-void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, index_t w0, index_t W,
-                const View3<S>& hbuf) {
+void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& h0,
+                index_t w0, index_t W, const View3<S>& hbuf) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
+  const bool has_h0 = h0.extent(0) > 0;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
   Kokkos::parallel_for(
       "ash::e3::wave_h", Range(0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
-        S h = c > 0 ? Hb(b * nc + c - 1, q, n) : S(0);
+        S h = c > 0 ? Hb(b * nc + c - 1, q, n) : (has_h0 ? h0(b * P + q, n) : S(0));
         const index_t t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
         for (index_t t = ch.start(c); t < t1; ++t) {
           const index_t m = b * T + t;
@@ -70,17 +76,21 @@ void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
 }
 
 // Exact μ for a chunk-aligned wave: each chunk's reverse scan starts from the
-// carry A^{start_{c+1}} μ^{start_{c+1}}.
+// carry A^{start_{c+1}} μ^{start_{c+1}} (the last chunk's from the later block, if any).
 template <class S>
-void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms, index_t w0, index_t W,
-                   const View3<S>& mubuf) {
+void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
+                   const ExactCarry<S>& carry, index_t w0, index_t W, const View3<S>& mubuf) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  const bool next = carry.valid;
+  auto Mn = carry.mu;
+  auto An = carry.A;
   const index_t c_lo = w0 / ch.C, ncw = (W + ch.C - 1) / ch.C;
   Kokkos::parallel_for(
       "ash::e3::wave_mu", Range(0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
         const index_t t0 = ch.start(c), t1 = ch.end(c);
-        S carry = c + 1 < nc ? L.A(b * T + t1, q, n) * Ms(b * nc + c + 1, q, n) : S(0);
+        S carry = c + 1 < nc ? L.A(b * T + t1, q, n) * Ms(b * nc + c + 1, q, n)
+                             : (next ? An(b, q, n) * Mn(b, q, n) : S(0));
         for (index_t t = t1 - 1; t >= t0; --t) {
           const index_t m = b * T + t;
           const S mu = L.qv(m, q, n) + carry;
@@ -126,17 +136,36 @@ void wave_mu_window(const ScanView<S>& L, index_t Tbar, index_t Bt, index_t P, i
       });
 }
 
+// μ and A at the block's first token, for the block before it.
+template <class S>
+void take_carry(const ScanView<S>& L, index_t Bt, index_t nc, const View3<S>& Ms, ExactCarry<S>& carry) {
+  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T;
+  if (index_t(carry.mu.extent(0)) != Bt) {
+    carry.mu = View3<S>("ash::e3::carry_mu", Bt, P, N);
+    carry.A = View3<S>("ash::e3::carry_A", Bt, P, N);
+  }
+  auto Mn = carry.mu;
+  auto An = carry.A;
+  Kokkos::parallel_for(
+      "ash::e3::take_carry", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+        Mn(b, q, n) = Ms(b * nc, q, n);
+        An(b, q, n) = L.A(b * T, q, n);
+      });
+  carry.valid = true;
+}
+
 }  // namespace
 
 template <class S>
-AdjointExactEngine<S>::AdjointExactEngine(const EngineOptions& opts) : opts_(opts) {
+AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
           "adjoint-exact: a window (--truncate) needs --detach-inputs; a window on the exact gradient is undefined");
   require(opts.chunk >= 1 && opts.wave >= 1, "adjoint-exact: chunk and wave must be >= 1");
 }
 
 template <class S>
-std::string AdjointExactEngine<S>::name() const {
+std::string AdjointExactLayer<S>::name() const {
   std::string n = "adjoint-exact (C=" + std::to_string(opts_.chunk);
   if (opts_.detach_inputs) n += ", detached";
   if (opts_.truncate > 0) n += ", T-bar=" + std::to_string(opts_.truncate);
@@ -144,58 +173,77 @@ std::string AdjointExactEngine<S>::name() const {
 }
 
 template <class S>
-double AdjointExactEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
-  const auto& d = params.dims();
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
-  const index_t T = s.T, Bt = s.batch, P = d.width, N = d.state;
+void AdjointExactLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                                    const LayerParams<S>& grad) {
+  const auto& act = store.activations(p, k);
+  run(p, store.shape(), store.input(k), act, g, View2<S>(), nullptr, grad);
+}
+
+template <class S>
+void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
+                                          const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>& carry,
+                                          const LayerParams<S>& grad) {
+  require(!opts_.detach_inputs, "adjoint-exact: token blocks are for the exact mode");
+  if (index_t(block_act_.yhat.extent(0)) != sb.rows()) {
+    ModelDims d;
+    d.width = p.W_delta.extent(0);
+    d.state = p.W_B.extent(0);
+    block_act_ = LayerActivations<S>(sb, d, LayerActivations<S>::projections_only);
+  }
+  ssm_layer_project(p, y_blk, block_act_);
+  run(p, sb, y_blk, block_act_, g_blk, h0, &carry, grad);
+}
+
+template <class S>
+void AdjointExactLayer<S>::release() {
+  block_act_ = LayerActivations<S>();
+}
+
+template <class S>
+void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, const View2<S>& y,
+                               const LayerActivations<S>& act, const View2<S>& g, const View2<S>& h0,
+                               ExactCarry<S>* carry, const LayerParams<S>& grad) {
+  const index_t T = s.T, Bt = s.batch, P = layer.W_delta.extent(0), N = layer.W_B.extent(0);
   const bool window = opts_.truncate > 0 && opts_.truncate < T;
+  require(!(window && carry), "adjoint-exact: a window runs on whole windows, not token blocks");
   const index_t Tbar = window ? opts_.truncate : T;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks{C, (T + C - 1) / C, T};
   // Waves: whole chunks (exact) or whole blocks of T̄ (window).
   const index_t unit = window ? Tbar : chunks.C;
   const index_t W = unit * (opts_.wave / unit > 0 ? opts_.wave / unit : 1);
-
-  grad.fill_zero();
-  const auto gglobal = grad.global();
-  auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::projections_only, false, opts_.head_chunk);
-  const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
+  const index_t Wbuf = W < T ? W : T;
+  ModelDims d;
+  d.width = P;
+  d.state = N;
   View3<S> Hb("ash::e3::h_boundary", Bt * chunks.nc, P, N);
   View3<S> scratch("ash::e3::chunk_products", Bt * chunks.nc, P, N);
   View3<S> Ms;
   if (!window) Ms = View3<S>("ash::e3::mu_chunk_start", Bt * chunks.nc, P, N);
-  const index_t Wbuf = W < T ? W : T;
   View3<S> hbuf("ash::e3::wave_hprev", Bt * Wbuf, P, N);
   View3<S> mubuf("ash::e3::wave_mu", Bt * Wbuf, P, N);
   const LayerCotangents<S> cot(Bt * Wbuf, d);
-  tape.ys[d.layers] = View2<S>();  // y_K served the head; the layers need y_0..y_{K-1}
-  const View2<S> g = tape.g;      // g_K, then g_k in place (unchanged when detached)
+  const ExactCarry<S> none;
+  const ExactCarry<S>& cin = carry ? *carry : none;
 
-  for (int k = d.layers - 1; k >= 0; --k) {
-    const auto layer = params.layer(k);
-    ssm_layer_project(layer, tape.ys[k], act);
-    const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
-    boundary_states(L, chunks, Bt, Hb, scratch);
-    if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch);
-    for (index_t w0 = 0; w0 < T; w0 += W) {
-      const index_t Ww = (w0 + W < T) ? W : T - w0;
-      wave_hprev(L, chunks, Bt, Hb, w0, Ww, hbuf);
-      if (window)
-        wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf);
-      else
-        wave_mu_exact(L, chunks, Bt, Ms, w0, Ww, mubuf);
-      // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
-      // only rows of this wave or later ones, and the carries were taken first.
-      ssm_layer_backward_rows(layer, s, tape.ys[k], act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot, grad.layer(k), g,
-                              opts_.detach_inputs);
-    }
-    tape.ys[k] = View2<S>();  // y_{k-1} is no longer needed
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
+  boundary_states(L, chunks, Bt, Hb, scratch, h0);
+  if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin);
+  for (index_t w0 = 0; w0 < T; w0 += W) {
+    const index_t Ww = (w0 + W < T) ? W : T - w0;
+    wave_hprev(L, chunks, Bt, Hb, h0, w0, Ww, hbuf);
+    if (window)
+      wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf);
+    else
+      wave_mu_exact(L, chunks, Bt, Ms, cin, w0, Ww, mubuf);
+    // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
+    // only rows of this wave or later ones, and the carries were taken first.
+    ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot, grad, g, opts_.detach_inputs);
   }
-  embedding_backward(x, g, gglobal.embedding);
-  return tape.loss;
+  if (carry) take_carry(L, Bt, chunks.nc, Ms, *carry);
 }
 
-template class AdjointExactEngine<float>;
-template class AdjointExactEngine<double>;
+template class AdjointExactLayer<float>;
+template class AdjointExactLayer<double>;
 
 }  // namespace ash

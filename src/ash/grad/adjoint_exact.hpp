@@ -19,16 +19,42 @@
 
 namespace ash {
 
+// What the reverse pass over token blocks (the exact-mode pipeline of E4)
+// carries from one block into the one before it: μ and A at the first token
+// of the later block, per (sequence, channel, state), [Bt, P, N].
 template <class S>
-class AdjointExactEngine final : public GradientEngine<S> {
+struct ExactCarry {
+  View3<S> mu, A;
+  bool valid = false;  // false: the later block does not exist (end of the window)
+};
+
+template <class S>
+class AdjointExactLayer final : public LayerAdjoint<S> {
  public:
   // Throws ash::Error for a window without detach_inputs.
-  explicit AdjointExactEngine(const EngineOptions& opts);
+  explicit AdjointExactLayer(const EngineOptions& opts);
   std::string name() const override;
-  double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
+  bool keeps_activations() const override { return false; }
+  typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::projections_only; }
+  bool detached() const override { return opts_.detach_inputs; }
+  void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                const LayerParams<S>& grad) override;
+  void release() override;
+
+  // Exact mode on one token block of every sequence, blocks taken from the
+  // last to the first: sb.T tokens per sequence (a multiple of the chunk but
+  // for the last block), y_blk and g_blk [Bt·sb.T, P] in block-row order
+  // (g_k in, g_{k-1} out), h0 [Bt·P, N] the state before the block's first
+  // token (empty: zero), carry in: from the block after, out: for the block before.
+  void backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
+                      const View2<S>& h0, ExactCarry<S>& carry, const LayerParams<S>& grad);
+  index_t chunk() const { return opts_.chunk; }
 
  private:
+  void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,
+           const View2<S>& g, const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad);
   EngineOptions opts_;
+  LayerActivations<S> block_act_;  // projections of one token block (backward_block)
 };
 
 }  // namespace ash

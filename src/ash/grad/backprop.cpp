@@ -1,8 +1,6 @@
 #include "ash/grad/backprop.hpp"
 
-#include <vector>
-
-#include "ash/model/forward.hpp"
+#include "ash/core/error.hpp"
 
 namespace ash {
 
@@ -31,28 +29,34 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
 }  // namespace
 
 template <class S>
-double BackpropEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
-  const auto& d = params.dims();
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
-  grad.fill_zero();
-  const auto gglobal = grad.global();
-  // Forward, storing y_k and every intermediate of every layer.
-  auto tape = forward_tape<S>(params, x, &gglobal, LayerActivations<S>::with_hprev_and_A, true, opts_.head_chunk);
-  auto& acts = tape.acts;
-  const View2<S> g = tape.g;  // g_K, then g_k in place
-  View3<S> mu("ash::e1::mu", s.rows(), d.width, d.state);
-  const LayerCotangents<S> cot(s.rows(), d);
-  for (int k = d.layers - 1; k >= 0; --k) {
-    reverse_scan(s, acts[k], g, mu);
-    ssm_layer_backward_rows(params.layer(k), s, tape.ys[k], acts[k], g, RowBlock{0, s.T}, mu, acts[k].hprev, cot,
-                            grad.layer(k), g, opts_.detach_inputs);
-    acts.pop_back();  // free as we go
-  }
-  embedding_backward(x, g, gglobal.embedding);
-  return tape.loss;
+BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : detach_(opts.detach_inputs) {
+  require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
 }
 
-template class BackpropEngine<float>;
-template class BackpropEngine<double>;
+template <class S>
+void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                                const LayerParams<S>& grad) {
+  const auto& s = store.shape();
+  const index_t P = p.W_delta.extent(0), N = p.W_B.extent(0);
+  if (index_t(mu_.extent(0)) != s.rows()) {
+    mu_ = View3<S>("ash::e1::mu", s.rows(), P, N);
+    ModelDims d;
+    d.width = P;
+    d.state = N;
+    cot_ = std::make_unique<LayerCotangents<S>>(s.rows(), d);
+  }
+  const auto& act = store.kept(k);
+  reverse_scan(s, act, g, mu_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu_, act.hprev, *cot_, grad, g, detach_);
+}
+
+template <class S>
+void BackpropLayer<S>::release() {
+  mu_ = View3<S>();
+  cot_.reset();
+}
+
+template class BackpropLayer<float>;
+template class BackpropLayer<double>;
 
 }  // namespace ash

@@ -6,14 +6,21 @@
 namespace ash {
 
 template <class S>
-class BackpropEngine final : public GradientEngine<S> {
+class BackpropLayer final : public LayerAdjoint<S> {
  public:
-  explicit BackpropEngine(const EngineOptions& opts) : opts_(opts) {}
-  std::string name() const override { return opts_.detach_inputs ? "backprop (detached inputs)" : "backprop"; }
-  double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
+  explicit BackpropLayer(const EngineOptions& opts);
+  std::string name() const override { return detach_ ? "backprop (detached inputs)" : "backprop"; }
+  bool keeps_activations() const override { return true; }
+  typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::with_hprev_and_A; }
+  bool detached() const override { return detach_; }
+  void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                const LayerParams<S>& grad) override;
+  void release() override;
 
  private:
-  EngineOptions opts_;
+  bool detach_;
+  View3<S> mu_;  // h-adjoint of every token [M, P, N]
+  std::unique_ptr<LayerCotangents<S>> cot_;
 };
 
 }  // namespace ash

@@ -17,18 +17,49 @@ EngineOptions EngineOptions::from_config(const Config& cfg) {
 }
 
 template <class S>
-std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts) {
+std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
   require(opts.truncate >= 0, "--truncate must be >= 0");
   require(opts.chunk >= 1, "--chunk must be >= 1");
-  if (opts.engine == "backprop") {
-    require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
-    return std::make_unique<BackpropEngine<S>>(opts);
-  }
-  if (opts.engine == "adjoint") return std::make_unique<AdjointEngine<S>>(opts);
-  if (opts.engine == "adjoint-exact") return std::make_unique<AdjointExactEngine<S>>(opts);
+  if (opts.engine == "backprop") return std::make_unique<BackpropLayer<S>>(opts);
+  if (opts.engine == "adjoint") return std::make_unique<AdjointLayer<S>>(opts);
+  if (opts.engine == "adjoint-exact") return std::make_unique<AdjointExactLayer<S>>(opts);
   throw Error("unknown engine '" + opts.engine + "' (expected backprop, adjoint or adjoint-exact)");
 }
 
+template <class S>
+LocalEngine<S>::LocalEngine(const EngineOptions& opts) : opts_(opts), layer_(make_layer_adjoint<S>(opts)) {}
+
+template <class S>
+double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+  const auto& d = params.dims();
+  require(params.range().is_all(d) && grad.range().is_all(d), "LocalEngine: needs the whole model");
+  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  grad.fill_zero();
+  const auto gglobal = grad.global();
+  ActivationStore<S> store(s, d, 0, int(d.layers), layer_->store(), layer_->keeps_activations());
+  embedding_forward(params.global().embedding, x, store.input(0));
+  forward_layers(params, store);
+  const View2<S> g("ash::g", s.rows(), d.width);  // g_K, then g_k in place (unchanged when detached)
+  const double loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk);
+  store.release_output();
+  for (int k = int(d.layers) - 1; k >= 0; --k) {
+    layer_->backward(params.layer(k), k, store, g, grad.layer(k));
+    store.release(k);
+  }
+  layer_->release();
+  embedding_backward(x, g, gglobal.embedding);
+  return loss;
+}
+
+template <class S>
+std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts) {
+  return std::make_unique<LocalEngine<S>>(opts);
+}
+
+template std::unique_ptr<LayerAdjoint<float>> make_layer_adjoint<float>(const EngineOptions&);
+template std::unique_ptr<LayerAdjoint<double>> make_layer_adjoint<double>(const EngineOptions&);
+template class LocalEngine<float>;
+template class LocalEngine<double>;
 template std::unique_ptr<GradientEngine<float>> make_engine<float>(const EngineOptions&);
 template std::unique_ptr<GradientEngine<double>> make_engine<double>(const EngineOptions&);
 

@@ -1,10 +1,13 @@
 #pragma once
-// One interface for every gradient engine of DESIGN.md §2 (E1 backprop,
-// E2 adjoint, E3 adjoint-exact, E4 distributed).
+// One interface for every gradient engine of docs/design.md §2 (E1 backprop,
+// E2 adjoint, E3 adjoint-exact; E4 distributed in ash/dist/). An engine is an
+// orchestrator (forward over the layers, head, the layers' reverse mode in
+// some order, embedding) around a per-layer method (LayerAdjoint).
 #include <memory>
 #include <string>
 
 #include "ash/core/config.hpp"
+#include "ash/grad/layer_adjoint.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/params.hpp"
 
@@ -30,7 +33,23 @@ class GradientEngine {
   virtual double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) = 0;
 };
 
-// Throws ash::Error for an unknown engine or options it does not support.
+// One process, all layers: embedding, forward over [0, K) keeping what the
+// layer method asks for, head (loss and g), then every layer's reverse mode
+// from K-1 down to 0 (each layer's storage freed when done), embedding.
+template <class S>
+class LocalEngine final : public GradientEngine<S> {
+ public:
+  explicit LocalEngine(const EngineOptions& opts);
+  std::string name() const override { return layer_->name(); }
+  double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
+
+ private:
+  EngineOptions opts_;
+  std::unique_ptr<LayerAdjoint<S>> layer_;
+};
+
+// The local engine for opts.engine; throws ash::Error for an unknown engine or
+// options it does not support.
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts);
 

@@ -5,9 +5,6 @@
 
 namespace ash {
 
-// [Bt, T] token ids; row m = b·T + t of every activation is token (b, t).
-using TokenView = Kokkos::View<token_t**, Kokkos::LayoutRight, MemSpace>;
-
 template <class S>
 void embedding_forward(const Unmanaged2<S>& E, const TokenView& x, const View2<S>& y0);
 

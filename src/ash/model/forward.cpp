@@ -2,7 +2,50 @@
 
 #include <utility>
 
+#include "ash/core/error.hpp"
+
 namespace ash {
+
+template <class S>
+ActivationStore<S>::ActivationStore(const SeqShape& s, const ModelDims& d, int k0, int k1, Store keep,
+                                    bool keep_acts)
+    : s_(s), d_(d), k0_(k0), k1_(k1) {
+  require(0 <= k0 && k0 <= k1 && k1 <= d.layers, "ActivationStore: layer range out of bounds");
+  for (int k = k0; k <= k1; ++k) ys_.push_back(View2<S>(std::string(k == k0 ? "ash::store::y_in" : "ash::store::y"), s.rows(), d.width));
+  if (keep_acts)
+    for (int k = k0; k < k1; ++k) acts_.emplace_back(s, d, keep);
+}
+
+template <class S>
+const LayerActivations<S>& ActivationStore<S>::scratch() {
+  if (!has_scratch_) {
+    scratch_ = LayerActivations<S>(s_, d_, LayerActivations<S>::projections_only);
+    has_scratch_ = true;
+  }
+  return scratch_;
+}
+
+template <class S>
+const LayerActivations<S>& ActivationStore<S>::activations(const LayerParams<S>& p, int k) {
+  if (keeps_acts()) return kept(k);
+  const auto& act = scratch();
+  ssm_layer_project(p, input(k), act);
+  return act;
+}
+
+template <class S>
+void ActivationStore<S>::release(int k) {
+  ys_.at(k - k0_) = View2<S>();
+  if (keeps_acts()) acts_.at(k - k0_) = LayerActivations<S>();
+}
+
+template <class S>
+void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store) {
+  const auto& s = store.shape();
+  for (int k = store.k0(); k < store.k1(); ++k)
+    ssm_layer_forward(params.layer(k), s, store.input(k), store.keeps_acts() ? store.kept(k) : store.scratch(),
+                      store.input(k + 1));
+}
 
 template <class S>
 double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk) {
@@ -24,22 +67,21 @@ ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const
                             typename LayerActivations<S>::Store store, bool keep_acts, index_t head_chunk) {
   const auto& d = params.dims();
   const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  ActivationStore<S> st(s, d, 0, int(d.layers), store, keep_acts);
+  embedding_forward(params.global().embedding, x, st.input(0));
+  forward_layers(params, st);
   ForwardTape<S> tape;
-  tape.ys.emplace_back("ash::tape::y0", s.rows(), d.width);
-  embedding_forward(params.global().embedding, x, tape.ys[0]);
-  LayerActivations<S> scratch;
-  if (!keep_acts) scratch = LayerActivations<S>(s, d, store);
-  for (int k = 0; k < d.layers; ++k) {
-    if (keep_acts) tape.acts.emplace_back(s, d, store);
-    tape.ys.emplace_back("ash::tape::y", s.rows(), d.width);
-    ssm_layer_forward(params.layer(k), s, tape.ys[k], keep_acts ? tape.acts[k] : scratch, tape.ys[k + 1]);
-  }
+  for (int k = 0; k <= d.layers; ++k) tape.ys.push_back(st.input(k));
+  if (keep_acts)
+    for (int k = 0; k < d.layers; ++k) tape.acts.push_back(st.kept(k));
   tape.g = View2<S>("ash::tape::g", s.rows(), d.width);
   tape.loss = head_loss<S>(params.global(), x, tape.ys[d.layers], tape.g, head_grad, head_chunk);
   return tape;
 }
 
 #define ASH_INSTANTIATE(S)                                                                                  \
+  template class ActivationStore<S>;                                                                       \
+  template void forward_layers<S>(const ParamSet<S>&, ActivationStore<S>&);                                \
   template double forward_loss<S>(const ParamSet<S>&, const TokenView&, index_t);                          \
   template ForwardTape<S> forward_tape<S>(const ParamSet<S>&, const TokenView&, const GlobalParams<S>*,     \
                                           typename LayerActivations<S>::Store, bool, index_t);

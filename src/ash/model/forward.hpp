@@ -1,16 +1,63 @@
 #pragma once
-// The forward pass of DESIGN.md §1 (the paper's Alg. 1, evaluation mode).
+// The forward pass of docs/design.md §1 (the paper's Alg. 1, evaluation mode),
+// as a driver over a range of layers [k0, k1) with an activation store that
+// decides what is kept of each layer for the backward.
 #include <vector>
 
 #include "ash/model/head.hpp"
 
 namespace ash {
 
+// What the forward keeps of the layers [k0, k1): every layer input y_{k-1}
+// (and the range's output y_{k1-1}), and per layer the activations `keep` asks
+// for when keep_acts (E1 and E2 keep h^{t-1} and A; E3 keeps only the inputs
+// and has the projections recomputed on request).
+template <class S>
+class ActivationStore {
+ public:
+  using Store = typename LayerActivations<S>::Store;
+  ActivationStore() = default;
+  ActivationStore(const SeqShape& s, const ModelDims& d, int k0, int k1, Store keep, bool keep_acts);
+
+  const SeqShape& shape() const { return s_; }
+  int k0() const { return k0_; }
+  int k1() const { return k1_; }
+  // y_{k-1}, the input of layer k (k0 <= k <= k1; input(k1) is the range's output).
+  View2<S> input(int k) const { return ys_.at(k - k0_); }
+  View2<S> output() const { return input(k1_); }
+  bool keeps_acts() const { return !acts_.empty(); }
+  // Layer k's kept activations (keeps_acts() only).
+  const LayerActivations<S>& kept(int k) const { return acts_.at(k - k0_); }
+  // Layer k's activations: the kept ones, or its projections recomputed from
+  // y_{k-1} into one scratch shared by all layers of the store.
+  const LayerActivations<S>& activations(const LayerParams<S>& p, int k);
+  // Frees y_{k-1} and what is kept of layer k (the backward is done with it).
+  void release(int k);
+  void release_output() { ys_.back() = View2<S>(); }
+  // The scratch used by activations() and forward_layers() when nothing is kept.
+  const LayerActivations<S>& scratch();
+
+ private:
+  SeqShape s_;
+  ModelDims d_;
+  int k0_ = 0, k1_ = 0;
+  std::vector<View2<S>> ys_;
+  std::vector<LayerActivations<S>> acts_;
+  LayerActivations<S> scratch_;
+  bool has_scratch_ = false;
+};
+
+// Runs layers [store.k0(), store.k1()) from store.input(k0), which the caller
+// has filled (the embedding, or what the previous rank sent), through to
+// store.output(), keeping what the store keeps.
+template <class S>
+void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store);
+
 // Loss only, one layer's activations alive at a time (the memory floor of a forward).
 template <class S>
 double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk = 1024);
 
-// What a gradient engine keeps from its forward pass.
+// The whole model's forward for a full ParamSet: embedding, every layer, head.
 template <class S>
 struct ForwardTape {
   std::vector<View2<S>> ys;                  // y_0 .. y_K, [M, P] each
@@ -20,7 +67,7 @@ struct ForwardTape {
 };
 
 // Forward storing every y_k, and per layer the activations `store` asks for
-// when keep_acts (E1, E2); the head adds ∂L/∂Ω and ∂L/∂w_f to *head_grad.
+// when keep_acts; the head adds ∂L/∂Ω and ∂L/∂w_f to *head_grad.
 template <class S>
 ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const GlobalParams<S>* head_grad,
                             typename LayerActivations<S>::Store store, bool keep_acts, index_t head_chunk = 1024);

@@ -1,15 +1,15 @@
 #include "ash/model/head.hpp"
 
-#include "ash/model/impl/blas.hpp"
-#include "ash/model/impl/rms_norm.hpp"
+#include "ash/kernels/blas.hpp"
+#include "ash/kernels/rms_norm.hpp"
 
 namespace ash {
 
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
-                 const GlobalParams<S>* grad, index_t chunk_rows) {
+                 const GlobalParams<S>* grad, index_t chunk_rows, index_t targets) {
   const index_t T = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
-  const index_t count = index_t(x.extent(0)) * (T - 1);
+  const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (T - 1);
   const bool want_g = g.extent(0) == index_t(M);
   const index_t C = chunk_rows < M ? chunk_rows : M;
   View1<S> rstd("ash::head::rstd", C);
@@ -76,8 +76,8 @@ void head_logits(const GlobalParams<S>& p, const View2<S>& y, const View2<S>& lo
 template void head_logits<float>(const GlobalParams<float>&, const View2<float>&, const View2<float>&);
 template void head_logits<double>(const GlobalParams<double>&, const View2<double>&, const View2<double>&);
 template double head_loss<float>(const GlobalParams<float>&, const TokenView&, const View2<float>&,
-                                 const View2<float>&, const GlobalParams<float>*, index_t);
+                                 const View2<float>&, const GlobalParams<float>*, index_t, index_t);
 template double head_loss<double>(const GlobalParams<double>&, const TokenView&, const View2<double>&,
-                                  const View2<double>&, const GlobalParams<double>*, index_t);
+                                  const View2<double>&, const GlobalParams<double>*, index_t, index_t);
 
 }  // namespace ash

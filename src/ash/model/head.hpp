@@ -9,9 +9,11 @@ namespace ash {
 // Returns L. When g is allocated it receives g^t = ∂L/∂y_K^t (0 for the last
 // token of each window); when grad is non-null, ∂L/∂Ω and ∂L/∂w_f are added to it.
 // The T×V logits are formed chunk_rows tokens at a time, never whole.
+// targets: the count the mean divides by, 0 for x's own Bt·(T-1); a data-parallel
+// replica passes the whole batch's, so the replicas' losses and g sum to the batch's.
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
-                 const GlobalParams<S>* grad, index_t chunk_rows = 1024);
+                 const GlobalParams<S>* grad, index_t chunk_rows = 1024, index_t targets = 0);
 
 // Logits o = Ω RMSNorm(y; w_f) for the rows of y ([R, P] -> [R, V]).
 template <class S>

@@ -1,5 +1,6 @@
 #include "ash/model/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -14,7 +15,22 @@ std::string layer_prefix(int k) {
   return buf;
 }
 
-std::vector<TensorInfo> param_layout(const ModelDims& d) {
+LayerRange LayerRange::block(const ModelDims& d, int r, int R) {
+  require(R >= 1 && r >= 0 && r < R, "LayerRange::block: rank " + std::to_string(r) + " of " + std::to_string(R));
+  require(R <= d.layers, "cannot split " + std::to_string(d.layers) + " layers over " + std::to_string(R) +
+                             " layer ranks (dist.layer_ranks must not exceed model.layers)");
+  const int K = int(d.layers), base = K / R, extra = K % R;
+  LayerRange lr;
+  lr.k0 = r * base + (r < extra ? r : extra);
+  lr.k1 = lr.k0 + base + (r < extra ? 1 : 0);
+  lr.embedding = r == 0;
+  lr.head = r == R - 1;
+  return lr;
+}
+
+std::vector<TensorInfo> param_layout(const ModelDims& d) { return param_layout(d, LayerRange::all(d)); }
+
+std::vector<TensorInfo> param_layout(const ModelDims& d, const LayerRange& range) {
   const std::int64_t V = d.vocab, P = d.width, N = d.state;
   std::vector<TensorInfo> out;
   index_t off = 0;
@@ -23,10 +39,12 @@ std::vector<TensorInfo> param_layout(const ModelDims& d) {
     off += t.size();
     out.push_back(t);
   };
-  add("embedding", {V, P});
-  add("final_norm", {P});
-  add("head", {V, P});
-  for (int k = 0; k < d.layers; ++k) {
+  if (range.embedding) add("embedding", {V, P});
+  if (range.head) {
+    add("final_norm", {P});
+    add("head", {V, P});
+  }
+  for (int k = range.k0; k < range.k1; ++k) {
     const auto pre = layer_prefix(k);
     add(pre + "norm", {P});
     add(pre + "W_delta", {P, P});
@@ -40,8 +58,10 @@ std::vector<TensorInfo> param_layout(const ModelDims& d) {
 }
 
 template <class S>
-ParamSet<S>::ParamSet(const ModelDims& d) : dims_(d), tensors_(param_layout(d)) {
-  const index_t off = tensors_.back().offset + tensors_.back().size();
+ParamSet<S>::ParamSet(const ModelDims& d, const LayerRange& range)
+    : dims_(d), range_(range), tensors_(param_layout(d, range)) {
+  require(range.k0 >= 0 && range.k0 <= range.k1 && range.k1 <= d.layers, "ParamSet: layer range out of bounds");
+  const index_t off = tensors_.empty() ? 0 : tensors_.back().offset + tensors_.back().size();
   data_ = View1<S>("ash::params", off);
   S* base = data_.data();
   auto m = [&](const std::string& n) {
@@ -49,12 +69,23 @@ ParamSet<S>::ParamSet(const ModelDims& d) : dims_(d), tensors_(param_layout(d)) 
     return Unmanaged2<S>(base + t.offset, t.shape[0], t.shape[1]);
   };
   auto v = [&](const std::string& n) { return Unmanaged1<S>(base + tensor(n).offset, tensor(n).shape[0]); };
-  global_ = GlobalParams<S>{m("embedding"), v("final_norm"), m("head")};
-  for (int k = 0; k < d.layers; ++k) {
+  if (range.embedding) global_.embedding = m("embedding");
+  if (range.head) {
+    global_.final_norm = v("final_norm");
+    global_.head = m("head");
+  }
+  for (int k = range.k0; k < range.k1; ++k) {
     const auto pre = layer_prefix(k);
     layers_.push_back(LayerParams<S>{v(pre + "norm"), m(pre + "W_delta"), v(pre + "b_delta"), m(pre + "A_log"),
                                      m(pre + "W_B"), m(pre + "W_C"), v(pre + "D")});
   }
+}
+
+template <class S>
+LayerParams<S> ParamSet<S>::layer(int k) const {
+  require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
+                              std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
+  return layers_[k - range_.k0];
 }
 
 template <class S>
@@ -71,13 +102,14 @@ void ParamSet<S>::fill_zero() const {
 
 template <class S>
 void ParamSet<S>::copy_from(const ParamSet& other) const {
-  require(other.size() == size() && other.dims() == dims(), "ParamSet::copy_from: layouts differ");
+  require(other.size() == size() && other.dims() == dims() && other.range() == range(),
+          "ParamSet::copy_from: layouts differ");
   Kokkos::deep_copy(data_, other.data_);
 }
 
 template <class S>
 ParamSet<S> ParamSet<S>::clone() const {
-  ParamSet<S> c(dims_);
+  ParamSet<S> c(dims_, range_);
   c.copy_from(*this);
   return c;
 }
@@ -106,9 +138,15 @@ void initialize(const ParamSet<S>& params, std::uint64_t seed) {
   auto host = Kokkos::create_mirror_view(params.data());
   Rng rng(seed);
   const double bound = 1.0 / std::sqrt(double(d.width));
-  for (const auto& t : params.tensors()) {
-    S* p = host.data() + t.offset;
+  // The random stream runs over the whole model in storage order, so a shard
+  // gets exactly the values the full model has for its tensors.
+  const auto mine = params.tensors();
+  std::vector<S> skipped;
+  for (const auto& t : param_layout(d)) {
+    const auto it = std::find_if(mine.begin(), mine.end(), [&](const TensorInfo& x) { return x.name == t.name; });
     const index_t n = t.size();
+    if (it == mine.end()) skipped.resize(n);
+    S* p = it != mine.end() ? host.data() + it->offset : skipped.data();
     const std::string leaf = t.name.substr(t.name.rfind('/') + 1);
     if (leaf == "embedding") {
       for (index_t i = 0; i < n; ++i) p[i] = S(0.02 * rng.normal());

@@ -43,20 +43,40 @@ struct GlobalParams {
   Unmanaged2<S> head;        // Ω  [V, P]
 };
 
+// The part of the model one ParamSet holds (docs/design.md §2, E4): layers
+// [k0, k1), the embedding when it is the first block, the final norm and head
+// when it is the last. A rank of a layer-sharded run allocates only its range.
+struct LayerRange {
+  int k0 = 0, k1 = 0;
+  bool embedding = true, head = true;
+  static LayerRange all(const ModelDims& d) { return {0, int(d.layers), true, true}; }
+  // Block r of R contiguous blocks; the first K mod R blocks get one layer more.
+  static LayerRange block(const ModelDims& d, int r, int R);
+  bool owns(int k) const { return k >= k0 && k < k1; }
+  bool is_all(const ModelDims& d) const { return k0 == 0 && k1 == int(d.layers) && embedding && head; }
+  bool operator==(const LayerRange& o) const {
+    return k0 == o.k0 && k1 == o.k1 && embedding == o.embedding && head == o.head;
+  }
+};
+
 template <class S>
 class ParamSet {
  public:
   ParamSet() = default;
-  explicit ParamSet(const ModelDims& dims);  // zero-filled
+  explicit ParamSet(const ModelDims& dims) : ParamSet(dims, LayerRange::all(dims)) {}  // zero-filled
+  ParamSet(const ModelDims& dims, const LayerRange& range);                           // only that range
 
   const ModelDims& dims() const { return dims_; }
+  const LayerRange& range() const { return range_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo& tensor(const std::string& name) const;
   index_t size() const { return data_.extent(0); }
   View1<S> data() const { return data_; }
 
   Unmanaged1<S> flat(const TensorInfo& t) const { return Unmanaged1<S>(data_.data() + t.offset, t.size()); }
-  LayerParams<S> layer(int k) const { return layers_.at(k); }
+  // Layer k by its global index (must be in range()).
+  LayerParams<S> layer(int k) const;
+  // Embedding, final norm and head; the ones outside range() are empty Views.
   GlobalParams<S> global() const { return global_; }
 
   void fill_zero() const;
@@ -66,6 +86,7 @@ class ParamSet {
 
  private:
   ModelDims dims_;
+  LayerRange range_;
   std::vector<TensorInfo> tensors_;
   View1<S> data_;
   std::vector<LayerParams<S>> layers_;
@@ -81,8 +102,9 @@ class ParamSet {
 template <class S>
 void initialize(const ParamSet<S>& params, std::uint64_t seed);
 
-// Names, shapes and offsets of every tensor, in storage order.
+// Names, shapes and offsets of every tensor of a range, in storage order.
 std::vector<TensorInfo> param_layout(const ModelDims& dims);
+std::vector<TensorInfo> param_layout(const ModelDims& dims, const LayerRange& range);
 
 // Layer name helper: "layers/007/".
 std::string layer_prefix(int k);

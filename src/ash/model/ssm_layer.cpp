@@ -3,9 +3,9 @@
 #include <KokkosBlas2_gemv.hpp>
 
 #include "ash/core/error.hpp"
-#include "ash/model/impl/blas.hpp"
-#include "ash/model/impl/chunked_scan.hpp"
-#include "ash/model/impl/rms_norm.hpp"
+#include "ash/kernels/blas.hpp"
+#include "ash/kernels/chunked_scan.hpp"
+#include "ash/kernels/rms_norm.hpp"
 
 namespace ash {
 

@@ -1,0 +1,43 @@
+#pragma once
+// The per-layer half of every gradient engine (docs/design.md §2): given a
+// layer's input and activations (from an ActivationStore) and g_k = ∂L/∂y_k,
+// add θ_k's gradient and turn g_k into g_{k-1} (unless the layer input is
+// detached, the paper's mode, where g is left as it is). Orchestrators (the
+// local engine, the MPI layer pipeline) decide the order of layers and ranks;
+// the methods E1, E2, E3 live behind this interface.
+#include <memory>
+#include <string>
+
+#include "ash/model/forward.hpp"
+
+namespace ash {
+
+struct EngineOptions;
+
+template <class S>
+class LayerAdjoint {
+ public:
+  using Store = typename LayerActivations<S>::Store;
+  virtual ~LayerAdjoint() = default;
+  virtual std::string name() const = 0;
+  // What the forward must keep of every layer: keeps_activations() false means
+  // only the layer inputs (the activations are recomputed on request).
+  virtual bool keeps_activations() const = 0;
+  virtual Store store() const = 0;
+  // True when every layer input is detached: layers are independent given g
+  // (paper mode: no communication between layer ranks after g).
+  virtual bool detached() const = 0;
+  // Reverse mode of layer k (global index) over the whole window. g is g_k on
+  // entry and g_{k-1} on return (unchanged when detached()).
+  virtual void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                        const LayerParams<S>& grad) = 0;
+  // Frees the scratch kept between layers (called at the end of a pass).
+  virtual void release() {}
+};
+
+// E1 backprop, E2 adjoint or E3 adjoint-exact by opts.engine; throws
+// ash::Error for an unknown engine or options it does not support.
+template <class S>
+std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts);
+
+}  // namespace ash
