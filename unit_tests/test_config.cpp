@@ -52,7 +52,8 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
 
 TEST(Config, ValidateRejectsInconsistentSizes) {
   for (const char* bad : {"model.vocab=1", "model.width=0", "model.layers=0", "model.state=0", "data.seq_len=0",
-                          "data.seq_len=1", "data.batch=0", "grad.chunk=0", "dist.layer_ranks=5",
+                          "data.seq_len=1", "data.batch=0", "grad.chunk=0", "dist.layer_ranks=5", "dist.data_ranks=-1",
+                          "dist.seq_ranks=0", "dist.pipeline_blocks=-1",
                           "grad.engine=sgd"}) {
     Config c;
     c.set(bad);

@@ -5,6 +5,10 @@
 #include <iostream>
 
 #include "ash/ash.hpp"
+#ifdef ASH_HAVE_MPI
+#include "ash/dist/distributed_engine.hpp"
+#include "ash/dist/sharded_io.hpp"
+#endif
 
 namespace {
 
@@ -39,11 +43,60 @@ struct GradArgs {
   Common common;
 };
 
+int world_size() {
+  int n = 1;
+#ifdef ASH_HAVE_MPI
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+#endif
+  return n;
+}
+
+#ifdef ASH_HAVE_MPI
+// E4: this rank's shard, the distributed engine, a gathered gradient file.
+template <class S>
+void run_grad_distributed(const GradArgs& a, const ash::Config& cfg, const ash::TokenView& x) {
+  ash::dist::Grid grid(cfg);
+  const auto d = cfg.model();
+  const auto params = ash::load_checkpoint<S>(a.checkpoint, grid.range(d));
+  ash::dist::DistributedEngine<S> engine(grid, ash::EngineOptions::from_config(cfg),
+                                         cfg.get<ash::index_t>("dist.pipeline_blocks"));
+  ash::ParamSet<S> grad(d, grid.range(d));
+  ash::MemoryTracker::reset_peak();
+  MPI_Barrier(grid.world());
+  const auto t0 = std::chrono::steady_clock::now();
+  const double loss = engine.compute(params, x, grad);
+  Kokkos::fence();
+  MPI_Barrier(grid.world());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
+  ash::dist::save_gradients(grid, a.out, cfg, loss, grad);
+  const auto& lay = grid.layout();
+  const auto B = x.extent(0), T = x.extent(1);
+  std::uint64_t mine[3] = {ash::MemoryTracker::peak(ash::MemSpace::name()), ash::MemoryTracker::process_hwm_bytes(),
+                           engine.stats().bytes_sent};
+  std::vector<std::uint64_t> all(3 * std::size_t(lay.world_size));
+  MPI_Gather(mine, 3, MPI_UINT64_T, all.data(), 3, MPI_UINT64_T, 0, grid.world());
+  std::printf("engine %s (%s), %lld window(s) of T=%lld\n", engine.name().c_str(), sizeof(S) == 8 ? "double" : "float",
+              (long long)B, (long long)T);
+  std::printf("loss %.10f\n", loss);
+  std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
+  std::printf("pipeline: %lld token block(s), ranks busy %.0f%% of the time (sum of compute / (R x wall))\n",
+              (long long)engine.stats().blocks, 100.0 * engine.stats().busy_fraction);
+  for (int r = 0; r < lay.world_size; ++r) {
+    const auto rng = ash::LayerRange::block(d, r % lay.R, lay.R);
+    std::printf("rank %d (layers %d..%d%s%s, replica %d): %s peak %s, process HWM %s, sent %s\n", r, rng.k0,
+                rng.k1 - 1, rng.embedding ? ", embedding" : "", rng.head ? ", head" : "", r / lay.R,
+                ash::MemSpace::name(), ash::format_bytes(all[3 * r]).c_str(), ash::format_bytes(all[3 * r + 1]).c_str(),
+                ash::format_bytes(all[3 * r + 2]).c_str());
+  }
+  std::printf("wrote %s\n", a.out.c_str());
+}
+#endif
+
 template <class S>
 void run_grad(const GradArgs& a) {
-  ash::CheckpointInfo info;
-  auto params = ash::load_checkpoint<S>(a.checkpoint, &info);
-  ash::Config cfg = info.config;
+  ash::Config cfg = ash::inspect_checkpoint(a.checkpoint).config;
+  cfg.reset_section("dist");  // the layout is this run's, not the one that wrote the checkpoint
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(a.common.sets);
   ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
@@ -57,6 +110,12 @@ void run_grad(const GradArgs& a) {
   const auto T = cfg.get<ash::index_t>("data.seq_len");
   const auto B = cfg.get<ash::index_t>("data.batch");
   const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, cfg.model().vocab);
+#ifdef ASH_HAVE_MPI
+  if (world_size() > 1 || cfg.get<std::int64_t>("dist.layer_ranks") > 1) return run_grad_distributed<S>(a, cfg, x);
+#endif
+  ash::require(cfg.get<std::int64_t>("dist.layer_ranks") == 1,
+               "dist.layer_ranks > 1 needs the MPI build of AdjointSharding");
+  const auto params = ash::load_checkpoint<S>(a.checkpoint);
   ash::ParamSet<S> grad(params.dims());
   ash::MemoryTracker::reset_peak();
   const auto t0 = std::chrono::steady_clock::now();
@@ -79,6 +138,7 @@ void run_train(const Common& c, const std::string& resume, long long until) {
     // The checkpoint's configuration is the base; the file and --set override it.
     const auto info = ash::inspect_checkpoint(resume);
     ash::Config merged = info.config;
+    merged.reset_section("dist");  // resharding: the layout is this run's
     if (!c.config_file.empty()) merged.merge_file(c.config_file);
     merged.set_all(c.sets);
     merged.validate();
@@ -141,7 +201,21 @@ void run_inspect(const std::string& path) {
 
 }  // namespace
 
+// A user error (exit 2) or an internal one (exit 3): printed once, and in an
+// MPI run every rank ends, never a hang.
+int fail(const std::string& msg, int code) {
+#ifdef ASH_HAVE_MPI
+  if (world_size() > 1) ash::dist::fail_all(code == 2 ? msg : "internal error: " + msg, code);
+#endif
+  std::fprintf(stderr, code == 2 ? "ash: error: %s\n" : "ash: internal error: %s\n", msg.c_str());
+  return code;
+}
+
 int main(int argc, char* argv[]) {
+#ifdef ASH_HAVE_MPI
+  ash::dist::Session mpi(&argc, &argv);  // MPI first: under mpiexec or as a singleton
+  if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
+#endif
   Kokkos::ScopeGuard kokkos(argc, argv);
   ash::MemoryTracker::install();
 
@@ -220,11 +294,9 @@ int main(int argc, char* argv[]) {
       run_inspect(inspect_path);
     }
   } catch (const ash::Error& e) {
-    std::fprintf(stderr, "ash: error: %s\n", e.what());
-    return 2;
+    return fail(e.what(), 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ash: internal error: %s\n", e.what());
-    return 3;
+    return fail(e.what(), 3);
   }
   return 0;
 }

@@ -15,7 +15,7 @@ nlohmann::json Config::defaults() {
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
               "beta1": 0.9, "beta2": 0.95},
     "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200, "precision": "float"},
-    "dist":  {"layer_ranks": 1, "data_ranks": 1}
+    "dist":  {"layer_ranks": 1, "data_ranks": 0, "seq_ranks": 1, "pipeline_blocks": 0}
   })");
 }
 
@@ -91,6 +91,12 @@ void Config::set(const std::string& assignment) {
   merge(doc, "--set " + key);
 }
 
+void Config::reset_section(const std::string& section) {
+  const auto d = defaults();
+  require(d.contains(section), "unknown config section '" + section + "'");
+  j_[section] = d[section];
+}
+
 const nlohmann::json& Config::at(const std::string& dotted) const {
   const nlohmann::json* node = &j_;
   std::stringstream ss(dotted);
@@ -139,8 +145,12 @@ void Config::validate() const {
   require(get<double>("optim.beta1") >= 0 && get<double>("optim.beta1") < 1 && get<double>("optim.beta2") >= 0 &&
               get<double>("optim.beta2") < 1,
           "optim.beta1 and optim.beta2 must be in [0, 1)");
-  require(get<std::int64_t>("dist.layer_ranks") >= 1 && get<std::int64_t>("dist.data_ranks") >= 1,
-          "dist.layer_ranks and dist.data_ranks must be >= 1");
+  require(get<std::int64_t>("dist.layer_ranks") >= 1 && get<std::int64_t>("dist.seq_ranks") >= 1,
+          "dist.layer_ranks and dist.seq_ranks must be >= 1");
+  require(get<std::int64_t>("dist.data_ranks") >= 0,
+          "dist.data_ranks must be >= 0 (0: world size / (layer_ranks · seq_ranks))");
+  require(get<std::int64_t>("dist.pipeline_blocks") >= 0,
+          "dist.pipeline_blocks must be >= 0 (0: 4 token blocks per layer rank)");
   require(get<std::int64_t>("dist.layer_ranks") <= d.layers,
           "dist.layer_ranks (" + std::to_string(get<std::int64_t>("dist.layer_ranks")) +
               ") must not exceed model.layers (" + std::to_string(d.layers) + ")");

@@ -34,6 +34,10 @@ class Config {
     for (const auto& a : assignments) set(a);
   }
 
+  // Back to the defaults for one top-level section ("dist"): a checkpoint's
+  // stored rank layout describes the run that wrote it, not the next one.
+  void reset_section(const std::string& section);
+
   // Validates sizes (V >= 2, P, N, K >= 1, seq_len >= 2, batch >= 1, ...).
   void validate() const;
 

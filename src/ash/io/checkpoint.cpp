@@ -265,9 +265,18 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
 
 template <class S>
 ParamSet<S> load_checkpoint(const std::string& path, CheckpointInfo* info_out) {
+  return load_checkpoint<S>(path, LayerRange{}, info_out);
+}
+
+template <class S>
+ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, CheckpointInfo* info_out) {
   Handle file = open_for_read(path, "checkpoint");
   CheckpointInfo info = read_header(file, path);
-  ParamSet<S> params(info.dims);
+  // LayerRange{} (k1 = 0, no layers) stands for the whole model.
+  const LayerRange r = range.k1 == 0 ? LayerRange::all(info.dims) : range;
+  require(r.k1 <= info.dims.layers, "'" + path + "' has " + std::to_string(info.dims.layers) +
+                                        " layers; this rank owns layers up to " + std::to_string(r.k1 - 1));
+  ParamSet<S> params(info.dims, r);
   read_paramset(file, "/params", params, path);
   if (info_out) *info_out = info;
   return params;
@@ -307,6 +316,8 @@ template bool load_optimizer_state<double>(const std::string&, const ParamSet<do
                                            std::int64_t*);
 template ParamSet<float> load_checkpoint<float>(const std::string&, CheckpointInfo*);
 template ParamSet<double> load_checkpoint<double>(const std::string&, CheckpointInfo*);
+template ParamSet<float> load_checkpoint<float>(const std::string&, const LayerRange&, CheckpointInfo*);
+template ParamSet<double> load_checkpoint<double>(const std::string&, const LayerRange&, CheckpointInfo*);
 template void save_gradients<float>(const std::string&, const Config&, double, const ParamSet<float>&);
 template void save_gradients<double>(const std::string&, const Config&, double, const ParamSet<double>&);
 

@@ -55,6 +55,10 @@ bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const P
 // Reads and validates (version, sizes, every dataset and its shape); converts to S.
 template <class S>
 ParamSet<S> load_checkpoint(const std::string& path, CheckpointInfo* info = nullptr);
+// Only the tensors of one layer range (a rank of a layer-sharded run): a file
+// written from any rank layout restores on any other.
+template <class S>
+ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, CheckpointInfo* info = nullptr);
 
 CheckpointInfo inspect_checkpoint(const std::string& path);
 

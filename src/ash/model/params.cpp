@@ -28,6 +28,11 @@ LayerRange LayerRange::block(const ModelDims& d, int r, int R) {
   return lr;
 }
 
+index_t parameter_count(const ModelDims& d) {
+  const auto l = param_layout(d);
+  return l.back().offset + l.back().size();
+}
+
 std::vector<TensorInfo> param_layout(const ModelDims& d) { return param_layout(d, LayerRange::all(d)); }
 
 std::vector<TensorInfo> param_layout(const ModelDims& d, const LayerRange& range) {

@@ -106,6 +106,9 @@ void initialize(const ParamSet<S>& params, std::uint64_t seed);
 std::vector<TensorInfo> param_layout(const ModelDims& dims);
 std::vector<TensorInfo> param_layout(const ModelDims& dims, const LayerRange& range);
 
+// Number of parameters of the whole model.
+index_t parameter_count(const ModelDims& dims);
+
 // Layer name helper: "layers/007/".
 std::string layer_prefix(int k);
 

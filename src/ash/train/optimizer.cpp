@@ -30,8 +30,8 @@ bool decays(const std::string& name) {
 }
 
 template <class S>
-AdamW<S>::AdamW(const ModelDims& dims, const AdamWOptions& opts)
-    : opts_(opts), m_(dims), v_(dims), decay_mask_("ash::adamw::decay_mask", m_.size()) {
+AdamW<S>::AdamW(const ModelDims& dims, const LayerRange& range, const AdamWOptions& opts)
+    : opts_(opts), m_(dims, range), v_(dims, range), decay_mask_("ash::adamw::decay_mask", m_.size()) {
   auto h = Kokkos::create_mirror_view(decay_mask_);
   for (const auto& t : m_.tensors())
     for (index_t i = 0; i < t.size(); ++i) h(t.offset + i) = decays(t.name) ? S(1) : S(0);
@@ -39,18 +39,25 @@ AdamW<S>::AdamW(const ModelDims& dims, const AdamWOptions& opts)
 }
 
 template <class S>
-double global_norm(const ParamSet<S>& x) {
+double sum_of_squares(const ParamSet<S>& x) {
   auto d = x.data();
   double ss = 0;
   Kokkos::parallel_reduce(
       "ash::global_norm", Range(0, x.size()),
       KOKKOS_LAMBDA(const index_t i, double& acc) { acc += double(d(i)) * double(d(i)); }, ss);
-  return std::sqrt(ss);
+  return ss;
 }
 
 template <class S>
-double AdamW<S>::update(const ParamSet<S>& params, const ParamSet<S>& grad) {
-  const double norm = global_norm(grad);
+double global_norm(const ParamSet<S>& x) {
+  return std::sqrt(sum_of_squares(x));
+}
+
+template <class S>
+double AdamW<S>::update(const ParamSet<S>& params, const ParamSet<S>& grad,
+                        const std::function<double(double)>& sum_over_shards) {
+  const double ss = sum_of_squares(grad);
+  const double norm = std::sqrt(sum_over_shards ? sum_over_shards(ss) : ss);
   const double scale = (opts_.clip > 0 && norm > opts_.clip) ? opts_.clip / norm : 1.0;
   const double lr = learning_rate(opts_, step_);
   const std::int64_t t = step_ + 1;
@@ -80,5 +87,7 @@ template class AdamW<float>;
 template class AdamW<double>;
 template double global_norm<float>(const ParamSet<float>&);
 template double global_norm<double>(const ParamSet<double>&);
+template double sum_of_squares<float>(const ParamSet<float>&);
+template double sum_of_squares<double>(const ParamSet<double>&);
 
 }  // namespace ash

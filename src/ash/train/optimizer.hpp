@@ -3,6 +3,8 @@
 // cosine learning-rate schedule. Moments are ParamSets (one slice per
 // parameter tensor), so a distributed run can keep each tensor's state on its
 // owner.
+#include <functional>
+
 #include "ash/core/config.hpp"
 #include "ash/model/params.hpp"
 
@@ -30,11 +32,15 @@ bool decays(const std::string& tensor_name);
 template <class S>
 class AdamW {
  public:
-  AdamW(const ModelDims& dims, const AdamWOptions& opts);
+  AdamW(const ModelDims& dims, const AdamWOptions& opts) : AdamW(dims, LayerRange::all(dims), opts) {}
+  // Moments for one layer range only (a rank of a layer-sharded run).
+  AdamW(const ModelDims& dims, const LayerRange& range, const AdamWOptions& opts);
   const AdamWOptions& options() const { return opts_; }
   // One update with the gradient of step `step()`; clips grad in place.
-  // Returns the gradient norm before clipping.
-  double update(const ParamSet<S>& params, const ParamSet<S>& grad);
+  // Returns the gradient norm before clipping. With shards, sum_over_shards
+  // turns this shard's sum of squares into the whole model's (an allreduce).
+  double update(const ParamSet<S>& params, const ParamSet<S>& grad,
+                const std::function<double(double)>& sum_over_shards = {});
   std::int64_t step() const { return step_; }
   void set_step(std::int64_t s) { step_ = s; }
   const ParamSet<S>& m() const { return m_; }
@@ -50,5 +56,8 @@ class AdamW {
 // ||x||_2 over all tensors (deterministic for a fixed build and thread count).
 template <class S>
 double global_norm(const ParamSet<S>& x);
+// Σ x² over all tensors of x.
+template <class S>
+double sum_of_squares(const ParamSet<S>& x);
 
 }  // namespace ash

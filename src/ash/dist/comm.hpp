@@ -1,0 +1,86 @@
+#pragma once
+// E4's rank layout (docs/design.md §2): MPI_COMM_WORLD as a Cartesian grid of
+// D data replicas × R layer ranks. World rank w is layer rank w mod R of
+// replica w / R, so a replica's pipeline is R consecutive ranks.
+//   layer communicator: the R ranks of one replica (forward y, backward g, g broadcast)
+//   data communicator:  the D ranks that own the same layers (gradient sums)
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ash/core/config.hpp"
+#include "ash/core/types.hpp"
+#include "ash/model/params.hpp"
+
+namespace ash::dist {
+
+struct Layout {
+  int R = 1, D = 1;              // layer ranks, data ranks
+  int layer_rank = 0, data_rank = 0;
+  int world_rank = 0, world_size = 1;
+  bool first() const { return layer_rank == 0; }
+  bool last() const { return layer_rank == R - 1; }
+  // The layout of dist.* on a world of `world_size` ranks; throws ash::Error
+  // when it does not fit (R·D != world, R > K, seq_ranks > 1).
+  static Layout from_config(const Config& cfg, int world_rank, int world_size);
+};
+
+// Owns the communicators of a Layout (freed on destruction).
+class Grid {
+ public:
+  Grid(const Config& cfg, MPI_Comm world = MPI_COMM_WORLD);
+  ~Grid();
+  Grid(const Grid&) = delete;
+  Grid& operator=(const Grid&) = delete;
+
+  const Layout& layout() const { return lay_; }
+  MPI_Comm world() const { return world_; }
+  MPI_Comm layers() const { return layer_comm_; }
+  MPI_Comm data() const { return data_comm_; }
+  // This rank's layers (and embedding / head) for a model of these sizes.
+  LayerRange range(const ModelDims& d) const { return LayerRange::block(d, lay_.layer_rank, lay_.R); }
+
+ private:
+  Layout lay_;
+  MPI_Comm world_ = MPI_COMM_NULL, cart_ = MPI_COMM_NULL, layer_comm_ = MPI_COMM_NULL, data_comm_ = MPI_COMM_NULL;
+};
+
+template <class S>
+MPI_Datatype mpi_type();
+
+// Point-to-point and collectives on contiguous Views; a View in a memory space
+// the host cannot read (CUDA without CUDA-aware MPI) is staged through a host
+// mirror. Bytes sent are added to bytes_sent() (per process, for reports).
+template <class View>
+void send(const View& v, int dest, int tag, MPI_Comm comm);
+template <class View>
+void recv(const View& v, int src, int tag, MPI_Comm comm);
+template <class View>
+void broadcast(const View& v, int root, MPI_Comm comm);
+template <class View>
+void allreduce_sum(const View& v, MPI_Comm comm);
+double allreduce_sum(double x, MPI_Comm comm);
+std::uint64_t allreduce_max(std::uint64_t x, MPI_Comm comm);
+
+std::uint64_t& bytes_sent();
+
+// MPI_Init when needed (mpiexec or a singleton), MPI_Finalize at scope exit.
+class Session {
+ public:
+  Session(int* argc, char*** argv);
+  ~Session();
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+// Ends every rank with exit code `code` after printing msg once: rank 0
+// prints; another rank waits a moment (if rank 0 fails alike, its abort ends
+// this rank first), then prints with its rank number. Never returns.
+[[noreturn]] void fail_all(const std::string& msg, int code);
+
+}  // namespace ash::dist

@@ -1,0 +1,60 @@
+#pragma once
+// E4: the gradient engines over MPI (docs/design.md §2, E4; the paper's §4.4,
+// Alg. 1 and 4). Each rank holds only its layers' parameters, activations and
+// gradients (a LayerRange of the model); replicas share the batch's windows.
+//
+//  forward   y flows rank to rank. With E3 (which keeps only layer inputs) it
+//            runs in token blocks, so ranks work on different blocks at once:
+//            the state h of every layer is carried from block to block.
+//  head      the last layer rank: loss and g = ∂L/∂y_K.
+//  backward  paper mode (every layer input detached: E2, E3 --detach-inputs,
+//            E1 --detach-inputs): g is broadcast and every rank differentiates
+//            its layers at once, with no further communication.
+//            exact mode, E3: g_k flows back rank to rank in token blocks from
+//            the last to the first (μ carries from later to earlier tokens, so
+//            this reverse wavefront is exact); E1: whole windows, one hand-off.
+//  replicas  the gradient is summed over the data communicator; the loss and
+//            g are already scaled by the whole batch's target count.
+#include "ash/dist/comm.hpp"
+#include "ash/grad/engine.hpp"
+
+namespace ash::dist {
+
+// Measured on the last compute(); the same on every rank of a layer group.
+struct PipelineStats {
+  index_t blocks = 1;           // token blocks of the pipeline (1: whole windows)
+  double wall_s = 0;            // slowest rank's compute() time
+  double busy_fraction = 0;     // Σ over ranks of (wall - time in MPI) / (R · wall)
+  std::uint64_t bytes_sent = 0; // this rank's bytes sent in compute()
+  std::uint64_t max_bytes_sent = 0;
+};
+
+template <class S>
+class DistributedEngine final : public GradientEngine<S> {
+ public:
+  // pipeline_blocks: token blocks per window for E3 (0: 4 per layer rank).
+  DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0);
+  std::string name() const override;
+  // params and grad are this rank's shard (LayerRange grid.range(dims)); x is
+  // the whole batch, the same on every rank. Returns L on every rank.
+  double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
+  // Forward only: L on every rank (validation).
+  double loss(const ParamSet<S>& params, const TokenView& x);
+  const PipelineStats& stats() const { return stats_; }
+
+ private:
+  struct Blocks {
+    index_t n = 1, len = 0;  // count, tokens per block (the last may be shorter)
+  };
+  Blocks blocks_for(index_t T) const;
+  TokenView my_windows(const TokenView& x) const;
+
+  const Grid& grid_;
+  EngineOptions opts_;
+  index_t pipeline_blocks_;
+  std::unique_ptr<LayerAdjoint<S>> layer_;
+  PipelineStats stats_;
+  double comm_s_ = 0;  // time inside MPI calls during compute()
+};
+
+}  // namespace ash::dist

@@ -1,0 +1,85 @@
+#include "ash/dist/sharded_io.hpp"
+
+#include "ash/core/error.hpp"
+
+namespace ash::dist {
+
+template <class S>
+ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard) {
+  const auto& lay = grid.layout();
+  const auto& d = shard.dims();
+  if (lay.data_rank != 0) return ParamSet<S>();  // replicas hold the same values
+  constexpr int tag = 7001;
+  if (!lay.first()) {
+    send(shard.data(), 0, tag, grid.layers());
+    return ParamSet<S>();
+  }
+  ParamSet<S> full(d);
+  auto put = [&](const ParamSet<S>& part) {
+    for (const auto& t : part.tensors()) Kokkos::deep_copy(full.flat(full.tensor(t.name)), part.flat(t));
+  };
+  put(shard);
+  for (int r = 1; r < lay.R; ++r) {
+    ParamSet<S> part(d, LayerRange::block(d, r, lay.R));
+    recv(part.data(), r, tag, grid.layers());
+    put(part);
+  }
+  return full;
+}
+
+namespace {
+
+// Runs the writer on world rank 0 and tells every rank whether it worked, so
+// a failed write (disk full) is an error on every rank, not a hang.
+template <class Fn>
+void write_on_root(const Grid& grid, Fn&& fn) {
+  std::string err;
+  if (grid.layout().world_rank == 0) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  int len = int(err.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, grid.world());
+  err.resize(std::size_t(len));
+  if (len > 0) MPI_Bcast(&err[0], len, MPI_CHAR, 0, grid.world());
+  require(err.empty(), err);
+}
+
+}  // namespace
+
+template <class S>
+void save_checkpoint(const Grid& grid, const std::string& path, const Config& cfg, const ParamSet<S>& params,
+                     std::int64_t step, std::int64_t cursor, const ParamSet<S>* m, const ParamSet<S>* v,
+                     std::int64_t opt_step) {
+  const auto full = gather(grid, params);
+  ParamSet<S> fm, fv;
+  if (m && v) {
+    fm = gather(grid, *m);
+    fv = gather(grid, *v);
+  }
+  write_on_root(grid, [&] {
+    ash::save_checkpoint(path, cfg, full, step, cursor,
+                         m && v ? OptimizerState<S>{&fm, &fv, opt_step} : OptimizerState<S>{});
+  });
+}
+
+template <class S>
+void save_gradients(const Grid& grid, const std::string& path, const Config& cfg, double loss,
+                    const ParamSet<S>& grad) {
+  const auto full = gather(grid, grad);
+  write_on_root(grid, [&] { ash::save_gradients(path, cfg, loss, full); });
+}
+
+#define ASH_INSTANTIATE(S)                                                                                    \
+  template ParamSet<S> gather<S>(const Grid&, const ParamSet<S>&);                                            \
+  template void save_checkpoint<S>(const Grid&, const std::string&, const Config&, const ParamSet<S>&,        \
+                                   std::int64_t, std::int64_t, const ParamSet<S>*, const ParamSet<S>*,        \
+                                   std::int64_t);                                                             \
+  template void save_gradients<S>(const Grid&, const std::string&, const Config&, double, const ParamSet<S>&);
+ASH_INSTANTIATE(float)
+ASH_INSTANTIATE(double)
+
+}  // namespace ash::dist
