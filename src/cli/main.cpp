@@ -151,6 +151,9 @@ void run_train(const Common& c, const std::string& resume, long long until) {
     std::printf("validation: %.3f bits/token; baselines: uniform %.3f, unigram %.3f bits/token\n", s.val_bits,
                 s.uniform_bits, s.unigram_bits);
   std::printf("memory: %s\n", ash::MemoryTracker::summary().c_str());
+  if (world_size() > 1)
+    std::printf("memory: largest %s peak of the %d ranks %s\n", ash::MemSpace::name(), world_size(),
+                ash::format_bytes(s.peak_bytes).c_str());
 }
 
 void run_generate(const std::string& ckpt, const std::string& prompt, long long n, double temperature,

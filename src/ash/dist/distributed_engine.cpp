@@ -1,6 +1,7 @@
 #include "ash/dist/distributed_engine.hpp"
 
 #include <chrono>
+#include <cstdlib>
 #include <utility>
 
 #include "ash/core/error.hpp"
@@ -180,6 +181,11 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   }
 
   // ---- backward -------------------------------------------------------------
+  // Fault injection for the tests of "an error on one rank ends every rank":
+  // ASH_DEBUG_FAIL_RANK=r makes world rank r fail here, while its neighbours wait in MPI.
+  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK"))
+    require(std::atoi(f) != lay.world_rank, "injected failure on rank " + std::to_string(lay.world_rank) +
+                                               " (ASH_DEBUG_FAIL_RANK)");
   if (layer_->detached()) {  // paper mode: one broadcast, then no communication
     if (!lay.last()) g = View2<S>("ash::g", s.rows(), P);
     timed([&] { broadcast(g, lay.R - 1, lc); });

@@ -212,6 +212,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     if ((ckpt_every > 0 && step % ckpt_every == 0) || last) save(step);
   }
   sum.last_step = step;
+  sum.peak_bytes = be.peak_bytes();
   if (sum.checkpoint.empty() && !resume.empty()) sum.checkpoint = resume;  // nothing left to run
   return sum;
 }

@@ -17,6 +17,7 @@ struct TrainSummary {
   double uniform_bits = 0;      // log2 V
   double unigram_bits = 0;      // training-unigram cross-entropy of the same validation targets
   std::string checkpoint;       // the last checkpoint written
+  std::uint64_t peak_bytes = 0; // Kokkos peak of the default memory space, the largest of any rank
 };
 
 // Runs `ash train` for the configuration (validated here). resume: a checkpoint

@@ -1,0 +1,144 @@
+// `mpiexec -n N ash ...` end to end (docs/cli.md, MPI): gradients and training
+// on several rank layouts equal one process; checkpoints reshard between
+// layouts; bad layouts and a failing rank end every rank with one clear message.
+#include <chrono>
+#include <filesystem>
+
+#include "cli_runner.hpp"
+#include "test_helpers.hpp"
+
+#ifndef ASH_MPIEXEC
+#error "ASH_MPIEXEC must be the mpiexec command line (with its flags)"
+#endif
+
+namespace ash::test {
+
+namespace {
+
+// A hang fails instead of stalling: `timeout` ends mpiexec after 120 s (exit 124).
+CliResult mpirun(int n, const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " timeout 120 " + std::string(ASH_MPIEXEC) + " -n " + std::to_string(n) + " " +
+                          std::string(ASH_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (std::size_t k = fread(buf, 1, sizeof buf, p)) out.append(buf, k);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+std::size_t count(const std::string& hay, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+std::vector<double> losses(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+void expect_same_losses(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-12 * std::abs(ref[i])) << what << " step " << i + 1;
+}
+
+class DistributedCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    text = tmp_path("corpus.txt");
+    std::string s;
+    for (int i = 0; i < 60; ++i) s += "a stitch in time saves nine; many hands make light work. ";
+    write(text, s);
+    train = "train --set data.train=" + text +
+            " --set model.width=8 --set model.state=4 --set model.layers=5 --set data.seq_len=24 --set data.batch=4"
+            " --set optim.steps=6 --set optim.warmup=2 --set run.log_every=1 --set run.eval_every=3"
+            " --set run.precision=double --set grad.engine=adjoint-exact --set grad.chunk=4";
+  }
+  std::string text, train;
+};
+
+}  // namespace
+
+TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
+  const auto ckpt = tmp_path("m.h5"), one = tmp_path("one.h5"), two = tmp_path("two.h5");
+  ASSERT_EQ(run("init --set model.width=8 --set model.state=4 --set model.layers=3 --set data.seq_len=40 "
+                "--set data.batch=2 --out " + ckpt).code, 0);
+  const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint-exact --chunk 4 ";
+  ASSERT_EQ(run(g + "--out " + one).code, 0);
+  const auto r = mpirun(2, g + "--set dist.layer_ranks=2 --out " + two);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("on 2 layer rank(s) x 1 data rank(s), exact mode"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 0 (layers 0..1, embedding"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1 (layers 2..2, head"), std::string::npos) << r.out;
+  EXPECT_EQ(count(r.out, "loss "), 1u) << "only rank 0 prints:\n" << r.out;
+  double l1 = 0, l2 = 0;
+  const auto d = inspect_checkpoint(ckpt).dims;
+  const auto a = to_host(load_gradients(one, d, &l1)), b = to_host(load_gradients(two, d, &l2));
+  EXPECT_NEAR(l2, l1, 1e-12 * l1);
+  expect_close(b, a, d, 1e-12, "R=2");
+}
+
+// Five... six steps: the same losses on every layout, resharded resumes
+// included (1 -> 3, 2x2 -> 1, 4 -> 2), and a same-layout resume bit for bit.
+TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
+  auto dir = [&](const std::string& n) {
+    std::filesystem::remove_all(tmp_path(n));  // metrics.jsonl appends: start from nothing
+    return " --set run.out_dir=" + tmp_path(n);
+  };
+  ASSERT_EQ(run(train + dir("one")).code, 0);
+  const auto ref = losses(tmp_path("one"));
+  ASSERT_EQ(ref.size(), 6u);
+  for (auto [n, R] : {std::pair<int, int>{2, 2}, {4, 2}, {3, 3}}) {
+    const auto name = "n" + std::to_string(n) + "R" + std::to_string(R);
+    const auto r = mpirun(n, train + dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
+    ASSERT_EQ(r.code, 0) << r.out;
+    expect_same_losses(losses(tmp_path(name)), ref, name);
+  }
+  struct Hop {
+    int n_a, R_a, n_b, R_b;
+  };
+  for (const auto& h : {Hop{1, 1, 3, 3}, Hop{4, 2, 1, 1}, Hop{4, 4, 2, 2}, Hop{2, 2, 2, 2}}) {
+    const auto a = "a" + std::to_string(h.n_a) + std::to_string(h.R_a) + "_" + std::to_string(h.n_b) + std::to_string(h.R_b);
+    const auto b = "b" + a.substr(1);
+    const auto ra = mpirun(h.n_a, train + dir(a) + " --until 3 --set dist.layer_ranks=" + std::to_string(h.R_a));
+    ASSERT_EQ(ra.code, 0) << ra.out;
+    const auto rb = mpirun(h.n_b, train + dir(b) + " --resume " + tmp_path(a) + "/checkpoint.h5 --set dist.layer_ranks=" +
+                                      std::to_string(h.R_b));
+    ASSERT_EQ(rb.code, 0) << rb.out;
+    auto both = losses(tmp_path(a));
+    for (double l : losses(tmp_path(b))) both.push_back(l);
+    expect_same_losses(both, ref, a + " then " + b);
+    if (h.n_a == h.n_b && h.R_a == h.R_b) EXPECT_EQ(both, losses(tmp_path("n2R2"))) << "same-layout resume is bitwise";
+  }
+}
+
+TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
+  const auto ckpt = tmp_path("m.h5");
+  ASSERT_EQ(run("init --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=32 "
+                "--set data.batch=2 --out " + ckpt).code, 0);
+  const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint-exact --out " + tmp_path("g.h5");
+  struct Case {
+    int n;
+    std::string args, env, needle;
+  };
+  for (const auto& c : {Case{3, " --set dist.layer_ranks=2", "", "not a multiple of dist.layer_ranks"},
+                        Case{2, " --set dist.layer_ranks=2 --set dist.data_ranks=2", "", "the world has 2 ranks"},
+                        Case{3, " --set dist.layer_ranks=3", "", "must not exceed model.layers"},
+                        Case{2, " --set dist.seq_ranks=2", "", "sequence (context) parallelism is not built yet"},
+                        Case{2, " --set dist.layer_ranks=2", "ASH_DEBUG_FAIL_RANK=1", "injected failure on rank 1"},
+                        Case{2, " --set dist.layer_ranks=2", "ASH_DEBUG_FAIL_RANK=0", "injected failure on rank 0"}}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = mpirun(c.n, g + c.args, c.env);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.code, 124) << "hung:\n" << r.out;
+    EXPECT_LT(secs, 60.0) << r.out;
+    EXPECT_EQ(count(r.out, c.needle), 1u) << "printed once:\n" << r.out;
+    EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace ash::test
