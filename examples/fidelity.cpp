@@ -1,4 +1,4 @@
-// How far is the paper's gradient (E2) from the true one? DESIGN.md §2.
+// How far is the paper's gradient (E2) from the true one? docs/design.md §2.
 //
 //   ash_fidelity [--layers 1,2,4,8] [--tokens FILE] [--T 256] [--batch 2]
 //                [--width 64 --state 16] [--truncate 0] [--checkpoint CKPT] [--seed S]

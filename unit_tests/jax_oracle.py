@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent autodiff oracle for AdjointSharding (issue: engines).
 
-Implements DESIGN.md §1 on its own in JAX (float64), reads a model checkpoint
+Implements docs/design.md §1 on its own in JAX (float64), reads a model checkpoint
 and a token file written for `ash`, and checks the loss and every gradient of
 `ash grad` for the engines backprop, adjoint-exact (exact), and adjoint / the
 detached adjoint-exact against JAX on the stop-gradient-inputs model.

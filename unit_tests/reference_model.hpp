@@ -1,5 +1,5 @@
 #pragma once
-// An independent plain-C++ host implementation of DESIGN.md §1 (loss only):
+// An independent plain-C++ host implementation of docs/design.md §1 (loss only):
 // straight loops in double, written from the equations, sharing no numerics
 // with the library (only the tensor names/offsets of the checkpoint layout).
 #include <cmath>

@@ -5,7 +5,7 @@ namespace ash::test {
 
 namespace {
 
-// The truncated adjoint of DESIGN.md §2 by explicit products on the host:
+// The truncated adjoint of docs/design.md §2 by explicit products on the host:
 //   μ^i = Σ_{t=i}^{min(T,i+T̄-1)} g^t_p γ^t_n Π_{j=i+1..t} A^j_pn
 // fed to the library's per-token and dense VJPs (checked against E1 elsewhere).
 std::vector<double> brute_force_window(const ParamSet<double>& ps, const TokenView& x, index_t Tbar) {

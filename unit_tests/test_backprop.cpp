@@ -82,7 +82,7 @@ TYPED_TEST(Backprop, DeterministicAndOverwritesGrad) {
   EXPECT_EQ(to_host(g1), to_host(g2));
 }
 
-// Stop-gradient on layer inputs (DESIGN.md §2): each layer's θ_k gets the VJP
+// Stop-gradient on layer inputs (docs/design.md §2): each layer's θ_k gets the VJP
 // with cotangent g = ∂L/∂y_K, and the embedding gets Σ g. Checked here for
 // K = 1, where θ_1 and the head are then exact and only the embedding differs.
 TEST(Backprop, DetachedInputsKeepLayerAndHeadGradientsForOneLayer) {

@@ -1,5 +1,5 @@
 // The `ash` tool end to end: init -> inspect -> grad, and bad inputs
-// (DESIGN.md §7): a clear message, a non-zero exit, nothing lost.
+// (docs/design.md §7): a clear message, a non-zero exit, nothing lost.
 #include <hdf5.h>
 
 #include <cstdio>

@@ -1,4 +1,4 @@
-// The Kokkos forward against the independent host loop of DESIGN.md §1.
+// The Kokkos forward against the independent host loop of docs/design.md §1.
 #include "reference_model.hpp"
 #include "test_helpers.hpp"
 

@@ -1,5 +1,5 @@
 // ash train: exact resume, checkpoints with optimizer state, non-finite loss,
-// bad inputs (DESIGN.md §7); recurrent generation.
+// bad inputs (docs/design.md §7); recurrent generation.
 #include <hdf5.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-// The `ash` command-line tool (DESIGN.md §4): init, train, grad, generate, inspect.
+// The `ash` command-line tool (docs/design.md §4): init, train, grad, generate, inspect.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>

@@ -1,5 +1,5 @@
 #pragma once
-// JSON configuration with the canonical keys of DESIGN.md §4.
+// JSON configuration with the canonical keys of docs/design.md §4.
 // Every key has a default; a key that is not in the defaults is an error,
 // and so is a value whose type differs from the default's.
 #include <nlohmann/json.hpp>

@@ -100,7 +100,7 @@ void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View
       });
 }
 
-// Windowed μ_T̄ for a wave of whole blocks of T̄ tokens (DESIGN.md §2):
+// Windowed μ_T̄ for a wave of whole blocks of T̄ tokens (docs/design.md §2):
 //   μ_T̄^i = S^i + R^i F^{min(T, i+T̄-1)}
 // Per (sequence, block b, channel): first the prefix scan F over block b+1,
 // stored one block back in mubuf (F^s at the row of token s-T̄), then the

@@ -1,5 +1,5 @@
 #pragma once
-// E3: the exact O(T) adjoint (ours, DESIGN.md §2).
+// E3: the exact O(T) adjoint (ours, docs/design.md §2).
 //
 // Layers in reverse with g_K = g, g_k = ∂L/∂y_k:
 //   μ^i_pn = g_k^i_p γ^i_n + A^{i+1}_pn μ^{i+1}_pn   (= Σ_{t>=i} v_k^{t,i})
@@ -14,7 +14,7 @@
 // Modes: exact (default); detach_inputs (g_k = g for every k, no input VJP:
 // E2's full gradient in O(T)); detach_inputs with a window T̄: the truncated
 // sum of E2 in O(T) by the block method (suffix scan S, products R and prefix
-// scan F of DESIGN.md §2 — only products and sums, nothing subtracted).
+// scan F of docs/design.md §2 — only products and sums, nothing subtracted).
 #include "ash/grad/engine.hpp"
 
 namespace ash {

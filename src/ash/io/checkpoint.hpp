@@ -1,5 +1,5 @@
 #pragma once
-// HDF5 checkpoints and gradient files (DESIGN.md §5, format version 1).
+// HDF5 checkpoints and gradient files (docs/design.md §5, format version 1).
 //
 //   attributes  format_version, vocab, width, state, layers, seed, precision,
 //               step, data_cursor, rng_state, engine, config (the full JSON configuration)

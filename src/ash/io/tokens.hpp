@@ -1,5 +1,5 @@
 #pragma once
-// Token files (DESIGN.md §4): raw bytes of any text file (ids 0..255), or a
+// Token files (docs/design.md §4): raw bytes of any text file (ids 0..255), or a
 // flat little-endian uint16 / uint32 array named *.u16 / *.u32.
 #include <cstdint>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
 // Dense products through Kokkos Kernels (OpenBLAS / cuBLAS behind it).
-// Only the 7-argument gemm exists in Kokkos Kernels 3.4 (KOKKOS_NOTES.md).
+// Only the 7-argument gemm exists in Kokkos Kernels 3.4 (Debian's Trilinos 13.2 packages).
 #include <KokkosBlas3_gemm.hpp>
 
 namespace ash::impl {

@@ -1,6 +1,6 @@
 #pragma once
 // Chunked scans of the diagonal recurrence h^t = A^t ⊙ h^{t-1} + u^t
-// (DESIGN.md §2): chunk-local scans in parallel, then a short carry pass
+// (docs/design.md §2): chunk-local scans in parallel, then a short carry pass
 // over chunks. Shared by the forward and E3.
 #include "ash/core/types.hpp"
 

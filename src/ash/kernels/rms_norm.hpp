@@ -1,5 +1,5 @@
 #pragma once
-// RMSNorm of DESIGN.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5.
+// RMSNorm of docs/design.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5.
 #include "ash/core/types.hpp"
 
 namespace ash::impl {

@@ -1,10 +1,10 @@
 #pragma once
-// Parameters of the SSM-ResNet model (DESIGN.md §1) in one flat device View.
+// Parameters of the SSM-ResNet model (docs/design.md §1) in one flat device View.
 //
 // Every tensor is a slice of `data`, so a gradient, an Adam moment or a
 // checkpoint is the same ParamSet layout, and flat operations (norms, axpy,
 // cosine per group) need no per-tensor code. Tensor names are the checkpoint
-// paths of DESIGN.md §5: embedding, final_norm, head, layers/000/norm, ...
+// paths of docs/design.md §5: embedding, final_norm, head, layers/000/norm, ...
 #include <string>
 #include <vector>
 
@@ -93,7 +93,7 @@ class ParamSet {
   GlobalParams<S> global_;
 };
 
-// Documented, seeded initialisation (DESIGN.md §1, Mamba-like):
+// Documented, seeded initialisation (docs/design.md §1, Mamba-like):
 //   embedding ~ N(0, 0.02²); head, W_delta, W_B, W_C ~ U(±1/sqrt(P));
 //   Δ0 = exp(U(log 1e-3, log 1e-1)), b_delta = softplus⁻¹(Δ0);
 //   A_log[p, n] = log(n + 1) (n 0-based); D = 1; norm = final_norm = 1.

@@ -1,5 +1,5 @@
 #pragma once
-// One SSM-ResNet layer of DESIGN.md §1: forward, and the reverse-mode pieces
+// One SSM-ResNet layer of docs/design.md §1: forward, and the reverse-mode pieces
 // every gradient engine shares.
 //
 // Rows are tokens: m = b·T + t (batch-major), M = Bt·T rows per activation.
@@ -8,7 +8,7 @@
 //   h^t = A^t ⊙ h^{t-1} + Δ^t_p β^t_n ŷ^t_p   ỹ_p = Σ_n γ_n h_pn + D_p ŷ_p
 //   y_k = y_{k-1} + ỹ
 //
-// Reverse mode is split the way DESIGN.md §2 splits the engines: an engine
+// Reverse mode is split the way docs/design.md §2 splits the engines: an engine
 // computes the adjoint of h, μ^i (E1: full reverse scan; E2: the paper's
 // windowed sum of λ^{t,i}; E3: chunked scan), then ssm_layer_backward_rows
 // runs the per-token and dense VJPs on any block of token rows.
