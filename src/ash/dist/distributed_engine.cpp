@@ -18,10 +18,11 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // Rows of token block [t0, t0+Tj) of every sequence: full row b·T + t <-> block row b·Tj + (t - t0).
 template <class S>
-void copy_block_rows(const View2<S>& full, const View2<S>& blk, index_t T, index_t t0, index_t Tj, bool to_block) {
+void copy_block_rows(const View2<S>& full, const View2<S>& blk, index_t T, index_t t0, index_t Tj, bool to_block,
+                     const ExecSpace& exec) {
   const index_t P = full.extent(1), rows = blk.extent(0);
   Kokkos::parallel_for(
-      "ash::dist::block_rows", Range(0, rows * P), KOKKOS_LAMBDA(const index_t i) {
+      "ash::dist::block_rows", Range(exec, 0, rows * P), KOKKOS_LAMBDA(const index_t i) {
         const index_t r = i / P, p = i % P, m = (r / Tj) * T + t0 + r % Tj;
         if (to_block)
           blk(r, p) = full(m, p);
@@ -114,6 +115,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
     comm_s_ += seconds_since(t0);
   };
 
+  const ExecSpace& exec = layer_->execution_space();
   const TokenView x = my_windows(x_all);
   const index_t T = x.extent(1), Bt = x.extent(0), P = d.width;
   const SeqShape s{Bt, T};
@@ -129,10 +131,10 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   // ---- forward ------------------------------------------------------------
   if (blk.n == 1) {
     if (lay.first())
-      embedding_forward(params.global().embedding, x, store.input(k0));
+      embedding_forward(params.global().embedding, x, store.input(k0), exec);
     else
       timed([&] { recv(store.input(k0), prev, tag_y, lc); });
-    forward_layers(params, store);
+    forward_layers(params, store, exec);
     if (!lay.last()) {
       timed([&] { send(store.output(), next, tag_y, lc); });
       store.release_output();
@@ -146,12 +148,12 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
       const index_t t0 = j * blk.len, Tj = (t0 + blk.len < T) ? blk.len : T - t0, rows = Bt * Tj;
       View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
       if (lay.first())
-        embedding_forward(params.global().embedding, token_block(x, t0, Tj), y);
+        embedding_forward(params.global().embedding, token_block(x, t0, Tj), y, exec);
       else
         timed([&] { recv(y, prev, tag_y, lc); });
       const auto act_j = first_rows(act, rows);
       for (int k = k0; k < k1; ++k) {
-        copy_block_rows(store.input(k), y, T, t0, Tj, false);
+        copy_block_rows(store.input(k), y, T, t0, Tj, false, exec);
         if (exact_blocks) {
           View2<S> h0;
           if (j > 0) {
@@ -160,11 +162,11 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
           }
           h_start[k - k0].push_back(h0);
         }
-        ssm_layer_forward(params.layer(k), SeqShape{Bt, Tj}, y, act_j, yo, state[k - k0]);
+        ssm_layer_forward(params.layer(k), SeqShape{Bt, Tj}, y, act_j, yo, state[k - k0], exec);
         std::swap(y, yo);
       }
       if (lay.last())
-        copy_block_rows(store.output(), y, T, t0, Tj, false);
+        copy_block_rows(store.output(), y, T, t0, Tj, false, exec);
       else
         timed([&] { send(y, next, tag_y, lc); });
     }
@@ -176,7 +178,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   double loss = 0;
   if (lay.last()) {
     g = View2<S>("ash::g", s.rows(), P);
-    loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, targets);
+    loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, targets, exec);
     store.release_output();
   }
 
@@ -214,22 +216,22 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
       const SeqShape sb{Bt, Tj};
       const View2<S> gj = first_rows(ga, rows), yj = first_rows(yk, rows);
       if (lay.last())
-        copy_block_rows(g, gj, T, t0, Tj, true);
+        copy_block_rows(g, gj, T, t0, Tj, true, exec);
       else
         timed([&] { recv(gj, next, tag_g, lc); });
       for (int k = k1 - 1; k >= k0; --k) {
-        copy_block_rows(store.input(k), yj, T, t0, Tj, true);
+        copy_block_rows(store.input(k), yj, T, t0, Tj, true, exec);
         exact->backward_block(params.layer(k), sb, yj, gj, h_start[k - k0][j], carry[k - k0], grad.layer(k));
       }
       if (lay.first())
-        copy_block_rows(g, gj, T, t0, Tj, false);
+        copy_block_rows(g, gj, T, t0, Tj, false, exec);
       else
         timed([&] { send(gj, prev, tag_g, lc); });
     }
     for (int k = k0; k < k1; ++k) store.release(k);
   }
   layer_->release();
-  if (lay.first()) embedding_backward(x, g, gglobal.embedding);  // the residual stream's g_0
+  if (lay.first()) embedding_backward(x, g, gglobal.embedding, exec);  // the residual stream's g_0
 
   // ---- replicas and the loss ------------------------------------------------
   if (lay.D > 1) {

@@ -14,7 +14,7 @@ namespace {
 // deterministic.)
 template <class S>
 void window_adjoint(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
-                    const View3<S>& mu) {
+                    const View3<S>& mu, const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1), PN = P * N;
   auto A = act.A;
   auto gamma = act.gamma;
@@ -23,7 +23,7 @@ void window_adjoint(const SeqShape& s, const LayerActivations<S>& act, const Vie
   // The running products Π A of the item live in team scratch; the t loop is
   // outermost so every step reads contiguous rows A^t, g^t, γ^t.
   const int level = Scratch::shmem_size(PN) <= 32768 ? 0 : 1;
-  Team policy(int(s.rows()), Kokkos::AUTO);
+  Team policy(exec, int(s.rows()), Kokkos::AUTO);
   policy.set_scratch_size(level, Kokkos::PerTeam(Scratch::shmem_size(PN)));
   Kokkos::parallel_for(
       "ash::e2::window_adjoint", policy, KOKKOS_LAMBDA(const typename Team::member_type& team) {
@@ -74,9 +74,9 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
     cot_ = std::make_unique<LayerCotangents<S>>(s.rows(), d);
   }
   const auto& act = store.kept(k);
-  window_adjoint(s, act, g, Tbar, mu_);
+  window_adjoint(s, act, g, Tbar, mu_, this->exec_);
   ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu_, act.hprev, *cot_, grad, g,
-                          /*detach_input=*/true);
+                          /*detach_input=*/true, this->exec_);
 }
 
 template <class S>

@@ -21,13 +21,13 @@ using impl::boundary_states;
 // G = Π A · A^{next start} and M_last = L_last + G μ^{next start}.
 template <class S>
 void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
-                          const View3<S>& G, const ExactCarry<S>& carry) {
+                          const View3<S>& G, const ExactCarry<S>& carry, const ExecSpace& exec) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
   const bool next = carry.valid;
   auto Mn = carry.mu;
   auto An = carry.A;
   Kokkos::parallel_for(
-      "ash::e3::chunk_scan_mu", Range(0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e3::chunk_scan_mu", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
         const index_t t0 = ch.start(c), t1 = ch.end(c);
         S carry = 0, pr = 1, mu = 0;
@@ -44,7 +44,7 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
         G(bc, q, n) = t1 < T ? pr * L.A(b * T + t1, q, n) : (next ? pr * An(b, q, n) : S(0));
       });
   Kokkos::parallel_for(
-      "ash::e3::carry_mu", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e3::carry_mu", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
         S m = next ? Mn(b, q, n) : S(0);
         for (index_t c = nc - 1; c >= 0; --c) {
@@ -58,12 +58,12 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
 // boundary state before each chunk that overlaps the wave (h0 before the first; zero when empty).
 template <class S>
 void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& h0,
-                index_t w0, index_t W, const View3<S>& hbuf) {
+                index_t w0, index_t W, const View3<S>& hbuf, const ExecSpace& exec) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
   const bool has_h0 = h0.extent(0) > 0;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
   Kokkos::parallel_for(
-      "ash::e3::wave_h", Range(0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e3::wave_h", Range(exec, 0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
         S h = c > 0 ? Hb(b * nc + c - 1, q, n) : (has_h0 ? h0(b * P + q, n) : S(0));
         const index_t t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
@@ -79,14 +79,14 @@ void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
 // carry A^{start_{c+1}} μ^{start_{c+1}} (the last chunk's from the later block, if any).
 template <class S>
 void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
-                   const ExactCarry<S>& carry, index_t w0, index_t W, const View3<S>& mubuf) {
+                   const ExactCarry<S>& carry, index_t w0, index_t W, const View3<S>& mubuf, const ExecSpace& exec) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
   const bool next = carry.valid;
   auto Mn = carry.mu;
   auto An = carry.A;
   const index_t c_lo = w0 / ch.C, ncw = (W + ch.C - 1) / ch.C;
   Kokkos::parallel_for(
-      "ash::e3::wave_mu", Range(0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e3::wave_mu", Range(exec, 0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
         const index_t t0 = ch.start(c), t1 = ch.end(c);
         S carry = c + 1 < nc ? L.A(b * T + t1, q, n) * Ms(b * nc + c + 1, q, n)
@@ -108,10 +108,10 @@ void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View
 // (the F it reads, at token i-1 or earlier, is not yet overwritten).
 template <class S>
 void wave_mu_window(const ScanView<S>& L, index_t Tbar, index_t Bt, index_t P, index_t N, index_t w0, index_t W,
-                    const View3<S>& mubuf) {
+                    const View3<S>& mubuf, const ExecSpace& exec) {
   const index_t T = L.T, nbw = (W + Tbar - 1) / Tbar, blk0 = w0 / Tbar;
   Kokkos::parallel_for(
-      "ash::e3::wave_mu_window", Range(0, Bt * nbw * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e3::wave_mu_window", Range(exec, 0, Bt * nbw * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bb = i / (P * N), q = (i / N) % P, n = i % N, b = bb / nbw, blk = blk0 + bb % nbw;
         const index_t s0 = blk * Tbar, s1 = (s0 + Tbar < T) ? s0 + Tbar : T;  // block b = [s0, s1)
         const index_t e1 = (s1 + Tbar < T) ? s1 + Tbar : T;                   // block b+1 = [s1, e1)
@@ -138,7 +138,8 @@ void wave_mu_window(const ScanView<S>& L, index_t Tbar, index_t Bt, index_t P, i
 
 // μ and A at the block's first token, for the block before it.
 template <class S>
-void take_carry(const ScanView<S>& L, index_t Bt, index_t nc, const View3<S>& Ms, ExactCarry<S>& carry) {
+void take_carry(const ScanView<S>& L, index_t Bt, index_t nc, const View3<S>& Ms, ExactCarry<S>& carry,
+                const ExecSpace& exec) {
   const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T;
   if (index_t(carry.mu.extent(0)) != Bt) {
     carry.mu = View3<S>("ash::e3::carry_mu", Bt, P, N);
@@ -147,7 +148,7 @@ void take_carry(const ScanView<S>& L, index_t Bt, index_t nc, const View3<S>& Ms
   auto Mn = carry.mu;
   auto An = carry.A;
   Kokkos::parallel_for(
-      "ash::e3::take_carry", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e3::take_carry", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
         Mn(b, q, n) = Ms(b * nc, q, n);
         An(b, q, n) = L.A(b * T, q, n);
@@ -175,7 +176,7 @@ std::string AdjointExactLayer<S>::name() const {
 template <class S>
 void AdjointExactLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
                                     const LayerParams<S>& grad) {
-  const auto& act = store.activations(p, k);
+  const auto& act = store.activations(p, k, this->exec_);
   run(p, store.shape(), store.input(k), act, g, View2<S>(), nullptr, grad);
 }
 
@@ -190,7 +191,7 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
     d.state = p.W_B.extent(0);
     block_act_ = LayerActivations<S>(sb, d, LayerActivations<S>::projections_only);
   }
-  ssm_layer_project(p, y_blk, block_act_);
+  ssm_layer_project(p, y_blk, block_act_, this->exec_);
   run(p, sb, y_blk, block_act_, g_blk, h0, &carry, grad);
 }
 
@@ -227,20 +228,22 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const ExactCarry<S>& cin = carry ? *carry : none;
 
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
-  boundary_states(L, chunks, Bt, Hb, scratch, h0);
-  if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin);
+  const ExecSpace& exec = this->exec_;
+  boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
+  if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
   for (index_t w0 = 0; w0 < T; w0 += W) {
     const index_t Ww = (w0 + W < T) ? W : T - w0;
-    wave_hprev(L, chunks, Bt, Hb, h0, w0, Ww, hbuf);
+    wave_hprev(L, chunks, Bt, Hb, h0, w0, Ww, hbuf, exec);
     if (window)
-      wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf);
+      wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
     else
-      wave_mu_exact(L, chunks, Bt, Ms, cin, w0, Ww, mubuf);
+      wave_mu_exact(L, chunks, Bt, Ms, cin, w0, Ww, mubuf, exec);
     // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
     // only rows of this wave or later ones, and the carries were taken first.
-    ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot, grad, g, opts_.detach_inputs);
+    ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot, grad, g, opts_.detach_inputs,
+                            exec);
   }
-  if (carry) take_carry(L, Bt, chunks.nc, Ms, *carry);
+  if (carry) take_carry(L, Bt, chunks.nc, Ms, *carry, exec);
 }
 
 template class AdjointExactLayer<float>;

@@ -9,12 +9,13 @@ namespace {
 // μ^t = gy^t_p γ^t_n + A^{t+1} μ^{t+1}: the adjoint of h, a plain reverse
 // loop over t per (sequence, channel, state), A^{t+1} from the stored values.
 template <class S>
-void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu) {
+void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                  const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
   auto A = act.A;
   auto gamma = act.gamma;
   Kokkos::parallel_for(
-      "ash::e1::reverse_scan", Range(0, s.batch * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::e1::reverse_scan", Range(exec, 0, s.batch * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
         S carry = 0;
         for (index_t t = T - 1; t >= 0; --t) {
@@ -46,8 +47,9 @@ void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<
     cot_ = std::make_unique<LayerCotangents<S>>(s.rows(), d);
   }
   const auto& act = store.kept(k);
-  reverse_scan(s, act, g, mu_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu_, act.hprev, *cot_, grad, g, detach_);
+  reverse_scan(s, act, g, mu_, this->exec_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu_, act.hprev, *cot_, grad, g, detach_,
+                          this->exec_);
 }
 
 template <class S>

@@ -36,18 +36,19 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
   const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
   grad.fill_zero();
   const auto gglobal = grad.global();
+  const ExecSpace& exec = layer_->execution_space();
   ActivationStore<S> store(s, d, 0, int(d.layers), layer_->store(), layer_->keeps_activations());
-  embedding_forward(params.global().embedding, x, store.input(0));
-  forward_layers(params, store);
+  embedding_forward(params.global().embedding, x, store.input(0), exec);
+  forward_layers(params, store, exec);
   const View2<S> g("ash::g", s.rows(), d.width);  // g_K, then g_k in place (unchanged when detached)
-  const double loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk);
+  const double loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, 0, exec);
   store.release_output();
   for (int k = int(d.layers) - 1; k >= 0; --k) {
     layer_->backward(params.layer(k), k, store, g, grad.layer(k));
     store.release(k);
   }
   layer_->release();
-  embedding_backward(x, g, gglobal.embedding);
+  embedding_backward(x, g, gglobal.embedding, exec);
   return loss;
 }
 

@@ -33,6 +33,15 @@ class LayerAdjoint {
                         const LayerParams<S>& grad) = 0;
   // Frees the scratch kept between layers (called at the end of a pass).
   virtual void release() {}
+  // The execution-space instance the layer's kernels run on (default: the
+  // default instance). An orchestrator may give the layer method its own
+  // instance so communication can overlap compute; it must then fence between
+  // the two (dense products stay on the default instance in Kokkos Kernels 3.4).
+  void set_execution_space(const ExecSpace& exec) { exec_ = exec; }
+  const ExecSpace& execution_space() const { return exec_; }
+
+ protected:
+  ExecSpace exec_;
 };
 
 // E1 backprop, E2 adjoint or E3 adjoint-exact by opts.engine; throws

@@ -33,11 +33,11 @@ struct ScanView {
 // holds the true boundary states.
 template <class S>
 void boundary_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View3<S>& PA,
-                     const View2<S>& h0 = View2<S>()) {
+                     const View2<S>& h0 = View2<S>(), const ExecSpace& exec = ExecSpace()) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
   const bool has_h0 = h0.extent(0) > 0;
   Kokkos::parallel_for(
-      "ash::chunk_scan_h", Range(0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::chunk_scan_h", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
         S h = 0, pr = 1;
         for (index_t t = ch.start(c); t < ch.end(c); ++t) {
@@ -50,7 +50,7 @@ void boundary_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const Vi
         PA(bc, q, n) = pr;
       });
   Kokkos::parallel_for(
-      "ash::carry_h", Range(0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+      "ash::carry_h", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
         S H = has_h0 ? h0(b * P + q, n) : S(0);
         for (index_t c = 0; c < nc; ++c) {

@@ -8,10 +8,10 @@ constexpr double rms_eps = 1e-5;
 
 // rstd[m] = r(x[m, :]),  yhat[m, p] = w[p] x[m, p] r.
 template <class S, class X, class W, class R, class Y>
-void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat) {
+void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, const ExecSpace& exec = ExecSpace()) {
   const index_t M = x.extent(0), P = x.extent(1);
   Kokkos::parallel_for(
-      "ash::rms_norm_forward", Range(0, M), KOKKOS_LAMBDA(const index_t m) {
+      "ash::rms_norm_forward", Range(exec, 0, M), KOKKOS_LAMBDA(const index_t m) {
         S ss = 0;
         for (index_t p = 0; p < P; ++p) ss += x(m, p) * x(m, p);
         const S r = S(1) / kmath::sqrt(ss / S(P) + S(rms_eps));
@@ -25,10 +25,10 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat) {
 // An empty gx skips the input VJP (stop-gradient on x).
 template <class S, class X, class W, class R, class G, class GW, class GX>
 void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, const GW& gw, const GX& gx,
-                       bool accumulate_gx) {
+                       bool accumulate_gx, const ExecSpace& exec = ExecSpace()) {
   const index_t M = x.extent(0), P = x.extent(1);
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_w", Range(0, P), KOKKOS_LAMBDA(const index_t p) {
+      "ash::rms_norm_backward_w", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t p) {
         S acc = 0;
         for (index_t m = 0; m < M; ++m) acc += gyhat(m, p) * x(m, p) * rstd(m);
         gw(p) += acc;
@@ -36,7 +36,7 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
   if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_x", Range(0, M), KOKKOS_LAMBDA(const index_t m) {
+      "ash::rms_norm_backward_x", Range(exec, 0, M), KOKKOS_LAMBDA(const index_t m) {
         const S r = rstd(m);
         S dot = 0;
         for (index_t p = 0; p < P; ++p) dot += gyhat(m, p) * w(p) * x(m, p) * r;

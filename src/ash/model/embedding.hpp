@@ -6,11 +6,13 @@
 namespace ash {
 
 template <class S>
-void embedding_forward(const Unmanaged2<S>& E, const TokenView& x, const View2<S>& y0);
+void embedding_forward(const Unmanaged2<S>& E, const TokenView& x, const View2<S>& y0,
+                       const ExecSpace& exec = ExecSpace());
 
 // gE[v, :] += Σ_{(b,t): x = v} g[m, :]; one thread per channel, tokens in order,
 // so the sum is deterministic (no atomics).
 template <class S>
-void embedding_backward(const TokenView& x, const View2<S>& g, const Unmanaged2<S>& gE);
+void embedding_backward(const TokenView& x, const View2<S>& g, const Unmanaged2<S>& gE,
+                        const ExecSpace& exec = ExecSpace());
 
 }  // namespace ash

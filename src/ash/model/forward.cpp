@@ -26,10 +26,10 @@ const LayerActivations<S>& ActivationStore<S>::scratch() {
 }
 
 template <class S>
-const LayerActivations<S>& ActivationStore<S>::activations(const LayerParams<S>& p, int k) {
+const LayerActivations<S>& ActivationStore<S>::activations(const LayerParams<S>& p, int k, const ExecSpace& exec) {
   if (keeps_acts()) return kept(k);
   const auto& act = scratch();
-  ssm_layer_project(p, input(k), act);
+  ssm_layer_project(p, input(k), act, exec);
   return act;
 }
 
@@ -40,11 +40,11 @@ void ActivationStore<S>::release(int k) {
 }
 
 template <class S>
-void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store) {
+void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store, const ExecSpace& exec) {
   const auto& s = store.shape();
   for (int k = store.k0(); k < store.k1(); ++k)
     ssm_layer_forward(params.layer(k), s, store.input(k), store.keeps_acts() ? store.kept(k) : store.scratch(),
-                      store.input(k + 1));
+                      store.input(k + 1), View2<S>(), exec);
 }
 
 template <class S>
@@ -81,7 +81,7 @@ ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const
 
 #define ASH_INSTANTIATE(S)                                                                                  \
   template class ActivationStore<S>;                                                                       \
-  template void forward_layers<S>(const ParamSet<S>&, ActivationStore<S>&);                                \
+  template void forward_layers<S>(const ParamSet<S>&, ActivationStore<S>&, const ExecSpace&);              \
   template double forward_loss<S>(const ParamSet<S>&, const TokenView&, index_t);                          \
   template ForwardTape<S> forward_tape<S>(const ParamSet<S>&, const TokenView&, const GlobalParams<S>*,     \
                                           typename LayerActivations<S>::Store, bool, index_t);

@@ -30,7 +30,7 @@ class ActivationStore {
   const LayerActivations<S>& kept(int k) const { return acts_.at(k - k0_); }
   // Layer k's activations: the kept ones, or its projections recomputed from
   // y_{k-1} into one scratch shared by all layers of the store.
-  const LayerActivations<S>& activations(const LayerParams<S>& p, int k);
+  const LayerActivations<S>& activations(const LayerParams<S>& p, int k, const ExecSpace& exec = ExecSpace());
   // Frees y_{k-1} and what is kept of layer k (the backward is done with it).
   void release(int k);
   void release_output() { ys_.back() = View2<S>(); }
@@ -51,7 +51,7 @@ class ActivationStore {
 // has filled (the embedding, or what the previous rank sent), through to
 // store.output(), keeping what the store keeps.
 template <class S>
-void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store);
+void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store, const ExecSpace& exec = ExecSpace());
 
 // Loss only, one layer's activations alive at a time (the memory floor of a forward).
 template <class S>

@@ -7,7 +7,7 @@ namespace ash {
 
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
-                 const GlobalParams<S>* grad, index_t chunk_rows, index_t targets) {
+                 const GlobalParams<S>* grad, index_t chunk_rows, index_t targets, const ExecSpace& exec) {
   const index_t T = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
   const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (T - 1);
   const bool want_g = g.extent(0) == index_t(M);
@@ -26,12 +26,12 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
     auto rstd_c = Kokkos::subview(rstd, rows);
     auto yhat_c = Kokkos::subview(yhat, rows, Kokkos::ALL());
     auto log_c = Kokkos::subview(logits, rows, Kokkos::ALL());
-    impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c);
+    impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c, exec);
     impl::gemm<S>("N", "T", S(1), yhat_c, p.head, S(0), log_c);
     // Per row: log-sum-exp, loss, and (in place) go = (softmax - onehot) / count.
     double part = 0;
     Kokkos::parallel_reduce(
-        "ash::head_softmax", Range(0, c),
+        "ash::head_softmax", Range(exec, 0, c),
         KOKKOS_LAMBDA(const index_t i, double& acc) {
           const index_t m = r0 + i, b = m / T, t = m % T;
           S mx = log_c(i, 0);
@@ -55,10 +55,10 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
       auto g_c = Kokkos::subview(g, Kokkos::make_pair(r0, r1), Kokkos::ALL());
       impl::gemm<S>("N", "N", S(1), log_c, p.head, S(0), gyhat_c);
       if (grad) {
-        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, grad->final_norm, g_c, false);
+        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, grad->final_norm, g_c, false, exec);
       } else {
         View1<S> gw_discard("ash::head::gw_discard", P);
-        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, gw_discard, g_c, false);
+        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, gw_discard, g_c, false, exec);
       }
     }
   }
@@ -76,8 +76,8 @@ void head_logits(const GlobalParams<S>& p, const View2<S>& y, const View2<S>& lo
 template void head_logits<float>(const GlobalParams<float>&, const View2<float>&, const View2<float>&);
 template void head_logits<double>(const GlobalParams<double>&, const View2<double>&, const View2<double>&);
 template double head_loss<float>(const GlobalParams<float>&, const TokenView&, const View2<float>&,
-                                 const View2<float>&, const GlobalParams<float>*, index_t, index_t);
+                                 const View2<float>&, const GlobalParams<float>*, index_t, index_t, const ExecSpace&);
 template double head_loss<double>(const GlobalParams<double>&, const TokenView&, const View2<double>&,
-                                  const View2<double>&, const GlobalParams<double>*, index_t, index_t);
+                                  const View2<double>&, const GlobalParams<double>*, index_t, index_t, const ExecSpace&);
 
 }  // namespace ash

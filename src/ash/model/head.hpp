@@ -13,7 +13,8 @@ namespace ash {
 // replica passes the whole batch's, so the replicas' losses and g sum to the batch's.
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
-                 const GlobalParams<S>* grad, index_t chunk_rows = 1024, index_t targets = 0);
+                 const GlobalParams<S>* grad, index_t chunk_rows = 1024, index_t targets = 0,
+                 const ExecSpace& exec = ExecSpace());
 
 // Logits o = Ω RMSNorm(y; w_f) for the rows of y ([R, P] -> [R, V]).
 template <class S>

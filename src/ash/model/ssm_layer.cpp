@@ -41,24 +41,26 @@ KOKKOS_INLINE_FUNCTION float softplus(float z) { return z > 20.0f ? z : kmath::l
 }  // namespace
 
 template <class S>
-void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act) {
+void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act,
+                       const ExecSpace& exec) {
   const index_t M = y_in.extent(0), P = y_in.extent(1);
-  impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat);
+  impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec);
   impl::gemm<S>("N", "T", S(1), act.yhat, p.W_delta, S(0), act.delta);
   impl::gemm<S>("N", "T", S(1), act.yhat, p.W_B, S(0), act.beta);
   impl::gemm<S>("N", "T", S(1), act.yhat, p.W_C, S(0), act.gamma);
   auto delta = act.delta;
   auto bd = p.b_delta;
   Kokkos::parallel_for(
-      "ash::layer_delta", Range2({0, 0}, {M, P}),
+      "ash::layer_delta", Range2(exec, {0, 0}, {M, P}),
       KOKKOS_LAMBDA(const index_t m, const index_t q) { delta(m, q) = softplus(delta(m, q) + bd(q)); });
 }
 
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                       const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io) {
+                       const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io,
+                       const ExecSpace& exec) {
   const index_t T = s.T, Bt = s.batch, P = y_in.extent(1), N = p.W_B.extent(0);
-  ssm_layer_project(p, y_in, act);
+  ssm_layer_project(p, y_in, act, exec);
   // The scan as a chunked parallel scan: h at every chunk end (chunk-local
   // scans, then a carry pass), then every (sequence, chunk, channel) replays
   // its chunk from the boundary state, forming ỹ and storing h^{t-1} and A^t
@@ -71,14 +73,14 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
   const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), p.A_log, T};
   View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
   View3<S> st("ash::fwd::chunk_state", Bt * nc, P, N);
-  impl::boundary_states(L, ch, Bt, Hb, st, carry ? state_io : View2<S>());
+  impl::boundary_states(L, ch, Bt, Hb, st, carry ? state_io : View2<S>(), exec);
   auto gamma = act.gamma;
   auto yhat = act.yhat;
   auto Hst = act.hprev;
   auto Ast = act.A;
   auto D = p.D;
   Kokkos::parallel_for(
-      "ash::layer_scan_forward", Range(0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
+      "ash::layer_scan_forward", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
         for (index_t n = 0; n < N; ++n)
           st(bc, q, n) = c > 0 ? Hb(bc - 1, q, n) : (carry ? state_io(b * P + q, n) : S(0));
@@ -98,7 +100,7 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
       });
   if (carry)
     Kokkos::parallel_for(
-        "ash::layer_state_out", Range2({0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
+        "ash::layer_state_out", Range2(exec, {0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
           state_io(bq, n) = Hb((bq / P) * nc + nc - 1, bq % P, n);
         });
 }
@@ -107,7 +109,8 @@ template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
                              const View3<S>& mu, const View3<S>& hprev, const LayerCotangents<S>& cot,
-                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input) {
+                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
+                             const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(cot.gyhat.extent(0)) >= R,
@@ -125,7 +128,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
 
   // Per (token, channel): gΔ and the ŷ-part through u = Δ ŷ β (sums over n).
   Kokkos::parallel_for(
-      "ash::vjp_channel", Range2({0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
+      "ash::vjp_channel", Range2(exec, {0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
         const index_t m = (r / W) * T + t0 + r % W;
         const S dq = delta(m, q);
         S gdelta = 0, gyh = gy(m, q) * D(q);  // output term D_p ŷ_p
@@ -140,7 +143,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
       });
   // Per (token, state): β and γ cotangents (sums over p); h^i recomputed.
   Kokkos::parallel_for(
-      "ash::vjp_state", Range2({0, 0}, {R, N}), KOKKOS_LAMBDA(const index_t r, const index_t n) {
+      "ash::vjp_state", Range2(exec, {0, 0}, {R, N}), KOKKOS_LAMBDA(const index_t r, const index_t n) {
         const index_t m = (r / W) * T + t0 + r % W;
         S gb = 0, gg = 0;
         for (index_t q = 0; q < P; ++q) {
@@ -156,7 +159,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   auto gD = grad.D;
   auto gbd = grad.b_delta;
   Kokkos::parallel_for(
-      "ash::vjp_D_bdelta", Range(0, P), KOKKOS_LAMBDA(const index_t q) {
+      "ash::vjp_D_bdelta", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t q) {
         S d = 0, bd = 0;
         for (index_t r = 0; r < R; ++r) {
           const index_t m = (r / W) * T + t0 + r % W;
@@ -169,7 +172,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   // A_log: Σ_i μ^i h^{i-1} A^i Δ^i · a, the sum over rows as a gemv on [R, P·N]
   // (mu is consumed here and reused as scratch).
   Kokkos::parallel_for(
-      "ash::vjp_alog_terms", Range2({0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
+      "ash::vjp_alog_terms", Range2(exec, {0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
         const index_t m = (r / W) * T + t0 + r % W;
         const S dq = delta(m, q);
         for (index_t n = 0; n < N; ++n)
@@ -181,7 +184,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   auto gAlog = grad.A_log;
   auto alog_sum = cot.alog_sum;
   Kokkos::parallel_for(
-      "ash::vjp_alog", Range2({0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
+      "ash::vjp_alog", Range2(exec, {0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
         gAlog(q, n) += alog_sum(q * N + n) * -kmath::exp(Alog(q, n));  // ∂a/∂Alog = a
       });
 
@@ -209,22 +212,23 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
     auto gin_b = Kokkos::subview(gy_in, toks, all);
     if (gy_in.data() != gy.data()) Kokkos::deep_copy(gin_b, Kokkos::subview(gy, toks, all));
     if (detach_input)
-      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, decltype(gin_b)(), true);
+      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, decltype(gin_b)(), true, exec);
     else
-      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, gin_b, true);
+      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, gin_b, true, exec);
   }
 }
 
 #define ASH_INSTANTIATE(S)                                                                                         \
   template struct LayerActivations<S>;                                                                             \
   template struct LayerCotangents<S>;                                                                              \
-  template void ssm_layer_project<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&);          \
+  template void ssm_layer_project<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&,           \
+                                     const ExecSpace&);                                                            \
   template void ssm_layer_forward<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                      \
-                                     const LayerActivations<S>&, const View2<S>&, const View2<S>&);                \
+                                     const LayerActivations<S>&, const View2<S>&, const View2<S>&, const ExecSpace&); \
   template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
                                            const View3<S>&, const View3<S>&, const LayerCotangents<S>&,            \
-                                           const LayerParams<S>&, const View2<S>&, bool);
+                                           const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

@@ -8,6 +8,10 @@
 //   h^t = A^t ⊙ h^{t-1} + Δ^t_p β^t_n ŷ^t_p   ỹ_p = Σ_n γ_n h_pn + D_p ŷ_p
 //   y_k = y_{k-1} + ỹ
 //
+// Every kernel runs on the execution-space instance it is given (the default
+// one unless an orchestrator passes its own); dense products go through
+// KokkosBlas::gemm on the default instance (Kokkos Kernels 3.4 has no other).
+//
 // Reverse mode is split the way docs/design.md §2 splits the engines: an engine
 // computes the adjoint of h, μ^i (E1: full reverse scan; E2: the paper's
 // windowed sum of λ^{t,i}; E3: chunked scan), then ssm_layer_backward_rows
@@ -43,14 +47,16 @@ struct LayerActivations {
 
 // ŷ, r, Δ, β, γ of every token (no scan).
 template <class S>
-void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act);
+void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act,
+                       const ExecSpace& exec = ExecSpace());
 
 // Projections, then the scan; y_out = y_in + ỹ (y_out must not alias y_in).
 // state_io, when given ([Bt·P, N]), is h before the first token on entry and
 // h after the last on return (recurrent generation); else h^0 = 0.
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                       const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io = View2<S>());
+                       const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io = View2<S>(),
+                       const ExecSpace& exec = ExecSpace());
 
 // Scratch for the per-token cotangents of one row block (reused across blocks).
 template <class S>
@@ -81,6 +87,7 @@ template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
                              const View3<S>& mu, const View3<S>& hprev, const LayerCotangents<S>& cot,
-                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input);
+                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
+                             const ExecSpace& exec = ExecSpace());
 
 }  // namespace ash
