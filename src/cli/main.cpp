@@ -151,9 +151,12 @@ void run_train(const Common& c, const std::string& resume, long long until) {
     std::printf("validation: %.3f bits/token; baselines: uniform %.3f, unigram %.3f bits/token\n", s.val_bits,
                 s.uniform_bits, s.unigram_bits);
   std::printf("memory: %s\n", ash::MemoryTracker::summary().c_str());
-  if (world_size() > 1)
-    std::printf("memory: largest %s peak of the %d ranks %s\n", ash::MemSpace::name(), world_size(),
-                ash::format_bytes(s.peak_bytes).c_str());
+  if (s.rank_peak_bytes.size() > 1) {
+    std::printf("memory per rank (%s peak):", ash::MemSpace::name());
+    for (std::size_t r = 0; r < s.rank_peak_bytes.size(); ++r)
+      std::printf("%s rank %zu %s", r ? "," : "", r, ash::format_bytes(s.rank_peak_bytes[r]).c_str());
+    std::printf("\n");
+  }
 }
 
 void run_generate(const std::string& ckpt, const std::string& prompt, long long n, double temperature,

@@ -1,5 +1,6 @@
 #include "ash/train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -86,6 +87,18 @@ struct Backend {
     }
 #endif
     save_checkpoint(path, cfg, params, step, cursor, OptimizerState<S>{&opt.m(), &opt.v(), opt.step()});
+  }
+  // Every world rank's peak (collective under MPI).
+  std::vector<std::uint64_t> rank_peaks() const {
+    std::vector<std::uint64_t> all{MemoryTracker::peak(MemSpace::name())};
+#ifdef ASH_HAVE_MPI
+    if (grid) {
+      all.resize(std::size_t(grid->layout().world_size));
+      std::uint64_t mine = all[0];
+      MPI_Allgather(&mine, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, grid->world());
+    }
+#endif
+    return all;
   }
   // The largest peak of any rank (this process's elsewhere).
   std::uint64_t peak_bytes() const {
@@ -212,7 +225,8 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     if ((ckpt_every > 0 && step % ckpt_every == 0) || last) save(step);
   }
   sum.last_step = step;
-  sum.peak_bytes = be.peak_bytes();
+  sum.rank_peak_bytes = be.rank_peaks();
+  sum.peak_bytes = *std::max_element(sum.rank_peak_bytes.begin(), sum.rank_peak_bytes.end());
   if (sum.checkpoint.empty() && !resume.empty()) sum.checkpoint = resume;  // nothing left to run
   return sum;
 }

@@ -4,6 +4,7 @@
 // exact resume.
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "ash/core/config.hpp"
 
@@ -18,6 +19,7 @@ struct TrainSummary {
   double unigram_bits = 0;      // training-unigram cross-entropy of the same validation targets
   std::string checkpoint;       // the last checkpoint written
   std::uint64_t peak_bytes = 0; // Kokkos peak of the default memory space, the largest of any rank
+  std::vector<std::uint64_t> rank_peak_bytes;  // each world rank's (one entry without MPI)
 };
 
 // Runs `ash train` for the configuration (validated here). resume: a checkpoint
