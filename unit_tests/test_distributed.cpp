@@ -22,12 +22,18 @@ int world_rank() {
   return r;
 }
 
-// Every (R, D) with R·D = world and R <= K.
-std::vector<std::pair<int, int>> layouts(int K) {
-  std::vector<std::pair<int, int>> out;
+struct Lay {
+  int R = 1, S = 1, D = 1;
+};
+
+// Every R × S × D = world with R <= K (S = 1 only unless with_seq: sequence
+// ranks run E3 alone).
+std::vector<Lay> layouts(int K, bool with_seq = false) {
+  std::vector<Lay> out;
   const int n = world_size();
   for (int R = 1; R <= n; ++R)
-    if (n % R == 0 && R <= K) out.push_back({R, n / R});
+    for (int S = 1; S <= (with_seq ? n : 1); ++S)
+      if (n % (R * S) == 0 && R <= K) out.push_back({R, S, n / (R * S)});
   return out;
 }
 
@@ -41,10 +47,11 @@ Config model_config(const ModelDims& d) {
   return c;
 }
 
-Config layout_config(const ModelDims& d, int R, int D, index_t batch) {
+Config layout_config(const ModelDims& d, int R, int D, index_t batch, int S = 1) {
   Config c = model_config(d);
   c.set("dist.layer_ranks=" + std::to_string(R));
   c.set("dist.data_ranks=" + std::to_string(D));
+  c.set("dist.seq_ranks=" + std::to_string(S));
   c.set("data.batch=" + std::to_string(batch));
   return c;
 }
@@ -57,27 +64,31 @@ ParamSet<S> shard_of(const ParamSet<S>& full, const LayerRange& r) {
   return part;
 }
 
-std::string tag(int R, int D, const EngineOptions& o, index_t blocks) {
-  return "R=" + std::to_string(R) + " D=" + std::to_string(D) + " " + o.engine + (o.detach_inputs ? " detached" : "") +
-         " T-bar=" + std::to_string(o.truncate) + " blocks=" + std::to_string(blocks);
+std::string tag(const Lay& l, const EngineOptions& o, index_t blocks) {
+  return "R=" + std::to_string(l.R) + " S=" + std::to_string(l.S) + " D=" + std::to_string(l.D) + " " + o.engine +
+         (o.detach_inputs ? " detached" : "") + " T-bar=" + std::to_string(o.truncate) +
+         " blocks=" + std::to_string(blocks);
 }
 
 // Loss and gradient of every layout equal one process's, relative 1e-12 in double.
-void expect_layouts_match(int K, index_t T, index_t batch, const EngineOptions& o, index_t blocks = 0) {
+void expect_layouts_match(int K, index_t T, index_t batch, const EngineOptions& o, index_t blocks = 0,
+                          bool with_seq = false, const ParamSet<double>* model = nullptr) {
   const auto d = tiny_dims(K);
-  const auto full = random_model<double>(d, 500 + K);
+  const auto full = model ? model->clone() : random_model<double>(d, 500 + K);
   const auto x = random_tokens(batch, T, d.vocab, 600 + K);
   double ref_loss = 0;
   const auto ref = grad_of(o, full, x, &ref_loss);
-  for (auto [R, D] : layouts(K)) {
-    const dist::Grid grid(layout_config(d, R, D, batch));
+  for (const Lay& l : layouts(K, with_seq)) {
+    if (l.D > batch) continue;  // a replica needs a window
+    const int R = l.R, D = l.D;
+    const dist::Grid grid(layout_config(d, R, D, batch, l.S));
     const auto params = shard_of(full, grid.range(d));
     ParamSet<double> grad(d, grid.range(d));
     dist::DistributedEngine<double> engine(grid, o, blocks);
     const double loss = engine.compute(params, x, grad);
-    EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss)) << tag(R, D, o, blocks);
+    EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss)) << tag(l, o, blocks);
     const auto whole = dist::gather(grid, grad);
-    if (world_rank() == 0) expect_close(to_host(whole), ref, d, 1e-12, tag(R, D, o, blocks));
+    if (world_rank() == 0) expect_close(to_host(whole), ref, d, 1e-12, tag(l, o, blocks));
   }
 }
 
@@ -155,10 +166,10 @@ TEST(Distributed, ValidationLossMatchesOneProcess) {
   const auto full = random_model<double>(d, 77);
   const auto x = random_tokens(4, 33, d.vocab, 78);
   const double ref = forward_loss(full, x);
-  for (auto [R, D] : layouts(4)) {
-    const dist::Grid grid(layout_config(d, R, D, 4));
+  for (const Lay& l : layouts(4, true)) {
+    const dist::Grid grid(layout_config(d, l.R, l.D, 4, l.S));
     dist::DistributedEngine<double> engine(grid, engine_options("adjoint-exact"));
-    EXPECT_NEAR(engine.loss(shard_of(full, grid.range(d)), x), ref, 1e-12 * ref) << "R=" << R << " D=" << D;
+    EXPECT_NEAR(engine.loss(shard_of(full, grid.range(d)), x), ref, 1e-12 * ref) << tag(l, engine_options("adjoint-exact"), 0);
   }
 }
 
@@ -172,8 +183,9 @@ TEST(Distributed, CheckpointsReshardBitwise) {
   const std::string one = tmp_path("one" + np + ".h5"), sharded = tmp_path("sharded" + np + ".h5");
   if (world_rank() == 0) save_checkpoint(one, cfg, full, 3, 11, OptimizerState<double>{&m, &v, 3});
   MPI_Barrier(MPI_COMM_WORLD);
-  for (auto [R, D] : layouts(5)) {
-    const dist::Grid grid(layout_config(d, R, D, 4));
+  for (const Lay& l : layouts(5, true)) {
+    const int R = l.R;
+    const dist::Grid grid(layout_config(d, R, l.D, 4, l.S));
     const auto range = grid.range(d);
     const auto p = load_checkpoint<double>(one, range);
     ParamSet<double> pm(d, range), pv(d, range);
@@ -208,8 +220,9 @@ TEST(Distributed, ShardedAdamWStepEqualsOneProcess) {
     make_engine<double>(engine_options("adjoint-exact"))->compute(ref_p, x, ref_g);
     ref_opt.update(ref_p, ref_g);
   }
-  for (auto [R, D] : layouts(5)) {
-    const dist::Grid grid(layout_config(d, R, D, 4));
+  for (const Lay& l : layouts(5, true)) {
+    const int R = l.R;
+    const dist::Grid grid(layout_config(d, R, l.D, 4, l.S));
     auto p = shard_of(full, grid.range(d));
     AdamW<double> opt(d, grid.range(d), ao);
     ParamSet<double> g(d, grid.range(d));
@@ -222,6 +235,52 @@ TEST(Distributed, ShardedAdamWStepEqualsOneProcess) {
     const auto whole = dist::gather(grid, p);
     if (world_rank() == 0) expect_close(to_host(whole), to_host(ref_p), d, 1e-12, "R=" + std::to_string(R));
   }
+}
+
+// Context parallelism: every R × S × D layout with S > 1 (R = 2 × S = 2 and
+// S = 2 × D = 2 at 4 ranks); T = 29 leaves uneven ranges (S = 3: 9, 10, 10).
+TEST(Distributed, SequenceRanksMatchOneProcess) {
+  for (int K : {4, 5}) {
+    auto o = engine_options("adjoint-exact");
+    o.chunk = 4;
+    o.wave = 8;
+    expect_layouts_match(K, 29, 4, o, 0, true);
+    o.detach_inputs = true;
+    expect_layouts_match(K, 29, 4, o, 0, true);
+  }
+}
+
+// A model whose A is close to 1 (a = -exp(-8)): the state and μ carry across
+// the whole window, so a range that started from h = 0 or μ = 0 would be far
+// off. The first check shows how far: the same tokens as two separate windows.
+TEST(Distributed, SequenceCarryOnALongMemoryModel) {
+  const auto d = tiny_dims(3);
+  auto m = random_model<double>(d, 808);
+  auto v = to_host(m);
+  for (const auto& t : m.tensors())
+    if (t.name.find("A_log") != std::string::npos)
+      for (index_t i = 0; i < t.size(); ++i) v[t.offset + i] = -8.0;
+  from_host(m, v);
+  const index_t T = 40;
+  const auto x = random_tokens(2, T, d.vocab, 809);
+  const auto split = make_windows(random_token_ids(2 * T, d.vocab, 809), 4, T / 2, d.vocab);  // the same tokens cut in half
+  auto o = engine_options("adjoint-exact");
+  o.chunk = 4;
+  const auto whole = grad_of(o, m, x), halves = grad_of(o, m, split);
+  EXPECT_GT(rel_l2(halves, whole), 1e-2) << "the carry matters on this model";
+  expect_layouts_match(3, T, 2, o, 0, true, &m);
+}
+
+TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {
+  if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  const auto d = tiny_dims(2);
+  const dist::Grid grid(layout_config(d, 1, world_size() / 2, 4, 2));
+  for (const auto& o : {engine_options("adjoint"), engine_options("backprop"), engine_options("adjoint-exact", 6, true)})
+    EXPECT_THROW(dist::DistributedEngine<double>(grid, o), Error) << o.engine;
+  EXPECT_THROW(dist::Layout::from_config(layout_config(d, 1, 1, 4, 3), 0, 2), Error);  // 2 ranks, S = 3
+  Config c = layout_config(d, 1, 1, 4, 4);
+  c.set("data.seq_len=3");
+  EXPECT_THROW(dist::Layout::from_config(c, 0, 4), Error);  // a token range would be empty
 }
 
 }  // namespace ash::test

@@ -79,6 +79,14 @@ TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
   const auto a = to_host(load_gradients(one, d, &l1)), b = to_host(load_gradients(two, d, &l2));
   EXPECT_NEAR(l2, l1, 1e-12 * l1);
   expect_close(b, a, d, 1e-12, "R=2");
+  // Context parallelism: each rank one half of every window.
+  const auto seq = tmp_path("seq.h5");
+  const auto rs = mpirun(2, g + "--set dist.seq_ranks=2 --out " + seq);
+  ASSERT_EQ(rs.code, 0) << rs.out;
+  EXPECT_NE(rs.out.find("rank 1 (layers 0..2, embedding, head, tokens 20..39"), std::string::npos) << rs.out;
+  double ls = 0;
+  expect_close(to_host(load_gradients(seq, d, &ls)), a, d, 1e-12, "S=2");
+  EXPECT_NEAR(ls, l1, 1e-12 * l1);
 }
 
 // Five... six steps: the same losses on every layout, resharded resumes
@@ -127,7 +135,9 @@ TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
   for (const auto& c : {Case{3, " --set dist.layer_ranks=2", "", "not a multiple of dist.layer_ranks"},
                         Case{2, " --set dist.layer_ranks=2 --set dist.data_ranks=2", "", "the world has 2 ranks"},
                         Case{3, " --set dist.layer_ranks=3", "", "must not exceed model.layers"},
-                        Case{2, " --set dist.seq_ranks=2", "", "sequence (context) parallelism is not built yet"},
+                        Case{2, " --set dist.seq_ranks=2 --detach-inputs --truncate 4", "",
+                             "dist.seq_ranks > 1 runs adjoint-exact without a window"},
+                        Case{3, " --set dist.seq_ranks=3 --set data.seq_len=2", "", "would leave a token range empty"},
                         Case{2, " --set dist.layer_ranks=2", "ASH_DEBUG_FAIL_RANK=1", "injected failure on rank 1"},
                         Case{2, " --set dist.layer_ranks=2", "ASH_DEBUG_FAIL_RANK=0", "injected failure on rank 0"}}) {
     const auto t0 = std::chrono::steady_clock::now();

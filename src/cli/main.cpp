@@ -83,9 +83,16 @@ void run_grad_distributed(const GradArgs& a, const ash::Config& cfg, const ash::
   std::printf("pipeline: %lld token block(s), ranks busy %.0f%% of the time (sum of compute / (R x wall))\n",
               (long long)engine.stats().blocks, 100.0 * engine.stats().busy_fraction);
   for (int r = 0; r < lay.world_size; ++r) {
-    const auto rng = ash::LayerRange::block(d, r % lay.R, lay.R);
-    std::printf("rank %d (layers %d..%d%s%s, replica %d): %s peak %s, process HWM %s, sent %s\n", r, rng.k0,
-                rng.k1 - 1, rng.embedding ? ", embedding" : "", rng.head ? ", head" : "", r / lay.R,
+    ash::dist::Layout lr = lay;  // rank r's place in the grid
+    lr.seq_rank = r % lay.S;
+    lr.layer_rank = (r / lay.S) % lay.R;
+    lr.data_rank = r / (lay.S * lay.R);
+    const auto rng = ash::LayerRange::block(d, lr.layer_rank, lay.R);
+    const std::string toks = lay.S > 1 ? ", tokens " + std::to_string(lr.seq_begin(T)) + ".." +
+                                             std::to_string(lr.seq_end(T) - 1)
+                                       : std::string();
+    std::printf("rank %d (layers %d..%d%s%s%s, replica %d): %s peak %s, process HWM %s, sent %s\n", r, rng.k0,
+                rng.k1 - 1, rng.embedding ? ", embedding" : "", rng.head ? ", head" : "", toks.c_str(), lr.data_rank,
                 ash::MemSpace::name(), ash::format_bytes(all[3 * r]).c_str(), ash::format_bytes(all[3 * r + 1]).c_str(),
                 ash::format_bytes(all[3 * r + 2]).c_str());
   }

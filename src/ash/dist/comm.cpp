@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "ash/core/error.hpp"
 
@@ -16,23 +17,27 @@ Layout Layout::from_config(const Config& cfg, int world_rank, int world_size) {
   const auto Dcfg = cfg.get<std::int64_t>("dist.data_ranks");
   const auto Sq = cfg.get<std::int64_t>("dist.seq_ranks");
   const auto K = cfg.model().layers;
-  require(Sq == 1, "dist.seq_ranks = " + std::to_string(Sq) +
-                       ": sequence (context) parallelism is not built yet; use dist.layer_ranks and dist.data_ranks");
+  const auto T = cfg.get<std::int64_t>("data.seq_len");
+  require(Sq >= 1 && Sq <= T, "dist.seq_ranks = " + std::to_string(Sq) + " would leave a token range empty (data.seq_len = " +
+                                  std::to_string(T) + ")");
   require(R >= 1 && R <= K, "dist.layer_ranks = " + std::to_string(R) + " does not fit model.layers = " +
                                 std::to_string(K) + " (each layer rank needs at least one layer)");
-  require(world_size % R == 0, "the world has " + std::to_string(world_size) + " ranks, not a multiple of "
-                                   "dist.layer_ranks = " + std::to_string(R));
-  const std::int64_t D = Dcfg > 0 ? Dcfg : world_size / R;
-  require(R * D == world_size, "dist.layer_ranks × dist.data_ranks = " + std::to_string(R) + " × " +
-                                   std::to_string(D) + " = " + std::to_string(R * D) + ", but the world has " +
-                                   std::to_string(world_size) + " ranks");
+  require(world_size % (R * Sq) == 0, "the world has " + std::to_string(world_size) + " ranks, not a multiple of "
+                                          "dist.layer_ranks × dist.seq_ranks = " + std::to_string(R * Sq));
+  const std::int64_t D = Dcfg > 0 ? Dcfg : world_size / (R * Sq);
+  require(R * Sq * D == world_size, "dist.layer_ranks × dist.seq_ranks × dist.data_ranks = " + std::to_string(R) +
+                                        " × " + std::to_string(Sq) + " × " + std::to_string(D) + " = " +
+                                        std::to_string(R * Sq * D) + ", but the world has " +
+                                        std::to_string(world_size) + " ranks");
   const auto B = cfg.get<std::int64_t>("data.batch");
   require(B >= D, "data.batch = " + std::to_string(B) + " windows cannot be shared by dist.data_ranks = " +
                       std::to_string(D) + " replicas (each needs at least one window)");
   l.R = int(R);
   l.D = int(D);
-  l.layer_rank = world_rank % l.R;
-  l.data_rank = world_rank / l.R;
+  l.S = int(Sq);
+  l.seq_rank = world_rank % l.S;
+  l.layer_rank = (world_rank / l.S) % l.R;
+  l.data_rank = world_rank / (l.S * l.R);
   return l;
 }
 
@@ -41,19 +46,24 @@ Grid::Grid(const Config& cfg, MPI_Comm world) : world_(world) {
   MPI_Comm_rank(world, &r);
   MPI_Comm_size(world, &n);
   lay_ = Layout::from_config(cfg, r, n);
-  int dims[2] = {lay_.D, lay_.R}, periods[2] = {0, 0};
-  MPI_Cart_create(world, 2, dims, periods, /*reorder=*/0, &cart_);
-  int keep_layers[2] = {0, 1}, keep_data[2] = {1, 0};
+  int dims[3] = {lay_.D, lay_.R, lay_.S}, periods[3] = {0, 0, 0};
+  MPI_Cart_create(world, 3, dims, periods, /*reorder=*/0, &cart_);
+  int keep_layers[3] = {0, 1, 0}, keep_data[3] = {1, 0, 0}, keep_seq[3] = {0, 0, 1}, keep_rep[3] = {1, 0, 1};
   MPI_Cart_sub(cart_, keep_layers, &layer_comm_);
   MPI_Cart_sub(cart_, keep_data, &data_comm_);
-  int lr = 0, dr = 0;
+  MPI_Cart_sub(cart_, keep_seq, &seq_comm_);
+  MPI_Cart_sub(cart_, keep_rep, &replica_comm_);
+  MPI_Comm_split(seq_comm_, 0, lay_.S - 1 - lay_.seq_rank, &seq_rev_);
+  int lr = 0, dr = 0, sr = 0;
   MPI_Comm_rank(layer_comm_, &lr);
   MPI_Comm_rank(data_comm_, &dr);
-  require(lr == lay_.layer_rank && dr == lay_.data_rank, "MPI_Cart_sub gave an unexpected rank order");
+  MPI_Comm_rank(seq_comm_, &sr);
+  require(lr == lay_.layer_rank && dr == lay_.data_rank && sr == lay_.seq_rank,
+          "MPI_Cart_sub gave an unexpected rank order");
 }
 
 Grid::~Grid() {
-  for (MPI_Comm* c : {&data_comm_, &layer_comm_, &cart_})
+  for (MPI_Comm* c : {&seq_rev_, &replica_comm_, &seq_comm_, &data_comm_, &layer_comm_, &cart_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -144,6 +154,61 @@ std::uint64_t allreduce_max(std::uint64_t x, MPI_Comm comm) {
   return v;
 }
 
+namespace {
+
+// inout = in ∘ inout on interleaved (a, b) pairs: in holds the earlier ranks'
+// map, applied first: x ↦ a2 (a1 x + b1) + b2.
+template <class S>
+void compose_affine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const S* l = static_cast<const S*>(in);
+  S* r = static_cast<S*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const S a1 = l[2 * i], b1 = l[2 * i + 1], a2 = r[2 * i], b2 = r[2 * i + 1];
+    r[2 * i] = a2 * a1;
+    r[2 * i + 1] = a2 * b1 + b2;
+  }
+}
+
+}  // namespace
+
+template <class View>
+void exscan_affine(const View& a, const View& b, MPI_Comm comm) {
+  using S = typename View::non_const_value_type;
+  int me = 0, n = 1;
+  MPI_Comm_rank(comm, &me);
+  MPI_Comm_size(comm, &n);
+  if (n == 1) {
+    Kokkos::deep_copy(a, S(1));
+    Kokkos::deep_copy(b, S(0));
+    return;
+  }
+  Kokkos::fence();
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  const std::size_t m = ha.size();
+  require(m < std::size_t(1) << 30, "exscan_affine: too many elements for one MPI call");
+  std::vector<S> send(2 * m), recv(2 * m);
+  for (std::size_t i = 0; i < m; ++i) {
+    send[2 * i] = ha.data()[i];
+    send[2 * i + 1] = hb.data()[i];
+  }
+  MPI_Datatype pair;
+  MPI_Type_contiguous(2, mpi_type<S>(), &pair);
+  MPI_Type_commit(&pair);
+  MPI_Op op;
+  MPI_Op_create(&compose_affine<S>, /*commute=*/0, &op);
+  MPI_Exscan(send.data(), recv.data(), int(m), pair, op, comm);
+  MPI_Op_free(&op);
+  MPI_Type_free(&pair);
+  bytes_sent() += 2 * m * sizeof(S);  // about what a log-step exscan sends per rank and step
+  for (std::size_t i = 0; i < m; ++i) {
+    ha.data()[i] = me == 0 ? S(1) : recv[2 * i];  // rank 0's result is undefined in MPI: the identity
+    hb.data()[i] = me == 0 ? S(0) : recv[2 * i + 1];
+  }
+  Kokkos::deep_copy(a, ha);
+  Kokkos::deep_copy(b, hb);
+}
+
 Session::Session(int* argc, char*** argv) {
   int inited = 0;
   MPI_Initialized(&inited);
@@ -172,6 +237,9 @@ void fail_all(const std::string& msg, int code) {
   else
     std::fprintf(stderr, "ash: error: %s\n", msg.c_str());
   std::fflush(stderr);
+  // Give mpiexec's output forwarding time to pass the message on before the
+  // abort tears the job down (seen lost under load without it).
+  if (size > 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   if (size == 1) {
     MPI_Finalize();
     std::exit(code);
@@ -187,7 +255,9 @@ void fail_all(const std::string& msg, int code) {
   template void recv<View2<S>>(const View2<S>&, int, int, MPI_Comm);            \
   template void broadcast<View1<S>>(const View1<S>&, int, MPI_Comm);            \
   template void broadcast<View2<S>>(const View2<S>&, int, MPI_Comm);            \
-  template void allreduce_sum<View1<S>>(const View1<S>&, MPI_Comm);
+  template void allreduce_sum<View1<S>>(const View1<S>&, MPI_Comm);                 \
+  template void exscan_affine<View2<S>>(const View2<S>&, const View2<S>&, MPI_Comm); \
+  template void exscan_affine<View3<S>>(const View3<S>&, const View3<S>&, MPI_Comm);
 ASH_DIST_VIEWS(float)
 ASH_DIST_VIEWS(double)
 

@@ -1,9 +1,11 @@
 #pragma once
 // E4's rank layout (docs/design.md §2): MPI_COMM_WORLD as a Cartesian grid of
-// D data replicas × R layer ranks. World rank w is layer rank w mod R of
-// replica w / R, so a replica's pipeline is R consecutive ranks.
-//   layer communicator: the R ranks of one replica (forward y, backward g, g broadcast)
-//   data communicator:  the D ranks that own the same layers (gradient sums)
+// D data replicas × R layer ranks × S sequence ranks. World rank
+// w = (d·R + r)·S + s; with S = 1 a replica's pipeline is R consecutive ranks.
+//   layer communicator:   the R ranks of one (replica, token range): y forward, g back, g broadcast
+//   sequence communicator: the S ranks of one (replica, layer block): the state and μ carries
+//   data communicator:    the D ranks of one (layer block, token range)
+//   replica communicator: the D·S ranks that own the same layers (gradient and loss sums)
 #include <mpi.h>
 
 #include <cstdint>
@@ -16,13 +18,16 @@
 namespace ash::dist {
 
 struct Layout {
-  int R = 1, D = 1;              // layer ranks, data ranks
-  int layer_rank = 0, data_rank = 0;
+  int R = 1, D = 1, S = 1;        // layer ranks, data ranks, sequence ranks
+  int layer_rank = 0, data_rank = 0, seq_rank = 0;
   int world_rank = 0, world_size = 1;
   bool first() const { return layer_rank == 0; }
   bool last() const { return layer_rank == R - 1; }
+  // This rank's tokens [begin, end) of a window of T (uneven when S does not divide T).
+  std::int64_t seq_begin(std::int64_t T) const { return T * seq_rank / S; }
+  std::int64_t seq_end(std::int64_t T) const { return T * (seq_rank + 1) / S; }
   // The layout of dist.* on a world of `world_size` ranks; throws ash::Error
-  // when it does not fit (R·D != world, R > K, seq_ranks > 1).
+  // when it does not fit (R·S·D != world, R > K, S > T, D > batch).
   static Layout from_config(const Config& cfg, int world_rank, int world_size);
 };
 
@@ -38,12 +43,16 @@ class Grid {
   MPI_Comm world() const { return world_; }
   MPI_Comm layers() const { return layer_comm_; }
   MPI_Comm data() const { return data_comm_; }
+  MPI_Comm seq() const { return seq_comm_; }
+  MPI_Comm seq_reversed() const { return seq_rev_; }  // the sequence ranks, last first
+  MPI_Comm replicas() const { return replica_comm_; }
   // This rank's layers (and embedding / head) for a model of these sizes.
   LayerRange range(const ModelDims& d) const { return LayerRange::block(d, lay_.layer_rank, lay_.R); }
 
  private:
   Layout lay_;
-  MPI_Comm world_ = MPI_COMM_NULL, cart_ = MPI_COMM_NULL, layer_comm_ = MPI_COMM_NULL, data_comm_ = MPI_COMM_NULL;
+  MPI_Comm world_ = MPI_COMM_NULL, cart_ = MPI_COMM_NULL, layer_comm_ = MPI_COMM_NULL, data_comm_ = MPI_COMM_NULL,
+           seq_comm_ = MPI_COMM_NULL, seq_rev_ = MPI_COMM_NULL, replica_comm_ = MPI_COMM_NULL;
 };
 
 template <class S>
@@ -61,6 +70,12 @@ void broadcast(const View& v, int root, MPI_Comm comm);
 template <class View>
 void allreduce_sum(const View& v, MPI_Comm comm);
 double allreduce_sum(double x, MPI_Comm comm);
+// Exclusive scan of elementwise affine maps x ↦ a ⊙ x + b over comm's ranks:
+// on return rank i holds in (a, b) the composition of ranks 0..i-1's maps
+// (first rank 0's, then 1's, ...); rank 0 gets the identity (a = 1, b = 0).
+// O(size of a) bytes per rank, whatever the sequence length.
+template <class View>
+void exscan_affine(const View& a, const View& b, MPI_Comm comm);
 std::uint64_t allreduce_max(std::uint64_t x, MPI_Comm comm);
 
 std::uint64_t& bytes_sent();

@@ -59,12 +59,16 @@ template <class S>
 DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks)
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
+  require(grid.layout().S == 1 || (opts.engine == "adjoint-exact" && opts.truncate == 0),
+          "dist.seq_ranks > 1 runs adjoint-exact without a window (exact or --detach-inputs): E1 and E2 keep whole "
+          "windows, and a window T-bar's block method would need the next rank's T-bar tokens (not exchanged)");
 }
 
 template <class S>
 std::string DistributedEngine<S>::name() const {
   const auto& l = grid_.layout();
-  return layer_->name() + " on " + std::to_string(l.R) + " layer rank(s) x " + std::to_string(l.D) +
+  return layer_->name() + " on " + std::to_string(l.R) + " layer rank(s) x " +
+         (l.S > 1 ? std::to_string(l.S) + " sequence rank(s) x " : std::string()) + std::to_string(l.D) +
          " data rank(s)" + (layer_->detached() ? ", paper mode" : ", exact mode");
 }
 
@@ -72,7 +76,7 @@ template <class S>
 typename DistributedEngine<S>::Blocks DistributedEngine<S>::blocks_for(index_t T) const {
   Blocks b;
   b.len = T;
-  if (layer_->keeps_activations()) return b;  // E1, E2: whole windows
+  if (layer_->keeps_activations() || grid_.layout().S > 1) return b;  // E1, E2, sequence ranks: whole ranges
   const index_t want = pipeline_blocks_ > 0 ? pipeline_blocks_ : 4 * grid_.layout().R;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   // Block length: a whole number of E3 chunks, so the block-wise exact pass
@@ -98,6 +102,32 @@ TokenView DistributedEngine<S>::my_windows(const TokenView& x) const {
 }
 
 template <class S>
+void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationStore<S>& store,
+                                         std::vector<View2<S>>& h_start) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_->execution_space();
+  h_start.assign(std::size_t(store.k1() - store.k0()), View2<S>());
+  if (lay.S == 1) return forward_layers(params, store, exec);
+  const auto& s = store.shape();
+  const index_t P = params.dims().width, N = params.dims().state;
+  for (int k = store.k0(); k < store.k1(); ++k) {
+    const auto layer = params.layer(k);
+    const auto& act = store.keeps_acts() ? store.kept(k) : store.scratch();
+    ssm_layer_project(layer, store.input(k), act, exec);
+    View2<S> prod("ash::dist::range_prod", s.batch * P, N), h("ash::dist::range_h", s.batch * P, N);
+    ssm_layer_state_map(layer, s, act, prod, h, exec);
+    timed([&] { exscan_affine(prod, h, grid_.seq()); });  // h: the state before this range
+    View2<S> io;
+    if (lay.seq_rank > 0) {
+      h_start[k - store.k0()] = h;
+      io = View2<S>("ash::dist::range_state", s.batch * P, N);
+      Kokkos::deep_copy(io, h);  // the scan overwrites its state with the end state
+    }
+    ssm_layer_scan(layer, s, store.input(k), act, store.input(k + 1), io, exec);
+  }
+}
+
+template <class S>
 double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad) {
   const auto t_start = Clock::now();
   const std::uint64_t sent0 = bytes_sent();
@@ -109,17 +139,19 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
           "distributed engine: the parameters are not this rank's shard of the layout");
   const MPI_Comm lc = grid_.layers();
   const int prev = lay.layer_rank - 1, next = lay.layer_rank + 1;
-  auto timed = [&](auto&& fn) {
-    const auto t0 = Clock::now();
-    fn();
-    comm_s_ += seconds_since(t0);
-  };
+  auto timed = [this](auto&& fn) { this->timed(fn); };
 
   const ExecSpace& exec = layer_->execution_space();
-  const TokenView x = my_windows(x_all);
+  // This replica's windows, then this sequence rank's token range [t_a, t_b)
+  // (x_head: one token more, the last row's target, unless the range ends the window).
+  const TokenView x_rows = my_windows(x_all);
+  const index_t T_all = x_rows.extent(1);
+  const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
+  const TokenView x = lay.S > 1 ? token_block(x_rows, t_a, t_b - t_a) : x_rows;
+  const TokenView x_head = lay.S > 1 ? token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a) : x_rows;
   const index_t T = x.extent(1), Bt = x.extent(0), P = d.width;
   const SeqShape s{Bt, T};
-  const index_t targets = index_t(x_all.extent(0)) * (T - 1);
+  const index_t targets = index_t(x_all.extent(0)) * (T_all - 1);
   const int k0 = range.k0, k1 = range.k1;
   grad.fill_zero();
   const auto gglobal = grad.global();
@@ -127,6 +159,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const Blocks blk = blocks_for(T);
   const bool exact_blocks = blk.n > 1 && !layer_->detached();
   std::vector<std::vector<View2<S>>> h_start(k1 - k0);  // [layer][block]: h before the block (exact mode)
+  std::vector<View2<S>> h_range;                        // [layer]: h before this sequence rank's range
 
   // ---- forward ------------------------------------------------------------
   if (blk.n == 1) {
@@ -134,7 +167,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
       embedding_forward(params.global().embedding, x, store.input(k0), exec);
     else
       timed([&] { recv(store.input(k0), prev, tag_y, lc); });
-    forward_layers(params, store, exec);
+    forward_range(params, store, h_range);
     if (!lay.last()) {
       timed([&] { send(store.output(), next, tag_y, lc); });
       store.release_output();
@@ -178,7 +211,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   double loss = 0;
   if (lay.last()) {
     g = View2<S>("ash::g", s.rows(), P);
-    loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, targets, exec);
+    loss = head_loss<S>(params.global(), x_head, store.output(), g, &gglobal, opts_.head_chunk, targets, exec);
     store.release_output();
   }
 
@@ -188,7 +221,29 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK"))
     require(std::atoi(f) != lay.world_rank, "injected failure on rank " + std::to_string(lay.world_rank) +
                                                " (ASH_DEBUG_FAIL_RANK)");
-  if (layer_->detached()) {  // paper mode: one broadcast, then no communication
+  if (lay.S > 1) {  // E3 on token ranges: per layer, μ's carry from the later ranges
+    auto* exact = dynamic_cast<AdjointExactLayer<S>*>(layer_.get());
+    require(exact != nullptr, "distributed engine: sequence ranks need adjoint-exact");
+    const bool tail = lay.seq_rank == lay.S - 1;
+    auto exchange = [&](const View3<S>& M, const View3<S>& v) {
+      timed([&] { exscan_affine(M, v, grid_.seq_reversed()); });  // the later ranges' maps, last first
+      return tail ? View3<S>() : v;                                 // composed maps applied to 0
+    };
+    if (!lay.last()) {
+      g = View2<S>("ash::g", s.rows(), P);
+      if (layer_->detached())
+        timed([&] { broadcast(g, lay.R - 1, lc); });
+      else
+        timed([&] { recv(g, next, tag_g, lc); });
+    } else if (layer_->detached()) {
+      timed([&] { broadcast(g, lay.R - 1, lc); });
+    }
+    for (int k = k1 - 1; k >= k0; --k) {
+      exact->backward_range(params.layer(k), k, store, g, h_range[k - k0], exchange, grad.layer(k));
+      store.release(k);
+    }
+    if (!lay.first() && !layer_->detached()) timed([&] { send(g, prev, tag_g, lc); });
+  } else if (layer_->detached()) {  // paper mode: one broadcast, then no communication
     if (!lay.last()) g = View2<S>("ash::g", s.rows(), P);
     timed([&] { broadcast(g, lay.R - 1, lc); });
     for (int k = k1 - 1; k >= k0; --k) {
@@ -234,9 +289,9 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   if (lay.first()) embedding_backward(x, g, gglobal.embedding, exec);  // the residual stream's g_0
 
   // ---- replicas and the loss ------------------------------------------------
-  if (lay.D > 1) {
-    timed([&] { allreduce_sum(grad.data(), grid_.data()); });
-    loss = allreduce_sum(loss, grid_.data());
+  if (lay.D * lay.S > 1) {  // the ranks that own the same layers
+    timed([&] { allreduce_sum(grad.data(), grid_.replicas()); });
+    loss = allreduce_sum(loss, grid_.replicas());
   }
   MPI_Bcast(&loss, 1, MPI_DOUBLE, lay.R - 1, lc);
 
@@ -259,22 +314,27 @@ double DistributedEngine<S>::loss(const ParamSet<S>& params, const TokenView& x_
   const auto& lay = grid_.layout();
   const auto& d = params.dims();
   const MPI_Comm lc = grid_.layers();
-  const TokenView x = my_windows(x_all);
+  const ExecSpace& exec = layer_->execution_space();
+  const TokenView x_rows = my_windows(x_all);
+  const index_t T_all = x_rows.extent(1), t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
+  const TokenView x = lay.S > 1 ? token_block(x_rows, t_a, t_b - t_a) : x_rows;
+  const TokenView x_head = lay.S > 1 ? token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a) : x_rows;
   const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
   const auto range = params.range();
   ActivationStore<S> store(s, d, range.k0, range.k1, LayerActivations<S>::projections_only, false);
   if (lay.first())
-    embedding_forward(params.global().embedding, x, store.input(range.k0));
+    embedding_forward(params.global().embedding, x, store.input(range.k0), exec);
   else
     recv(store.input(range.k0), lay.layer_rank - 1, tag_y, lc);
-  forward_layers(params, store);
+  std::vector<View2<S>> h_range;
+  forward_range(params, store, h_range);
   double loss = 0;
   if (!lay.last())
     send(store.output(), lay.layer_rank + 1, tag_y, lc);
   else
-    loss = head_loss<S>(params.global(), x, store.output(), View2<S>(), nullptr, opts_.head_chunk,
-                        index_t(x_all.extent(0)) * (s.T - 1));
-  if (lay.D > 1) loss = allreduce_sum(loss, grid_.data());
+    loss = head_loss<S>(params.global(), x_head, store.output(), View2<S>(), nullptr, opts_.head_chunk,
+                        index_t(x_all.extent(0)) * (T_all - 1), exec);
+  if (lay.D * lay.S > 1) loss = allreduce_sum(loss, grid_.replicas());
   MPI_Bcast(&loss, 1, MPI_DOUBLE, lay.R - 1, lc);
   return loss;
 }

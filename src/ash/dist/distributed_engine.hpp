@@ -13,8 +13,17 @@
 //            exact mode, E3: g_k flows back rank to rank in token blocks from
 //            the last to the first (μ carries from later to earlier tokens, so
 //            this reverse wavefront is exact); E1: whole windows, one hand-off.
-//  replicas  the gradient is summed over the data communicator; the loss and
-//            g are already scaled by the whole batch's target count.
+//  sequence  (context parallelism, E3 only) each rank holds one token range of
+//            every window; per layer, the state before the range comes from an
+//            exclusive scan of the ranges' affine state maps, and μ's carry
+//            from the later ranges from the same scan in reverse: O(Bt·P·N)
+//            bytes per layer and rank, whatever T is.
+//  replicas  the gradient is summed over the ranks that own the same layers
+//            (data and sequence); the loss and g are already scaled by the
+//            whole batch's target count.
+#include <chrono>
+#include <vector>
+
 #include "ash/dist/comm.hpp"
 #include "ash/grad/engine.hpp"
 
@@ -48,6 +57,16 @@ class DistributedEngine final : public GradientEngine<S> {
   };
   Blocks blocks_for(index_t T) const;
   TokenView my_windows(const TokenView& x) const;
+  // Layers [k0, k1) on this rank's token range, store.input(k0) filled: with
+  // sequence ranks, each layer's state before the range comes from an
+  // exclusive scan of the ranges' state maps (kept in h_start for the backward).
+  void forward_range(const ParamSet<S>& params, ActivationStore<S>& store, std::vector<View2<S>>& h_start);
+  template <class Fn>
+  void timed(Fn&& fn) {  // time spent in MPI, for the busy fraction
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   const Grid& grid_;
   EngineOptions opts_;

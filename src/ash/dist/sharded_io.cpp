@@ -8,7 +8,7 @@ template <class S>
 ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard) {
   const auto& lay = grid.layout();
   const auto& d = shard.dims();
-  if (lay.data_rank != 0) return ParamSet<S>();  // replicas hold the same values
+  if (lay.data_rank != 0 || lay.seq_rank != 0) return ParamSet<S>();  // replicas hold the same values
   constexpr int tag = 7001;
   if (!lay.first()) {
     send(shard.data(), 0, tag, grid.layers());

@@ -196,6 +196,52 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
 }
 
 template <class S>
+void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store,
+                                          const View2<S>& g, const View2<S>& h0,
+                                          const std::function<View3<S>(const View3<S>&, const View3<S>&)>& exchange,
+                                          const LayerParams<S>& grad) {
+  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  const auto& s = store.shape();
+  const ExecSpace& exec = this->exec_;
+  const auto& act = store.activations(p, k, exec);
+  const index_t T = s.T, Bt = s.batch, P = p.W_delta.extent(0), N = p.W_B.extent(0);
+  const index_t C = opts_.chunk < T ? opts_.chunk : T;
+  const Chunks chunks{C, (T + C - 1) / C, T};
+  const index_t nc = chunks.nc;
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, p.A_log, T};
+  // μ at chunk starts with a zero carry from the later ranges, and (through a
+  // carry of μ = 0, A = 1) the chunks' full products G_c, so the range's μ at
+  // its first token is L + (Π_c G_c) ⊙ c_after.
+  ExactCarry<S> open;
+  open.mu = View3<S>("ash::e3::open_mu", Bt, P, N);
+  open.A = View3<S>("ash::e3::open_A", Bt, P, N);
+  Kokkos::deep_copy(open.A, S(1));
+  open.valid = true;
+  View3<S> Ms("ash::e3::mu_chunk_start", Bt * nc, P, N), G("ash::e3::chunk_products", Bt * nc, P, N);
+  chunk_start_adjoints(L, chunks, Bt, Ms, G, open, exec);
+  View3<S> M("ash::e3::range_map_M", Bt, P, N), v("ash::e3::range_map_v", Bt, P, N);
+  Kokkos::parallel_for(
+      "ash::e3::range_map", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+        S gt = 1;
+        for (index_t c = 0; c < nc; ++c) gt = G(b * nc + c, q, n) * gt;
+        const S a0 = L.A(b * T, q, n);
+        M(b, q, n) = a0 * gt;
+        v(b, q, n) = a0 * Ms(b * nc, q, n);
+      });
+  Ms = View3<S>();
+  G = View3<S>();
+  ExactCarry<S> carry;
+  const View3<S> c_after = exchange(M, v);
+  if (c_after.extent(0) > 0) {
+    carry.mu = c_after;
+    carry.A = open.A;  // ones: the carry is already A μ
+    carry.valid = true;
+  }
+  run(p, s, store.input(k), act, g, h0, &carry, grad);
+}
+
+template <class S>
 void AdjointExactLayer<S>::release() {
   block_act_ = LayerActivations<S>();
 }

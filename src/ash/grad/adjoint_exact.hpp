@@ -15,6 +15,8 @@
 // E2's full gradient in O(T)); detach_inputs with a window T̄: the truncated
 // sum of E2 in O(T) by the block method (suffix scan S, products R and prefix
 // scan F of docs/design.md §2 — only products and sums, nothing subtracted).
+#include <functional>
+
 #include "ash/grad/engine.hpp"
 
 namespace ash {
@@ -48,6 +50,14 @@ class AdjointExactLayer final : public LayerAdjoint<S> {
   // token (empty: zero), carry in: from the block after, out: for the block before.
   void backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
                       const View2<S>& h0, ExactCarry<S>& carry, const LayerParams<S>& grad);
+  // One token range of a longer window (context parallelism; exact or
+  // detached, no window): g (g_k of the range) in, g_{k-1} out; h0 the state
+  // before the range (empty: zero). `exchange` gets the range's carry map
+  // c_before = M ⊙ c_after + v ([Bt, P, N] each; c = A μ at a range's first
+  // token) and returns c_after, the carry from the later ranges (empty: zero).
+  void backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                      const View2<S>& h0, const std::function<View3<S>(const View3<S>&, const View3<S>&)>& exchange,
+                      const LayerParams<S>& grad);
   index_t chunk() const { return opts_.chunk; }
 
  private:

@@ -8,8 +8,11 @@ namespace ash {
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
                  const GlobalParams<S>* grad, index_t chunk_rows, index_t targets, const ExecSpace& exec) {
-  const index_t T = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
-  const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (T - 1);
+  // Rows of yK are (sequence, token) with T tokens per sequence; x may hold one
+  // token more per sequence (the target of the last row, from the next token range).
+  const index_t Tx = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
+  const index_t T = M / index_t(x.extent(0));
+  const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (Tx - 1);
   const bool want_g = g.extent(0) == index_t(M);
   const index_t C = chunk_rows < M ? chunk_rows : M;
   View1<S> rstd("ash::head::rstd", C);
@@ -39,7 +42,7 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
           S se = 0;
           for (index_t v = 0; v < V; ++v) se += kmath::exp(log_c(i, v) - mx);
           const S lse = mx + kmath::log(se);
-          const bool has_target = t + 1 < T;
+          const bool has_target = t + 1 < Tx;
           const index_t tgt = has_target ? index_t(x(b, t + 1)) : -1;
           if (has_target) acc += double(lse - log_c(i, tgt));
           for (index_t v = 0; v < V; ++v) {

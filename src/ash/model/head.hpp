@@ -9,6 +9,8 @@ namespace ash {
 // Returns L. When g is allocated it receives g^t = ∂L/∂y_K^t (0 for the last
 // token of each window); when grad is non-null, ∂L/∂Ω and ∂L/∂w_f are added to it.
 // The T×V logits are formed chunk_rows tokens at a time, never whole.
+// yK has T rows per sequence of x; x has T tokens per sequence, or T + 1 when
+// the next token range's first token is the last row's target (context parallelism).
 // targets: the count the mean divides by, 0 for x's own Bt·(T-1); a data-parallel
 // replica passes the whole batch's, so the replicas' losses and g sum to the batch's.
 template <class S>

@@ -59,8 +59,14 @@ template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io,
                        const ExecSpace& exec) {
-  const index_t T = s.T, Bt = s.batch, P = y_in.extent(1), N = p.W_B.extent(0);
   ssm_layer_project(p, y_in, act, exec);
+  ssm_layer_scan(p, s, y_in, act, y_out, state_io, exec);
+}
+
+template <class S>
+void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
+                    const View2<S>& y_out, const View2<S>& state_io, const ExecSpace& exec) {
+  const index_t T = s.T, Bt = s.batch, P = y_in.extent(1), N = p.W_B.extent(0);
   // The scan as a chunked parallel scan: h at every chunk end (chunk-local
   // scans, then a carry pass), then every (sequence, chunk, channel) replays
   // its chunk from the boundary state, forming ỹ and storing h^{t-1} and A^t
@@ -103,6 +109,27 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
         "ash::layer_state_out", Range2(exec, {0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
           state_io(bq, n) = Hb((bq / P) * nc + nc - 1, bq % P, n);
         });
+}
+
+template <class S>
+void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const LayerActivations<S>& act,
+                         const View2<S>& prod, const View2<S>& h_local, const ExecSpace& exec) {
+  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = p.W_B.extent(0);
+  const index_t C = forward_chunk < T ? forward_chunk : T;
+  const impl::Chunks ch{C, (T + C - 1) / C, T};
+  const index_t nc = ch.nc;
+  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), p.A_log, T};
+  View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
+  View3<S> PA("ash::fwd::chunk_products", Bt * nc, P, N);
+  impl::boundary_states(L, ch, Bt, Hb, PA, View2<S>(), exec);  // PA keeps each chunk's Π A
+  Kokkos::parallel_for(
+      "ash::layer_state_map", Range2(exec, {0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
+        const index_t b = bq / P, q = bq % P;
+        S pr = 1;
+        for (index_t c = 0; c < nc; ++c) pr = PA(b * nc + c, q, n) * pr;
+        prod(bq, n) = pr;
+        h_local(bq, n) = Hb(b * nc + nc - 1, q, n);
+      });
 }
 
 template <class S>
@@ -225,6 +252,10 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                                      const ExecSpace&);                                                            \
   template void ssm_layer_forward<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                      \
                                      const LayerActivations<S>&, const View2<S>&, const View2<S>&, const ExecSpace&); \
+  template void ssm_layer_scan<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                         \
+                                  const LayerActivations<S>&, const View2<S>&, const View2<S>&, const ExecSpace&);  \
+  template void ssm_layer_state_map<S>(const LayerParams<S>&, const SeqShape&, const LayerActivations<S>&,          \
+                                       const View2<S>&, const View2<S>&, const ExecSpace&);                         \
   template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
                                            const View3<S>&, const View3<S>&, const LayerCotangents<S>&,            \

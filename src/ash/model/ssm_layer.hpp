@@ -58,6 +58,20 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io = View2<S>(),
                        const ExecSpace& exec = ExecSpace());
 
+// The scan alone, on projections already in act (what ssm_layer_forward runs
+// after ssm_layer_project).
+template <class S>
+void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
+                    const View2<S>& y_out, const View2<S>& state_io = View2<S>(), const ExecSpace& exec = ExecSpace());
+
+// The layer's state over each whole sequence as an affine map of the state
+// before it, h_end = prod ⊙ h_before + h_local (prod = Π_t A^t, h_local the
+// end state from zero; [Bt·P, N] each), from the projections in act. Context
+// parallelism composes these maps across ranks (docs/design.md §2, E4).
+template <class S>
+void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const LayerActivations<S>& act,
+                         const View2<S>& prod, const View2<S>& h_local, const ExecSpace& exec = ExecSpace());
+
 // Scratch for the per-token cotangents of one row block (reused across blocks).
 template <class S>
 struct LayerCotangents {
