@@ -15,17 +15,8 @@ while [ $# -gt 0 ]; do
     *) echo "scaling.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-cores=$(nproc)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-# A corpus of T+ bytes: Debian's fortunes when present, else repeated text.
-if ls /usr/share/games/fortunes/* >/dev/null 2>&1; then
-  find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cat {} + > "$work/corpus.txt"
-fi
-while [ "$(stat -c %s "$work/corpus.txt" 2>/dev/null || echo 0)" -le "$T" ]; do
-  echo "the quick brown fox jumps over the lazy dog; a stitch in time saves nine." >> "$work/corpus.txt"
-done
+source "$(dirname "$0")/mpi_study.sh"
+mpi_study_setup "$T"
 "$ASH" init --set model.width=$P --set model.state=$N --set model.layers=$K --set data.seq_len=$T \
   --set data.batch=1 --precision float --out "$work/model.h5" > /dev/null
 mpi=(mpiexec --oversubscribe)
@@ -40,14 +31,9 @@ for eng in "adjoint --truncate $TBAR" "adjoint-exact" "adjoint-exact --detach-in
           --out "$work/g.h5" --engine $eng --set dist.layer_ranks=$R)
     secs=$(awk '/^time /{print $2}' <<<"$out")
     [ -z "$base" ] && base=$secs
-    if [ "$R" = 1 ]; then
-      peak=$(sed -n 's/^memory: [A-Za-z]* peak \(.*\), process.*/\1/p' <<<"$out"); busy="-"; sent="0"
-    else
-      # the largest over ranks (sort -h wants the unit right after the number)
-      peak=$(grep '^rank ' <<<"$out" | sed 's/.* peak \([0-9.]*\) \([KMG]*i*B\),.*/\1\2/' | sort -h | tail -1)
-      sent=$(grep '^rank ' <<<"$out" | sed 's/.*sent \([0-9.]*\) \(.*\)$/\1\2/' | sort -h | tail -1)
-      busy=$(sed -n 's/.*ranks busy \([0-9]*%\).*/\1/p' <<<"$out")
-    fi
+    mpi_study_memory "$out" "$R"
+    busy=$(sed -n 's/.*ranks busy \([0-9]*%\).*/\1/p' <<<"$out")
+    [ "$R" = 1 ] && busy="-"
     speed=$(awk -v a="$base" -v b="$secs" 'BEGIN{printf "%.2f", a/b}')
     echo "| ${eng} | $R | $secs | $speed | $busy | $peak | $sent |"
   done

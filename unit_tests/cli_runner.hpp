@@ -19,15 +19,17 @@ struct CliResult {
   std::string out;
 };
 
-inline CliResult run(const std::string& args) {
-  const std::string cmd = std::string(ASH_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
+// A shell command's exit code and output (stdout and stderr).
+inline CliResult run_shell(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;
   char buf[4096];
   while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int st = pclose(p);
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
+
+inline CliResult run(const std::string& args) { return run_shell(std::string(ASH_CLI) + " " + args); }
 
 inline void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

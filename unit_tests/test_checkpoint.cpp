@@ -10,16 +10,6 @@ namespace ash::test {
 
 namespace {
 
-Config config_for(const ModelDims& d) {
-  Config c;
-  c.set("model.vocab=" + std::to_string(d.vocab));
-  c.set("model.width=" + std::to_string(d.width));
-  c.set("model.state=" + std::to_string(d.state));
-  c.set("model.layers=" + std::to_string(d.layers));
-  c.set("model.seed=" + std::to_string(d.seed));
-  return c;
-}
-
 void expect_error(const std::function<void()>& f, const std::string& needle) {
   try {
     f();

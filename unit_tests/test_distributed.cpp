@@ -37,18 +37,8 @@ std::vector<Lay> layouts(int K, bool with_seq = false) {
   return out;
 }
 
-Config model_config(const ModelDims& d) {
-  Config c;
-  c.set("model.vocab=" + std::to_string(d.vocab));
-  c.set("model.width=" + std::to_string(d.width));
-  c.set("model.state=" + std::to_string(d.state));
-  c.set("model.layers=" + std::to_string(d.layers));
-  c.set("model.seed=" + std::to_string(d.seed));
-  return c;
-}
-
 Config layout_config(const ModelDims& d, int R, int D, index_t batch, int S = 1) {
-  Config c = model_config(d);
+  Config c = config_for(d);
   c.set("dist.layer_ranks=" + std::to_string(R));
   c.set("dist.data_ranks=" + std::to_string(D));
   c.set("dist.seq_ranks=" + std::to_string(S));
@@ -178,7 +168,7 @@ TEST(Distributed, ValidationLossMatchesOneProcess) {
 TEST(Distributed, CheckpointsReshardBitwise) {
   const auto d = tiny_dims(5);
   const auto full = random_model<double>(d, 91), m = random_model<double>(d, 92), v = random_model<double>(d, 93);
-  const Config cfg = model_config(d);
+  const Config cfg = config_for(d);
   const std::string np = "_np" + std::to_string(world_size());  // ctest runs the rank counts concurrently
   const std::string one = tmp_path("one" + np + ".h5"), sharded = tmp_path("sharded" + np + ".h5");
   if (world_rank() == 0) save_checkpoint(one, cfg, full, 3, 11, OptimizerState<double>{&m, &v, 3});

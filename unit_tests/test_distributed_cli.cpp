@@ -17,14 +17,8 @@ namespace {
 
 // A hang fails instead of stalling: `timeout` ends mpiexec after 120 s (exit 124).
 CliResult mpirun(int n, const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " timeout 120 " + std::string(ASH_MPIEXEC) + " -n " + std::to_string(n) + " " +
-                          std::string(ASH_CLI) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (std::size_t k = fread(buf, 1, sizeof buf, p)) out.append(buf, k);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return run_shell(env + " timeout 120 " + std::string(ASH_MPIEXEC) + " -n " + std::to_string(n) + " " +
+                   std::string(ASH_CLI) + " " + args);
 }
 
 std::size_t count(const std::string& hay, const std::string& needle) {
@@ -89,8 +83,8 @@ TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
   EXPECT_NEAR(ls, l1, 1e-12 * l1);
 }
 
-// Five... six steps: the same losses on every layout, resharded resumes
-// included (1 -> 3, 2x2 -> 1, 4 -> 2), and a same-layout resume bit for bit.
+// Six steps: the same losses on every layout (sequence ranks included),
+// resharded resumes (1 -> 3, 2x2 -> 1, 4 -> 2), and a same-layout resume bit for bit.
 TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
   auto dir = [&](const std::string& n) {
     std::filesystem::remove_all(tmp_path(n));  // metrics.jsonl appends: start from nothing
@@ -99,9 +93,13 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
   ASSERT_EQ(run(train + dir("one")).code, 0);
   const auto ref = losses(tmp_path("one"));
   ASSERT_EQ(ref.size(), 6u);
-  for (auto [n, R] : {std::pair<int, int>{2, 2}, {4, 2}, {3, 3}}) {
-    const auto name = "n" + std::to_string(n) + "R" + std::to_string(R);
-    const auto r = mpirun(n, train + dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
+  struct Run {
+    int n, R, S;
+  };
+  for (const auto& [n, R, S] : {Run{2, 2, 1}, Run{4, 2, 1}, Run{3, 3, 1}, Run{2, 1, 2}, Run{4, 2, 2}}) {
+    const auto name = "n" + std::to_string(n) + "R" + std::to_string(R) + (S > 1 ? "S" + std::to_string(S) : "");
+    const auto r = mpirun(n, train + dir(name) + " --set dist.layer_ranks=" + std::to_string(R) +
+                                 " --set dist.seq_ranks=" + std::to_string(S));
     ASSERT_EQ(r.code, 0) << r.out;
     expect_same_losses(losses(tmp_path(name)), ref, name);
   }

@@ -97,6 +97,17 @@ std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const
   return to_host(g);
 }
 
+// A configuration with a model's sizes and seed.
+inline Config config_for(const ModelDims& d) {
+  Config c;
+  c.set("model.vocab=" + std::to_string(d.vocab));
+  c.set("model.width=" + std::to_string(d.width));
+  c.set("model.state=" + std::to_string(d.state));
+  c.set("model.layers=" + std::to_string(d.layers));
+  c.set("model.seed=" + std::to_string(d.seed));
+  return c;
+}
+
 inline std::vector<std::uint32_t> random_token_ids(index_t n, index_t V, std::uint64_t seed) {
   std::mt19937_64 gen(seed);
   std::vector<std::uint32_t> ids(n);

@@ -65,24 +65,16 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
                                const LayerParams<S>& grad) {
   const auto& s = store.shape();
   const index_t Tbar = (truncate_ <= 0 || truncate_ > s.T) ? s.T : truncate_;
-  const index_t P = p.W_delta.extent(0), N = p.W_B.extent(0);
-  if (index_t(mu_.extent(0)) != s.rows()) {
-    mu_ = View3<S>("ash::e2::mu", s.rows(), P, N);
-    ModelDims d;
-    d.width = P;
-    d.state = N;
-    cot_ = std::make_unique<LayerCotangents<S>>(s.rows(), d);
-  }
+  work_.ensure("ash::e2::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
   const auto& act = store.kept(k);
-  window_adjoint(s, act, g, Tbar, mu_, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu_, act.hprev, *cot_, grad, g,
+  window_adjoint(s, act, g, Tbar, work_.mu, this->exec_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, *work_.cot, grad, g,
                           /*detach_input=*/true, this->exec_);
 }
 
 template <class S>
 void AdjointLayer<S>::release() {
-  mu_ = View3<S>();
-  cot_.reset();
+  work_.release();
 }
 
 template class AdjointLayer<float>;

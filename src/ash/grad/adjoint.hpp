@@ -30,8 +30,7 @@ class AdjointLayer final : public LayerAdjoint<S> {
 
  private:
   index_t truncate_;
-  View3<S> mu_;  // Σ_t v^{t,i} per token [M, P, N]
-  std::unique_ptr<LayerCotangents<S>> cot_;
+  WindowScratch<S> work_;  // μ = Σ_t v^{t,i} per token
 };
 
 }  // namespace ash

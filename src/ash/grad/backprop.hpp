@@ -19,8 +19,7 @@ class BackpropLayer final : public LayerAdjoint<S> {
 
  private:
   bool detach_;
-  View3<S> mu_;  // h-adjoint of every token [M, P, N]
-  std::unique_ptr<LayerCotangents<S>> cot_;
+  WindowScratch<S> work_;  // h-adjoint of every token
 };
 
 }  // namespace ash
