@@ -20,6 +20,10 @@ struct ModelDims {
   }
 };
 
+// JSON parse that rejects duplicate keys (nlohmann keeps the last silently);
+// throws ash::Error naming `origin`.
+nlohmann::json parse_json_strict(const std::string& text, const std::string& origin);
+
 class Config {
  public:
   Config();  // all defaults

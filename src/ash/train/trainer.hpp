@@ -18,6 +18,7 @@ struct TrainSummary {
   double unigram_bits = 0;      // training-unigram cross-entropy of the same validation targets
   std::string checkpoint;       // the last checkpoint written
   std::uint64_t peak_bytes = 0; // Kokkos peak of the default memory space, the largest of any rank
+  int signal = 0;               // SIGINT / SIGTERM that stopped the run (a checkpoint was written), else 0
 };
 
 // Runs `ash train` for the configuration (validated here). resume: a checkpoint
