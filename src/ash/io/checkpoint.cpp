@@ -269,8 +269,9 @@ void write_atomically(const std::string& path, Fn&& body) {
     Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     require(fapl.ok(), "HDF5: cannot create a file access property list");
     check(H5Pset_fapl_core(fapl, 1 << 20, 0), "selecting the in-memory driver");
-    // 1.8 object headers and superblock (v2) carry checksums of the metadata.
-    check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_V18), "setting the format bounds");
+    // The 1.10 format checksums all metadata (superblock v3, object headers,
+    // chunk indexes: a single chunk's address lives in the object header).
+    check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), "setting the format bounds");
     check(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "setting the close degree");
     Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
     require(file.ok(), "HDF5: cannot create the in-memory image of '" + path + "'");
