@@ -372,6 +372,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     if (be.root) {
       metrics << row.dump() << "\n";
       metrics.flush();
+      require(metrics.good(), "cannot write " + out_dir + "/metrics.jsonl (disk full?); " + last_good());
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || last) save(step);
     // All ranks agree once per step (mpiexec forwards the signal to each,
