@@ -153,6 +153,23 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
   EXPECT_THROW(checked_mul(-1, 2, "x"), Error);
 }
 
+// An allocation that fails despite the estimate (here: an address-space
+// limit) is exit 2 with a message, not an internal error.
+TEST(Reliability, AllocationFailureIsAClearError) {
+  const std::string cmd = "PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) +
+                          " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 2) << out;
+  EXPECT_NE(out.find("out of memory"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(tmp_path("big.h5")));
+}
+
 // ---- 8. every flag and config value validated ------------------------------
 
 TEST(Reliability, BadFlagsAndConfigValuesAreClearErrors) {
@@ -537,6 +554,27 @@ TEST(Reliability, SigtermFinishesTheStepWritesACheckpointAndExits143) {
     while (std::getline(in, row)) last = row;
     EXPECT_EQ(nlohmann::json::parse(last)["step"].get<std::int64_t>(), std::stoll(m[2].str()));
   }
+}
+
+// The first signal asks for a clean stop; a second one ends the process at
+// once (default action), e.g. when the step is long.
+TEST(Reliability, SecondSignalEndsTrainingAtOnce) {
+  const auto corpus = tmp_path("long.txt");
+  write(corpus, std::string(40000, 'a'));
+  const auto dir = tmp_path("twice");
+  fs::remove_all(dir);
+  // About a second per step, so both signals arrive within one step.
+  Child a({"train", "--set", "model.width=64", "--set", "model.state=16", "--set", "data.seq_len=4096", "--set",
+           "data.batch=2", "--set", "data.valid_fraction=0", "--set", "data.train=" + corpus, "--set",
+           "optim.steps=100000", "--set", "run.log_every=1", "--set", "run.ckpt_every=0", "--set",
+           "run.out_dir=" + dir});
+  ASSERT_TRUE(a.wait_for("step      1")) << a.out();
+  ::kill(a.pid(), SIGTERM);
+  ::usleep(150000);
+  ::kill(a.pid(), SIGTERM);
+  const int st = a.finish();
+  ASSERT_TRUE(WIFSIGNALED(st)) << "exited with " << WEXITSTATUS(st) << ":\n" << a.out();
+  EXPECT_EQ(WTERMSIG(st), SIGTERM);
 }
 
 }  // namespace ash::test

@@ -354,6 +354,13 @@ int main(int argc, char* argv[]) {
                     "): reduce data.batch, data.seq_len or the model sizes", 2);
   } catch (const std::length_error& e) {
     return fail(std::string("sizes too large for this machine (") + e.what() + ")", 2);
+  } catch (const std::runtime_error& e) {
+    // Kokkos 3.x reports a failed View allocation as a plain runtime_error.
+    const std::string what = e.what();
+    if (what.find("Kokkos failed to allocate memory") != std::string::npos)
+      return fail("out of memory: " + what.substr(0, what.find("  Allocation using")) +
+                      " (reduce data.batch, data.seq_len or the model sizes)", 2);
+    return fail(what, 3);
   } catch (const std::exception& e) {
     return fail(e.what(), 3);
   }
