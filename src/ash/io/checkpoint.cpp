@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "ash/core/error.hpp"
+#include "ash/core/resources.hpp"
 
 namespace ash {
 
@@ -357,15 +358,20 @@ CheckpointInfo read_header(hid_t file, const std::string& path) {
   require(info.data_cursor >= 0, "'" + path + "': data_cursor " + std::to_string(info.data_cursor) + " is negative");
   info.config.merge(parse_json_strict(read_attr_str(file, "config", path), "'" + path + "': config attribute"),
                     path + " (config attribute)");
-  try {
-    info.config.validate();
-  } catch (const Error& e) {
-    throw Error("'" + path + "': stored configuration: " + e.what());
-  }
+
   const auto cd = info.config.model();
   require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
-  require(info.dims.vocab >= 2 && info.dims.width >= 1 && info.dims.state >= 1 && info.dims.layers >= 1,
+  require(info.dims.vocab >= 2 && info.dims.vocab < (std::int64_t(1) << 31) && info.dims.width >= 1 &&
+              info.dims.state >= 1 && info.dims.layers >= 1,
           "'" + path + "': invalid model sizes");
+  // Sizes from a file are checked before they size an allocation. (The rest
+  // of the stored configuration is validated by whoever uses it, after
+  // --config / --set, so an old file with a since-tightened value still loads.)
+  try {
+    checked_parameter_count(info.dims);
+  } catch (const Error& e) {
+    throw Error("'" + path + "': " + e.what());
+  }
   return info;
 }
 
