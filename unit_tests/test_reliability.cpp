@@ -330,6 +330,75 @@ Config config_for(const ModelDims& d) {
 
 }  // namespace
 
+// A file as builds before format 2 wrote it: HDF5's default (oldest) format,
+// contiguous datasets without checksums, format_version 1.
+template <class S>
+void write_version1(const std::string& path, const Config& cfg, const ParamSet<S>& ps, std::int64_t step) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const auto& d = ps.dims();
+  auto i64 = [&](const char* name, std::int64_t v) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, name, H5T_NATIVE_INT64, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &v);
+    H5Aclose(a);
+    H5Sclose(sp);
+  };
+  auto str = [&](const char* name, const std::string& v) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, v.size());
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, t, v.data());
+    H5Aclose(a);
+    H5Tclose(t);
+    H5Sclose(sp);
+  };
+  i64("format_version", 1);
+  i64("vocab", d.vocab);
+  i64("width", d.width);
+  i64("state", d.state);
+  i64("layers", d.layers);
+  i64("seed", std::int64_t(d.seed));
+  str("precision", sizeof(S) == 8 ? "double" : "float");
+  i64("step", step);
+  i64("data_cursor", 0);
+  str("rng_state", "splitmix64(seed=7, step=0)");
+  str("engine", "backprop");
+  str("config", cfg.json().dump());
+  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  const auto host = to_host(ps);
+  for (const auto& t : ps.tensors()) {
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    hid_t sp = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+    hid_t ds = H5Dcreate2(f, ("/params/" + t.name).c_str(), sizeof(S) == 8 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, sp,
+                          lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset);
+    H5Dclose(ds);
+    H5Sclose(sp);
+  }
+  H5Pclose(lcpl);
+  H5Fclose(f);
+}
+
+TEST(Reliability, Version1FilesStillLoad) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 6);
+  const auto v1 = tmp_path("v1.h5");
+  write_version1(v1, config_for(d), ps, 4);
+  CheckpointInfo info;
+  EXPECT_EQ(to_host(load_checkpoint<double>(v1, &info)), to_host(ps));
+  EXPECT_EQ(info.format_version, 1);
+  EXPECT_EQ(info.step, 4);
+  const auto r = run("inspect " + v1);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("format_version 1"), std::string::npos) << r.out;
+  // The strict checks other than the checksum apply to version 1 too.
+  rewrite_attr_i64(v1, "step", -1);
+  expect_error([&] { load_checkpoint<double>(v1); }, "negative");
+}
+
 TEST(Reliability, StrictSchemaOnRead) {
   const auto d = tiny_dims(2);
   const auto ps = random_model<double>(d, 1);
