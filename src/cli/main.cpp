@@ -3,11 +3,11 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <stdexcept>
 
 #include "ash/ash.hpp"
@@ -60,7 +60,7 @@ void run_init(const ash::Config& cfg, const std::string& out) {
 }
 
 struct GradArgs {
-  std::string checkpoint, tokens, out, engine, precision;
+  std::string checkpoint, tokens, out, precision;
   std::optional<long long> truncate, chunk;  // unset: the checkpoint's configuration
   std::optional<std::string> engine_flag;
   bool detach = false;
@@ -124,7 +124,7 @@ void run_grad(const GradArgs& a) {
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(a.common.sets);
   ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
-  if (a.engine_flag) cfg.set("grad.engine=\"" + *a.engine_flag + "\"");
+  if (a.engine_flag) cfg.merge(nlohmann::json{{"grad", {{"engine", *a.engine_flag}}}}, "--engine");
   if (a.truncate) cfg.set("grad.truncate=" + std::to_string(*a.truncate));
   if (a.chunk) cfg.set("grad.chunk=" + std::to_string(*a.chunk));
   if (a.detach) cfg.set("grad.detach_inputs=true");

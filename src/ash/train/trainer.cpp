@@ -52,8 +52,11 @@ index_t bad_values(const View1<S>& v) {
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void on_stop_signal(int sig) {
   g_signal = sig;
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  struct sigaction dfl {};  // sigaction is async-signal-safe
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, nullptr);
+  sigaction(SIGTERM, &dfl, nullptr);
 }
 
 // Installs the handlers for the lifetime of one train() call.
@@ -96,10 +99,9 @@ class RunLock {
       throw Error("run.out_dir '" + dir + "' is in use by another ash train (PID " + pid +
                   "); wait for it to finish or choose another run.out_dir");
     }
+    // The lock holds even if this fails; only the PID in messages is missing.
     const std::string me = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size())) {
-      // The lock holds anyway; only the PID in messages is missing.
-    }
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
   }
   ~RunLock() {
     if (fd_ >= 0) ::close(fd_);  // releases the flock
@@ -112,14 +114,19 @@ class RunLock {
   int fd_ = -1;
 };
 
-// Temp files of writers that were killed (checkpoint.h5.tmp.<pid>); safe to
-// remove once this run holds the lock.
+// Temp files of writers that were killed (checkpoint.h5.tmp.<pid>, the
+// names write_atomically uses); safe to remove once this run holds the lock.
 void remove_stale_temps(const std::string& dir) {
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const auto name = e.path().filename().string();
-    if (name.find(".tmp.") != std::string::npos && e.is_regular_file(ec)) std::filesystem::remove(e.path(), ec);
+  std::vector<std::filesystem::path> stale;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const auto at = name.find(".h5.tmp.");
+    if (at == std::string::npos || at + 8 == name.size()) continue;
+    if (name.find_first_not_of("0123456789", at + 8) == std::string::npos && it->is_regular_file(ec))
+      stale.push_back(it->path());
   }
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
 }
 
 // What differs between one process and a rank of a distributed run (E4):
