@@ -195,6 +195,7 @@ TEST(Reliability, BadFlagsAndConfigValuesAreClearErrors) {
   EXPECT_CLEAR_ERROR(run(i + "--config " + cfg), "duplicate key 'width'");
   write(cfg, R"({"optim": {"lr": 0.01}, "optim": {"lr": 0.02}})");
   EXPECT_CLEAR_ERROR(run(i + "--config " + cfg), "duplicate key 'optim'");
+  EXPECT_CLEAR_ERROR(run(i + "--set 'model={\"width\": 8, \"width\": 9}'"), "duplicate key 'width'");
   EXPECT_FALSE(fs::exists(out));
 }
 

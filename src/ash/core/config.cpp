@@ -107,12 +107,10 @@ void Config::set(const std::string& assignment) {
   require(eq != std::string::npos && eq > 0, "--set expects key=value, got '" + assignment + "'");
   const std::string key = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
-  nlohmann::json value;
-  try {
-    value = parse_json_strict(text, "--set " + key);
-  } catch (const Error&) {
-    value = text;  // bare strings need no quotes
-  }
+  // Valid JSON is parsed strictly (duplicate keys are an error); anything
+  // else is a bare string, which needs no quotes.
+  const nlohmann::json value =
+      nlohmann::json::accept(text) ? parse_json_strict(text, "--set " + key) : nlohmann::json(text);
   // Build {"a": {"b": value}} and merge it, so the same key/type checks apply.
   nlohmann::json doc = value;
   std::string rest = key;
