@@ -1,6 +1,8 @@
 // `mpiexec -n N ash ...` end to end (docs/cli.md, MPI): gradients and training
 // on several rank layouts equal one process; checkpoints reshard between
 // layouts; bad layouts and a failing rank end every rank with one clear message.
+#include <signal.h>
+
 #include <chrono>
 #include <filesystem>
 
@@ -147,6 +149,45 @@ TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
     EXPECT_EQ(count(r.out, c.needle), 1u) << "printed once:\n" << r.out;
     EXPECT_EQ(r.out.find("internal error"), std::string::npos) << r.out;
   }
+}
+
+// docs/design.md §7 under MPI: a second run on a locked directory ends every
+// rank with one error; SIGTERM to mpiexec (forwarded to every rank) stops all
+// ranks after the same step with a checkpoint of that step.
+TEST_F(DistributedCli, LockAndSignalAreAgreedByAllRanks) {
+  const auto dir = tmp_path("sig");
+  std::filesystem::remove_all(dir);
+  const auto args = "train --set data.train=" + text +
+                    " --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=24"
+                    " --set optim.steps=100000000 --set run.log_every=1 --set run.ckpt_every=0"
+                    " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" + dir;
+  // `exec` keeps the shell's PID for mpiexec, so $$ names it.
+  const std::string cmd = "echo $$; exec " + std::string(ASH_MPIEXEC) + " -n 2 " + std::string(ASH_CLI) + " " +
+                          args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  auto read_until = [&](const std::string& needle) {
+    while (out.find(needle) == std::string::npos && fgets(buf, sizeof buf, p)) out += buf;
+    return out.find(needle) != std::string::npos;
+  };
+  ASSERT_TRUE(read_until("\n"));
+  const pid_t pid = pid_t(std::stol(out));
+  ASSERT_TRUE(read_until("step      1")) << out;
+  const auto second = mpirun(2, args);
+  EXPECT_EQ(second.code, 2) << second.out;
+  EXPECT_EQ(count(second.out, "is in use by another ash train (PID"), 1u) << second.out;
+  ::kill(pid, SIGTERM);
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  pclose(p);  // mpiexec's own status (Open MPI: 1), not asserted
+  CheckpointInfo info;
+  ASSERT_NO_THROW(load_checkpoint<float>(dir + "/checkpoint.h5", &info)) << out;
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string row, last;
+  while (std::getline(in, row)) last = row;
+  EXPECT_EQ(nlohmann::json::parse(last).at("step").get<std::int64_t>(), info.step) << out;
+  EXPECT_GE(info.step, 1);
 }
 
 }  // namespace ash::test

@@ -1,8 +1,14 @@
 // The `ash` command-line tool (docs/design.md §4): init, train, grad, generate, inspect.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <new>
+#include <optional>
+#include <stdexcept>
 
 #include "ash/ash.hpp"
 #ifdef ASH_HAVE_MPI
@@ -15,7 +21,24 @@ namespace {
 struct Common {
   std::string config_file;
   std::vector<std::string> sets;
+  std::uint64_t max_memory = 0;  // --max-memory; 0: the machine's physical memory
 };
+
+// The same file by path or by inode (a hard link, "./x" vs "x").
+bool same_file(const std::string& a, const std::string& b) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec) && !ec) return true;
+  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec) && !ec;
+}
+
+// --out must not replace an input (ash grad --checkpoint X --out X would
+// replace the model with a gradient file).
+void require_distinct_output(const std::string& out, const std::vector<std::pair<std::string, std::string>>& inputs) {
+  for (const auto& [flag, path] : inputs)
+    if (!path.empty())
+      ash::require(!same_file(out, path), "--out '" + out + "' is the same file as " + flag + " '" + path + "'");
+}
 
 ash::Config load_config(const Common& c) {
   ash::Config cfg;
@@ -37,8 +60,9 @@ void run_init(const ash::Config& cfg, const std::string& out) {
 }
 
 struct GradArgs {
-  std::string checkpoint, tokens, out, engine, precision;
-  long long truncate = -1, chunk = -1;
+  std::string checkpoint, tokens, out, precision;
+  std::optional<long long> truncate, chunk;  // unset: the checkpoint's configuration
+  std::optional<std::string> engine_flag;
   bool detach = false;
   Common common;
 };
@@ -107,21 +131,21 @@ void run_grad(const GradArgs& a) {
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(a.common.sets);
   ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
-  if (!a.engine.empty()) cfg.set("grad.engine=" + a.engine);
-  if (a.truncate >= 0) cfg.set("grad.truncate=" + std::to_string(a.truncate));
-  if (a.chunk >= 0) cfg.set("grad.chunk=" + std::to_string(a.chunk));
+  if (a.engine_flag) cfg.merge(nlohmann::json{{"grad", {{"engine", *a.engine_flag}}}}, "--engine");
+  if (a.truncate) cfg.set("grad.truncate=" + std::to_string(*a.truncate));
+  if (a.chunk) cfg.set("grad.chunk=" + std::to_string(*a.chunk));
   if (a.detach) cfg.set("grad.detach_inputs=true");
   cfg.validate();
+  ash::check_memory(cfg, ash::Workload::grad, sizeof(S), a.common.max_memory);
   const auto opts = ash::EngineOptions::from_config(cfg);
   auto engine = ash::make_engine<S>(opts);
   const auto T = cfg.get<ash::index_t>("data.seq_len");
   const auto B = cfg.get<ash::index_t>("data.batch");
   const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, cfg.model().vocab);
 #ifdef ASH_HAVE_MPI
-  if (world_size() > 1 || cfg.get<std::int64_t>("dist.layer_ranks") > 1) return run_grad_distributed<S>(a, cfg, x);
+  if (world_size() > 1 || cfg.multi_rank()) return run_grad_distributed<S>(a, cfg, x);
 #endif
-  ash::require(cfg.get<std::int64_t>("dist.layer_ranks") == 1,
-               "dist.layer_ranks > 1 needs the MPI build of AdjointSharding");
+  ash::require(!cfg.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding");
   const auto params = ash::load_checkpoint<S>(a.checkpoint);
   ash::ParamSet<S> grad(params.dims());
   ash::MemoryTracker::reset_peak();
@@ -139,7 +163,7 @@ void run_grad(const GradArgs& a) {
   std::printf("wrote %s\n", a.out.c_str());
 }
 
-void run_train(const Common& c, const std::string& resume, long long until) {
+int run_train(const Common& c, const std::string& resume, long long until) {
   ash::Config cfg = load_config(c);
   if (!resume.empty()) {
     // The checkpoint's configuration is the base; the file and --set override it.
@@ -151,7 +175,17 @@ void run_train(const Common& c, const std::string& resume, long long until) {
     merged.validate();
     cfg = merged;
   }
+  ash::check_memory(cfg, ash::Workload::train, cfg.get<std::string>("run.precision") == "double" ? 8 : 4,
+                    c.max_memory);
   const auto s = ash::train(cfg, resume, stdout, until);
+  if (s.signal != 0) {
+    // §7: interrupted, checkpoint written; 128 + signal like a shell.
+    std::printf("interrupted by %s after step %lld: checkpoint %s (step %lld); continue with --resume %s\n",
+                s.signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)s.last_step, s.checkpoint.c_str(),
+                (long long)s.last_step, s.checkpoint.c_str());
+    std::fflush(stdout);
+    return 128 + s.signal;
+  }
   std::printf("done: steps %lld..%lld, last loss %.4f, checkpoint %s\n", (long long)s.first_step,
               (long long)s.last_step, s.last_loss, s.checkpoint.c_str());
   if (std::isfinite(s.val_loss))
@@ -164,14 +198,17 @@ void run_train(const Common& c, const std::string& resume, long long until) {
       std::printf("%s rank %zu %s", r ? "," : "", r, ash::format_bytes(s.rank_peak_bytes[r]).c_str());
     std::printf("\n");
   }
+  return 0;
 }
 
 void run_generate(const std::string& ckpt, const std::string& prompt, long long n, double temperature,
                   unsigned long long seed) {
-  ash::CheckpointInfo info;
-  const auto params = ash::load_checkpoint<double>(ckpt, &info);
   ash::require(!prompt.empty(), "--prompt must not be empty");
   ash::require(n >= 0, "--tokens must be >= 0");
+  ash::require(std::isfinite(temperature) && temperature >= 0,
+               "--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
+  ash::CheckpointInfo info;
+  const auto params = ash::load_checkpoint<double>(ckpt, &info);
   std::vector<std::uint32_t> ids(prompt.begin(), prompt.end());
   for (auto& v : ids) v &= 0xff;
   ash::Generator<double> gen(params);
@@ -225,6 +262,9 @@ int fail(const std::string& msg, int code) {
 }
 
 int main(int argc, char* argv[]) {
+  // A file-size limit (ulimit -f) makes write() fail with EFBIG, reported
+  // with the file's name, instead of killing the process (§7).
+  std::signal(SIGXFSZ, SIG_IGN);
 #ifdef ASH_HAVE_MPI
   ash::dist::Session mpi(&argc, &argv);  // MPI first: under mpiexec or as a singleton
   if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
@@ -242,12 +282,13 @@ int main(int argc, char* argv[]) {
   init->add_option("--set", init_common.sets, "override a config key: key=value")->take_all();
   init->add_option("--out", init_out, "checkpoint to write (.h5)")->required();
   init->add_option("--precision", init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
+  init->add_option("--max-memory", init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
 
   GradArgs g;
   auto* grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
   grad->add_option("--checkpoint", g.checkpoint, "model checkpoint (.h5)")->required();
   grad->add_option("--tokens", g.tokens, "token file: text bytes, .u16 or .u32")->required();
-  grad->add_option("--engine", g.engine, "backprop | adjoint | adjoint-exact (default: grad.engine)");
+  grad->add_option("--engine", g.engine_flag, "backprop | adjoint | adjoint-exact (default: grad.engine)");
   grad->add_option("--truncate", g.truncate, "window T-bar (adjoint engines)");
   grad->add_flag("--detach-inputs", g.detach, "stop-gradient on every layer input");
   grad->add_option("--chunk", g.chunk, "chunk length (adjoint-exact)");
@@ -255,6 +296,7 @@ int main(int argc, char* argv[]) {
       ->check(CLI::IsMember({"float", "double"}));
   grad->add_option("--set", g.common.sets, "override a config key: key=value")->take_all();
   grad->add_option("--out", g.out, "gradient file to write (.h5)")->required();
+  grad->add_option("--max-memory", g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
 
   Common train_common;
   std::string resume;
@@ -263,7 +305,10 @@ int main(int argc, char* argv[]) {
   train->add_option("--set", train_common.sets, "override a config key: key=value")->take_all();
   train->add_option("--resume", resume, "continue from this checkpoint");
   long long until = 0;
-  train->add_option("--until", until, "stop after this step (schedule unchanged; resume later)");
+  train->add_option("--until", until, "stop after this step (schedule unchanged; resume later)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--max-memory", train_common.max_memory,
+                    "refuse sizes predicted to need more bytes (default: RAM)");
 
   std::string gen_ckpt, prompt;
   long long gen_n = 200;
@@ -288,11 +333,14 @@ int main(int argc, char* argv[]) {
   try {
     if (*init) {
       const auto cfg = load_config(init_common);
+      require_distinct_output(init_out, {{"--config", init_common.config_file}});
+      ash::check_memory(cfg, ash::Workload::init, init_precision == "float" ? 4 : 8, init_common.max_memory);
       if (init_precision == "float")
         run_init<float>(cfg, init_out);
       else
         run_init<double>(cfg, init_out);
     } else if (*grad) {
+      require_distinct_output(g.out, {{"--checkpoint", g.checkpoint}, {"--tokens", g.tokens}});
       std::string prec = g.precision;
       if (prec.empty()) prec = ash::inspect_checkpoint(g.checkpoint).precision;
       if (prec == "float")
@@ -300,7 +348,7 @@ int main(int argc, char* argv[]) {
       else
         run_grad<double>(g);
     } else if (*train) {
-      run_train(train_common, resume, until);
+      return run_train(train_common, resume, until);
     } else if (*generate) {
       run_generate(gen_ckpt, prompt, gen_n, temperature, gen_seed);
     } else if (*inspect) {
@@ -308,6 +356,20 @@ int main(int argc, char* argv[]) {
     }
   } catch (const ash::Error& e) {
     return fail(e.what(), 2);
+  } catch (const std::bad_alloc& e) {
+    // Kokkos' allocation failure is a std::bad_alloc too: a resource problem,
+    // not a bug (§7).
+    return fail(std::string("out of memory (") + e.what() +
+                    "): reduce data.batch, data.seq_len or the model sizes", 2);
+  } catch (const std::length_error& e) {
+    return fail(std::string("sizes too large for this machine (") + e.what() + ")", 2);
+  } catch (const std::runtime_error& e) {
+    // Kokkos 3.x reports a failed View allocation as a plain runtime_error.
+    const std::string what = e.what();
+    if (what.find("Kokkos failed to allocate memory") != std::string::npos)
+      return fail("out of memory: " + what.substr(0, what.find("  Allocation using")) +
+                      " (reduce data.batch, data.seq_len or the model sizes)", 2);
+    return fail(what, 3);
   } catch (const std::exception& e) {
     return fail(e.what(), 3);
   }

@@ -1,9 +1,12 @@
 #include "ash/core/config.hpp"
 
+#include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "ash/core/error.hpp"
+#include "ash/core/resources.hpp"
 
 namespace ash {
 
@@ -25,7 +28,8 @@ namespace {
 
 bool same_kind(const nlohmann::json& a, const nlohmann::json& b) {
   if (a.is_number() && b.is_number()) {
-    // An integer key must stay integral (3.0 is rejected for model.layers).
+    // An integer key must stay integral (3.0 is rejected for model.layers);
+    // a float key takes an integer (10 == 10.0).
     if (a.is_number_integer() || a.is_number_unsigned()) return b.is_number_integer() || b.is_number_unsigned();
     return true;
   }
@@ -45,7 +49,14 @@ void merge_into(nlohmann::json& dst, const nlohmann::json& src, const std::strin
     } else {
       require(same_kind(d, it.value()), origin + ": config key '" + key + "' expects a " +
                                             std::string(d.type_name()) + ", got " + it.value().dump());
-      d = it.value();
+      if (it.value().is_number_float())
+        require(std::isfinite(it.value().get<double>()), origin + ": config key '" + key + "' is not finite");
+      // A float key stays a float, so a stored 0 compares by value with 0.05
+      // on resume instead of turning the key into an integer one.
+      if (d.is_number_float())
+        d = it.value().get<double>();
+      else
+        d = it.value();
     }
   }
 }
@@ -58,16 +69,37 @@ void Config::merge(const nlohmann::json& doc, const std::string& origin) {
   j_ = std::move(tmp);
 }
 
-void Config::merge_file(const std::string& path) {
-  std::ifstream in(path);
-  require(in.good(), "cannot open config file '" + path + "'");
+nlohmann::json parse_json_strict(const std::string& text, const std::string& origin) {
+  // nlohmann keeps the last of duplicate keys silently; a stack of the keys
+  // seen per open object turns a duplicate into an error naming it.
+  std::vector<std::set<std::string>> seen;
+  std::string dup;
+  auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    if (ev == nlohmann::json::parse_event_t::object_start) {
+      seen.emplace_back();
+    } else if (ev == nlohmann::json::parse_event_t::object_end) {
+      if (!seen.empty()) seen.pop_back();
+    } else if (ev == nlohmann::json::parse_event_t::key && !seen.empty()) {
+      const auto k = parsed.get<std::string>();
+      if (!seen.back().insert(k).second && dup.empty()) dup = k;
+    }
+    return true;
+  };
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(in);
+    doc = nlohmann::json::parse(text, cb);
   } catch (const nlohmann::json::exception& e) {
-    throw Error("config file '" + path + "' is not valid JSON: " + e.what());
+    throw Error(origin + " is not valid JSON: " + e.what());
   }
-  merge(doc, path);
+  require(dup.empty(), origin + ": duplicate key '" + dup + "'");
+  return doc;
+}
+
+void Config::merge_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), "cannot open config file '" + path + "'");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  merge(parse_json_strict(text, "config file '" + path + "'"), path);
 }
 
 void Config::set(const std::string& assignment) {
@@ -75,12 +107,10 @@ void Config::set(const std::string& assignment) {
   require(eq != std::string::npos && eq > 0, "--set expects key=value, got '" + assignment + "'");
   const std::string key = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
-  nlohmann::json value;
-  try {
-    value = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    value = text;  // bare strings need no quotes
-  }
+  // Valid JSON is parsed strictly (duplicate keys are an error); anything
+  // else is a bare string, which needs no quotes.
+  const nlohmann::json value =
+      nlohmann::json::accept(text) ? parse_json_strict(text, "--set " + key) : nlohmann::json(text);
   // Build {"a": {"b": value}} and merge it, so the same key/type checks apply.
   nlohmann::json doc = value;
   std::string rest = key;
@@ -105,6 +135,11 @@ const nlohmann::json& Config::at(const std::string& dotted) const {
     node = &(*node)[p];
   }
   return *node;
+}
+
+bool Config::multi_rank() const {
+  return get<std::int64_t>("dist.layer_ranks") > 1 || get<std::int64_t>("dist.seq_ranks") > 1 ||
+         get<std::int64_t>("dist.data_ranks") > 1;
 }
 
 ModelDims Config::model() const {
@@ -145,6 +180,11 @@ void Config::validate() const {
   require(get<double>("optim.beta1") >= 0 && get<double>("optim.beta1") < 1 && get<double>("optim.beta2") >= 0 &&
               get<double>("optim.beta2") < 1,
           "optim.beta1 and optim.beta2 must be in [0, 1)");
+  for (const char* k : {"run.log_every", "run.eval_every", "run.ckpt_every"})
+    require(get<std::int64_t>(k) >= 0, std::string(k) + " must be >= 0, got " +
+                                           std::to_string(get<std::int64_t>(k)));
+  require(get<double>("optim.clip") >= 0, "optim.clip must be >= 0 (0: no clipping)");
+  require(get<double>("optim.weight_decay") >= 0, "optim.weight_decay must be >= 0");
   require(get<std::int64_t>("dist.layer_ranks") >= 1 && get<std::int64_t>("dist.seq_ranks") >= 1,
           "dist.layer_ranks and dist.seq_ranks must be >= 1");
   require(get<std::int64_t>("dist.data_ranks") >= 0,
@@ -154,6 +194,10 @@ void Config::validate() const {
   require(get<std::int64_t>("dist.layer_ranks") <= d.layers,
           "dist.layer_ranks (" + std::to_string(get<std::int64_t>("dist.layer_ranks")) +
               ") must not exceed model.layers (" + std::to_string(d.layers) + ")");
+  // Every product of sizes the tool will form, overflow-checked before any
+  // allocation (docs/design.md §7); the memory limit itself is checked by the
+  // caller, who knows the workload and precision.
+  estimate_memory(*this, Workload::train, 8);
 }
 
 }  // namespace ash

@@ -20,6 +20,10 @@ struct ModelDims {
   }
 };
 
+// JSON parse that rejects duplicate keys (nlohmann keeps the last silently);
+// throws ash::Error naming `origin`.
+nlohmann::json parse_json_strict(const std::string& text, const std::string& origin);
+
 class Config {
  public:
   Config();  // all defaults
@@ -42,6 +46,8 @@ class Config {
   void validate() const;
 
   ModelDims model() const;
+  // True when dist.* asks for more than one rank (layer, sequence or data).
+  bool multi_rank() const;
   const nlohmann::json& json() const { return j_; }
   std::string dump() const { return j_.dump(2); }
 

@@ -1,12 +1,18 @@
 #include "ash/io/checkpoint.hpp"
 
+#include <fcntl.h>
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <type_traits>
 
 #include "ash/core/error.hpp"
+#include "ash/core/resources.hpp"
 
 namespace ash {
 
@@ -58,34 +64,91 @@ void write_attr_str(hid_t loc, const char* name, const std::string& v) {
 
 bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
 
+// One element: HDF5 would read the first of an array attribute silently.
+void require_scalar_attr(hid_t a, const char* name, const std::string& file) {
+  Handle sp(H5Aget_space(a), H5Sclose);
+  require(sp.ok() && H5Sget_simple_extent_npoints(sp) == 1,
+          "'" + file + "': attribute '" + name + "' is not a single value");
+}
+
 std::int64_t read_attr_i64(hid_t loc, const char* name, const std::string& file) {
   require(has_attr(loc, name), "checkpoint '" + file + "' lacks attribute '" + name + "'");
   Handle a(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
+  require(a.ok(), "'" + file + "': cannot open attribute '" + name + "' (corrupt file)");
+  // Strict schema: an integer, not a float HDF5 would convert (1.5 -> 1).
+  Handle ft(H5Aget_type(a), H5Tclose);
+  require(ft.ok() && H5Tget_class(ft) == H5T_INTEGER, "'" + file + "': attribute '" + name + "' is not an integer");
+  require_scalar_attr(a, name, file);
   std::int64_t v = 0;
-  check(H5Aread(a, H5T_NATIVE_INT64, &v), std::string("reading attribute ") + name);
+  require(H5Aread(a, H5T_NATIVE_INT64, &v) >= 0, "'" + file + "': cannot read attribute '" + name + "'");
   return v;
 }
 
 std::string read_attr_str(hid_t loc, const char* name, const std::string& file) {
   require(has_attr(loc, name), "checkpoint '" + file + "' lacks attribute '" + name + "'");
   Handle a(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
+  require(a.ok(), "'" + file + "': cannot open attribute '" + name + "' (corrupt file)");
   Handle ft(H5Aget_type(a), H5Tclose);
-  require(H5Tget_class(ft) == H5T_STRING, std::string("attribute ") + name + " is not a string");
+  require(ft.ok() && H5Tget_class(ft) == H5T_STRING, "'" + file + "': attribute '" + name + "' is not a string");
+  require_scalar_attr(a, name, file);
   require(H5Tis_variable_str(ft) <= 0, std::string("attribute ") + name + " is a variable-length string");
   const std::size_t n = H5Tget_size(ft);
   std::string buf(n, '\0');
   Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
   H5Tset_size(mt, n);
   H5Tset_strpad(mt, H5T_STR_NULLPAD);
-  check(H5Aread(a, mt, &buf[0]), std::string("reading attribute ") + name);
+  require(n > 0 && H5Aread(a, mt, &buf[0]) >= 0, "'" + file + "': cannot read attribute '" + name + "'");
   return buf.substr(0, buf.find('\0'));
 }
 
 // Creates intermediate groups ("layers/000/norm" under /params).
 hid_t link_create_plist() {
   hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-  H5Pset_create_intermediate_group(lcpl, 1);
+  if (lcpl >= 0) H5Pset_create_intermediate_group(lcpl, 1);
   return lcpl;
+}
+
+// float32 / float64 IEEE only (float16, integers, custom floats are refused).
+bool is_f32_or_f64(hid_t t) {
+  for (hid_t ok : {H5T_IEEE_F32LE, H5T_IEEE_F32BE, H5T_IEEE_F64LE, H5T_IEEE_F64BE})
+    if (H5Tequal(t, ok) > 0) return true;
+  return false;
+}
+
+std::string dtype_name(hid_t t) {
+  const auto c = H5Tget_class(t);
+  const auto n = H5Tget_size(t);
+  if (c == H5T_FLOAT) return "float" + std::to_string(8 * n);
+  if (c == H5T_INTEGER) return "int" + std::to_string(8 * n);
+  return "non-numeric";
+}
+
+bool has_fletcher32(hid_t ds) {
+  Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (!dcpl.ok()) return false;
+  unsigned flags = 0;
+  std::size_t nelem = 0;
+  unsigned config = 0;
+  return H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nelem, nullptr, 0, nullptr, &config) >= 0;
+}
+
+// Format 2: every dataset chunked with HDF5's Fletcher-32 filter, which HDF5
+// verifies on every read. One chunk per dataset up to 4 MiB, else blocks of
+// rows (a chunk may not exceed 4 GiB).
+Handle checksummed_dcpl(const std::vector<hsize_t>& dims, std::size_t elem) {
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  require(dcpl.ok(), "HDF5: cannot create a dataset property list");
+  constexpr hsize_t target = hsize_t(4) << 20;
+  std::vector<hsize_t> chunk(dims);
+  hsize_t inner = elem;
+  for (std::size_t i = chunk.size(); i-- > 0;) {
+    const hsize_t room = std::max<hsize_t>(1, target / inner);
+    chunk[i] = std::max<hsize_t>(1, std::min(dims[i], room));
+    inner *= chunk[i];
+  }
+  check(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()), "setting the chunk size");
+  check(H5Pset_fletcher32(dcpl), "enabling the Fletcher-32 checksum");
+  return dcpl;
 }
 
 template <class S>
@@ -98,14 +161,16 @@ void write_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps)
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
     Handle sp(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
     const std::string path = group + "/" + t.name;
-    Handle ds(H5Dcreate2(file, path.c_str(), file_type, sp, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    Handle dcpl = checksummed_dcpl(dims, sizeof(S));
+    Handle ds(H5Dcreate2(file, path.c_str(), file_type, sp, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
     require(ds.ok(), "HDF5: cannot create dataset " + path);
     check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset), "writing " + path);
   }
 }
 
 template <class S>
-void read_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, const std::string& fname) {
+void read_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, const std::string& fname,
+                   int version) {
   auto host = Kokkos::create_mirror_view(ps.data());
   const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
   for (const auto& t : ps.tensors()) {
@@ -127,8 +192,19 @@ void read_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, 
     require(got == t.shape, "'" + fname + "': dataset " + path + " has shape " + shape_str(got) + ", expected " +
                                 shape_str(t.shape) + " from the model sizes");
     Handle ft(H5Dget_type(ds), H5Tclose);
-    require(H5Tget_class(ft) == H5T_FLOAT, "'" + fname + "': dataset " + path + " is not floating point");
-    check(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset), "reading " + path);
+    require(ft.ok() && is_f32_or_f64(ft), "'" + fname + "': dataset " + path + " is " +
+                                              (ft.ok() ? dtype_name(ft) : std::string("unreadable")) +
+                                              "; checkpoints hold float32 or float64");
+    // Format 2 always checksums; a dataset without the filter was altered.
+    const bool sum = has_fletcher32(ds);
+    require(version < 2 || sum, "'" + fname + "': dataset " + path + " has no Fletcher-32 checksum (format 2 has one)");
+    require(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset) >= 0,
+            sum ? "checksum mismatch in dataset " + path + " of '" + fname + "' (the file is corrupt)"
+                : "cannot read dataset " + path + " of '" + fname + "' (the file is corrupt)");
+    const S* v = host.data() + t.offset;
+    for (index_t i = 0; i < t.size(); ++i)
+      require(std::isfinite(v[i]), "dataset " + path + " of '" + fname + "' holds a non-finite value (" +
+                                       std::to_string(double(v[i])) + " at index " + std::to_string(i) + ")");
   }
   Kokkos::deep_copy(ps.data(), host);
 }
@@ -137,33 +213,107 @@ Handle open_for_read(const std::string& path, const char* what) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   require(f != nullptr, std::string("cannot open ") + what + " '" + path + "'");
   std::fclose(f);
+  std::error_code ec;
+  require(std::filesystem::is_regular_file(path, ec), std::string(what) + " '" + path + "' is not a regular file");
   require(H5Fis_hdf5(path.c_str()) > 0, std::string(what) + " '" + path + "' is not an HDF5 file (corrupt?)");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   require(file.ok(), std::string("cannot read ") + what + " '" + path + "' (truncated or corrupt HDF5 file)");
   return file;
 }
 
-// Writes through a temporary file and renames it into place.
+// Jenkins' lookup3 (hashlittle), the checksum of HDF5's 1.8+ metadata.
+std::uint32_t lookup3(const unsigned char* k, std::size_t length) {
+  auto rot = [](std::uint32_t x, int r) { return (x << r) | (x >> (32 - r)); };
+  std::uint32_t a, b, c;
+  a = b = c = 0xdeadbeefu + std::uint32_t(length);
+  auto word = [&](int i) {
+    return std::uint32_t(k[i]) | std::uint32_t(k[i + 1]) << 8 | std::uint32_t(k[i + 2]) << 16 |
+           std::uint32_t(k[i + 3]) << 24;
+  };
+  while (length > 12) {
+    a += word(0), b += word(4), c += word(8);
+    a -= c, a ^= rot(c, 4), c += b, b -= a, b ^= rot(a, 6), a += c, c -= b, c ^= rot(b, 8), b += a;
+    a -= c, a ^= rot(c, 16), c += b, b -= a, b ^= rot(a, 19), a += c, c -= b, c ^= rot(b, 4), b += a;
+    length -= 12, k += 12;
+  }
+  if (length == 0) return c;
+  unsigned char tail[12] = {0};
+  std::memcpy(tail, k, length);
+  k = tail;
+  a += word(0), b += word(4), c += word(8);
+  c ^= b, c -= rot(b, 14), a ^= c, a -= rot(c, 11), b ^= a, b -= rot(a, 25), c ^= b, c -= rot(b, 16);
+  a ^= c, a -= rot(c, 4), b ^= a, b -= rot(a, 14), c ^= b, c -= rot(b, 24);
+  return c;
+}
+
+// HDF5 1.10's H5Fget_file_image clears the superblock's status flags without
+// recomputing its checksum (the image would not open); recompute it. A
+// version-2 superblock with 8-byte offsets is 44 bytes plus the checksum.
+void fix_superblock_checksum(std::vector<unsigned char>& img) {
+  static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  require(img.size() >= 48 && std::memcmp(img.data(), sig, 8) == 0 && (img[8] == 2 || img[8] == 3) && img[9] == 8,
+          "HDF5: unexpected superblock in the file image");
+  const std::uint32_t sum = lookup3(img.data(), 44);
+  for (int i = 0; i < 4; ++i) img[44 + i] = (unsigned char)(sum >> (8 * i));
+}
+
+// Writes the whole file in memory (HDF5's core driver, no backing store),
+// then its image through a temporary file, fsync, and a rename into place.
+// HDF5 never sees an I/O error, so a full disk or a file-size limit cannot
+// leave a library handle half-closed (it crashed HDF5's shutdown); the error
+// names the file, the temp file is removed and the previous file stays.
 template <class Fn>
 void write_atomically(const std::string& path, Fn&& body) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  std::vector<unsigned char> image;
   {
-    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    require(file.ok(), "cannot create '" + tmp + "' (does the directory exist and is it writable?)");
-    try {
-      body(hid_t(file));
-    } catch (...) {
-      std::remove(tmp.c_str());
-      throw;
+    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    require(fapl.ok(), "HDF5: cannot create a file access property list");
+    check(H5Pset_fapl_core(fapl, 1 << 20, 0), "selecting the in-memory driver");
+    // The 1.10 format checksums all metadata (superblock v3, object headers,
+    // chunk indexes: a single chunk's address lives in the object header).
+    check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), "setting the format bounds");
+    check(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "setting the close degree");
+    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    require(file.ok(), "HDF5: cannot create the in-memory image of '" + path + "'");
+    body(hid_t(file));
+    check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the image of '" + path + "'");
+    const ssize_t n = H5Fget_file_image(file, nullptr, 0);
+    require(n > 0, "HDF5: cannot get the image of '" + path + "'");
+    image.resize(std::size_t(n));
+    require(H5Fget_file_image(file, image.data(), image.size()) == n, "HDF5: cannot copy the image of '" + path + "'");
+  }
+  fix_superblock_checksum(image);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  require(fd >= 0, "cannot create '" + tmp + "': " + std::strerror(errno) +
+                       " (does the directory exist and is it writable?)");
+  auto fail = [&](const std::string& what) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error("cannot write '" + path + "': " + what + ": " + std::strerror(err) +
+                (err == ENOSPC || err == EFBIG || err == EDQUOT ? " (disk full or file size limit); " : "; ") +
+                "the previous file, if any, is unchanged");
+  };
+  for (std::size_t done = 0; done < image.size();) {
+    const ssize_t w = ::write(fd, image.data() + done, image.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      fail("write");
     }
-    if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) {
-      std::remove(tmp.c_str());
-      throw Error("cannot flush '" + tmp + "'");
-    }
+    done += std::size_t(w);
+  }
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error("cannot write '" + path + "': close: " + std::strerror(err));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error("cannot rename '" + tmp + "' to '" + path + "'");
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
   }
 }
 
@@ -188,27 +338,40 @@ void write_header(hid_t file, const Config& cfg, const ModelDims& d, std::int64_
 CheckpointInfo read_header(hid_t file, const std::string& path) {
   CheckpointInfo info;
   require(has_attr(file, "format_version"), "'" + path + "' is not an AdjointSharding checkpoint (no format_version)");
-  info.format_version = int(read_attr_i64(file, "format_version", path));
-  require(info.format_version == checkpoint_format_version,
-          "'" + path + "' has checkpoint format version " + std::to_string(info.format_version) +
-              "; this build reads version " + std::to_string(checkpoint_format_version));
+  const auto version = read_attr_i64(file, "format_version", path);
+  // Version 1 (no checksums) still loads; see docs/file_format.md.
+  require(version == checkpoint_format_version || version == 1,
+          "'" + path + "' has checkpoint format version " + std::to_string(version) +
+              "; this build reads versions 1 and " + std::to_string(checkpoint_format_version));
+  info.format_version = int(version);
   info.dims.vocab = read_attr_i64(file, "vocab", path);
   info.dims.width = read_attr_i64(file, "width", path);
   info.dims.state = read_attr_i64(file, "state", path);
   info.dims.layers = read_attr_i64(file, "layers", path);
   info.dims.seed = std::uint64_t(read_attr_i64(file, "seed", path));
   info.precision = read_attr_str(file, "precision", path);
+  require(info.precision == "float" || info.precision == "double",
+          "'" + path + "': precision '" + info.precision + "' is not float or double");
   info.step = read_attr_i64(file, "step", path);
+  require(info.step >= 0, "'" + path + "': step " + std::to_string(info.step) + " is negative");
   info.data_cursor = read_attr_i64(file, "data_cursor", path);
-  try {
-    info.config.merge(nlohmann::json::parse(read_attr_str(file, "config", path)), path + " (config attribute)");
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("'" + path + "': config attribute is not valid JSON: " + e.what());
-  }
+  require(info.data_cursor >= 0, "'" + path + "': data_cursor " + std::to_string(info.data_cursor) + " is negative");
+  info.config.merge(parse_json_strict(read_attr_str(file, "config", path), "'" + path + "': config attribute"),
+                    path + " (config attribute)");
+
   const auto cd = info.config.model();
   require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
-  require(info.dims.vocab >= 2 && info.dims.width >= 1 && info.dims.state >= 1 && info.dims.layers >= 1,
+  require(info.dims.vocab >= 2 && info.dims.vocab < (std::int64_t(1) << 31) && info.dims.width >= 1 &&
+              info.dims.state >= 1 && info.dims.layers >= 1,
           "'" + path + "': invalid model sizes");
+  // Sizes from a file are checked before they size an allocation. (The rest
+  // of the stored configuration is validated by whoever uses it, after
+  // --config / --set, so an old file with a since-tightened value still loads.)
+  try {
+    checked_parameter_count(info.dims);
+  } catch (const Error& e) {
+    throw Error("'" + path + "': " + e.what());
+  }
   return info;
 }
 
@@ -233,12 +396,15 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
 template <class S>
 bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const ParamSet<S>& v, std::int64_t* step) {
   Handle file = open_for_read(path, "checkpoint");
-  read_header(file, path);
+  const auto info = read_header(file, path);
   if (H5Lexists(file, "/optimizer", H5P_DEFAULT) <= 0) return false;
-  read_paramset(file, "/optimizer/m", m, path);
-  read_paramset(file, "/optimizer/v", v, path);
+  read_paramset(file, "/optimizer/m", m, path, info.format_version);
+  read_paramset(file, "/optimizer/v", v, path, info.format_version);
   Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
-  if (step) *step = read_attr_i64(g, "step", path);
+  require(g.ok(), "'" + path + "': cannot open /optimizer (corrupt file)");
+  const auto s = read_attr_i64(g, "step", path);
+  require(s >= 0, "'" + path + "': /optimizer step " + std::to_string(s) + " is negative");
+  if (step) *step = s;
   return true;
 }
 
@@ -250,13 +416,14 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
     CheckpointInfo::Dataset d{p, {}, "missing"};
     if (H5Lexists(file, "/params", H5P_DEFAULT) > 0 && H5Oexists_by_name(file, p.c_str(), H5P_DEFAULT) > 0) {
       Handle ds(H5Dopen2(file, p.c_str(), H5P_DEFAULT), H5Dclose);
+      require(ds.ok(), "'" + path + "': cannot open dataset " + p + " (corrupt file)");
       Handle sp(H5Dget_space(ds), H5Sclose);
       const int rank = H5Sget_simple_extent_ndims(sp);
       std::vector<hsize_t> dims(rank > 0 ? rank : 0);
       if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
       d.shape.assign(dims.begin(), dims.end());
       Handle ft(H5Dget_type(ds), H5Tclose);
-      d.dtype = H5Tget_class(ft) == H5T_FLOAT ? (H5Tget_size(ft) == 8 ? "float64" : "float32") : "non-float";
+      d.dtype = ft.ok() ? dtype_name(ft) : "unreadable";
     }
     info.datasets.push_back(d);
   }
@@ -277,7 +444,7 @@ ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, Ch
   require(r.k1 <= info.dims.layers, "'" + path + "' has " + std::to_string(info.dims.layers) +
                                         " layers; this rank owns layers up to " + std::to_string(r.k1 - 1));
   ParamSet<S> params(info.dims, r);
-  read_paramset(file, "/params", params, path);
+  read_paramset(file, "/params", params, path, info.format_version);
   if (info_out) *info_out = info;
   return params;
 }
@@ -287,7 +454,11 @@ void save_gradients(const std::string& path, const Config& cfg, double loss, con
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, grad.dims(), 0, 0);
     Handle sp(H5Screate(H5S_SCALAR), H5Sclose);
-    Handle ds(H5Dcreate2(file, "/loss", H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+    // A scalar cannot be chunked (no filter); compact layout keeps the value
+    // inside the object header, which the 1.10 format checksums.
+    Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    check(H5Pset_layout(dcpl, H5D_COMPACT), "compact layout for /loss");
+    Handle ds(H5Dcreate2(file, "/loss", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
     require(ds.ok(), "HDF5: cannot create /loss");
     check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &loss), "writing /loss");
     write_paramset(file, "/grad", grad);
@@ -296,12 +467,16 @@ void save_gradients(const std::string& path, const Config& cfg, double loss, con
 
 ParamSet<double> load_gradients(const std::string& path, const ModelDims& dims, double* loss) {
   Handle file = open_for_read(path, "gradient file");
+  const auto info = read_header(file, path);
+  require(info.dims == dims, "'" + path + "' holds gradients of other model sizes");
   ParamSet<double> g(dims);
-  read_paramset(file, "/grad", g, path);
+  read_paramset(file, "/grad", g, path, info.format_version);
   if (loss) {
+    require(H5Lexists(file, "/loss", H5P_DEFAULT) > 0, "'" + path + "' lacks /loss");
     Handle ds(H5Dopen2(file, "/loss", H5P_DEFAULT), H5Dclose);
-    require(ds.ok(), "'" + path + "' lacks /loss");
-    check(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, loss), "reading /loss");
+    require(ds.ok(), "'" + path + "': cannot open /loss (corrupt file)");
+    require(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, loss) >= 0 && std::isfinite(*loss),
+            "'" + path + "': /loss is unreadable or not finite");
   }
   return g;
 }

@@ -1,5 +1,6 @@
 #pragma once
-// HDF5 checkpoints and gradient files (docs/design.md §5, format version 1).
+// HDF5 checkpoints and gradient files (docs/design.md §5, format version 2:
+// every dataset checksummed with Fletcher-32; version 1 files still load).
 //
 //   attributes  format_version, vocab, width, state, layers, seed, precision,
 //               step, data_cursor, rng_state, engine, config (the full JSON configuration)
@@ -7,8 +8,9 @@
 //               layers/000/{norm, W_delta, b_delta, A_log, W_B, W_C, D}, ...
 //   /optimizer  m/<param path>, v/<param path>, attribute step (after ash train)
 //   gradients:  /loss (scalar), /grad/<same path as under /params>
-// Files are written to "<path>.tmp.<pid>" and renamed, so a failed write never
-// replaces a good file.
+// Files are built in memory, written to "<path>.tmp.<pid>", fsynced and
+// renamed, so a failed write never replaces a good file. Reading is strict
+// (docs/file_format.md): float32/float64 only, checksums, finite values.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -18,7 +20,7 @@
 
 namespace ash {
 
-constexpr int checkpoint_format_version = 1;
+constexpr int checkpoint_format_version = 2;
 
 struct CheckpointInfo {
   int format_version = 0;

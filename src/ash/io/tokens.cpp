@@ -1,8 +1,11 @@
 #include "ash/io/tokens.hpp"
 
+#include <filesystem>
 #include <fstream>
 
 #include "ash/core/error.hpp"
+#include "ash/core/memory.hpp"
+#include "ash/core/resources.hpp"
 
 namespace ash {
 
@@ -13,6 +16,19 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::vector<std::uint32_t> load_tokens(const std::string& path) {
+  // A directory, /dev/zero or a file larger than memory would read forever or
+  // die in the allocator: check what it is and its size first (§7).
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  require(!ec && std::filesystem::exists(st), "cannot open token file '" + path + "'");
+  require(std::filesystem::is_regular_file(st),
+          "token file '" + path + "' is not a regular file (a directory or a device?)");
+  const std::uint64_t size = std::filesystem::file_size(path, ec);
+  require(!ec, "cannot read the size of token file '" + path + "': " + ec.message());
+  const std::uint64_t mem = physical_memory_bytes();
+  // The bytes and the 4-byte ids are both held while decoding.
+  require(mem == 0 || size / 4 < mem / 5, "token file '" + path + "' (" + format_bytes(size) +
+                                              ") does not fit in memory (" + format_bytes(mem) + ")");
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "cannot open token file '" + path + "'");
   std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -34,7 +50,7 @@ TokenView make_windows(const std::vector<std::uint32_t>& tokens, index_t batch, 
                        index_t first) {
   require(T >= 2, "sequence length T = " + std::to_string(T) + " is too short: a window needs T >= 2 tokens");
   require(batch >= 1, "batch must be >= 1 (got " + std::to_string(batch) + ")");
-  const index_t need = first + batch * T;
+  const index_t need = checked_add(first, checked_mul(batch, T, "batch x seq_len"), "tokens needed");
   require(index_t(tokens.size()) >= need, "need " + std::to_string(need) + " tokens for " + std::to_string(batch) +
                                               " window(s) of T = " + std::to_string(T) + ", the file has " +
                                               std::to_string(tokens.size()));

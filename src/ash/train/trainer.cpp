@@ -1,8 +1,14 @@
 #include "ash/train/trainer.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -23,6 +29,106 @@ namespace ash {
 namespace {
 
 constexpr index_t max_valid_windows = 16;
+
+// §7: a state with |x| above this is as good as lost (the next step overflows).
+constexpr double absurd_value = 1e30;
+
+// Number of parameters / moments that are non-finite or absurd.
+template <class S>
+index_t bad_values(const View1<S>& v) {
+  index_t bad = 0;
+  Kokkos::parallel_reduce(
+      "ash::train::bad_values", Range(0, index_t(v.extent(0))),
+      KOKKOS_LAMBDA(index_t i, index_t & n) {
+        const double x = double(v(i));
+        if (!(x == x) || x > absurd_value || x < -absurd_value) ++n;  // NaN, Inf, absurd
+      },
+      bad);
+  return bad;
+}
+
+// SIGINT / SIGTERM: the first asks the loop to stop after the current step
+// with a checkpoint; the handler then restores the defaults, so a second
+// signal ends the process at once.
+volatile std::sig_atomic_t g_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  g_signal = sig;
+  struct sigaction dfl {};  // sigaction is async-signal-safe
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, nullptr);
+  sigaction(SIGTERM, &dfl, nullptr);
+}
+
+// Installs the handlers for the lifetime of one train() call.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// One writer per run directory: flock on <out_dir>/.lock, held until train()
+// returns; the kernel drops it when the holder dies, so a stale lock never
+// blocks. The file holds the holder's PID for the message.
+class RunLock {
+ public:
+  explicit RunLock(const std::string& dir) : path_(dir + "/.lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    require(fd_ >= 0, "cannot open the lock file '" + path_ + "': " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char buf[32] = {0};
+      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+      ::close(fd_);
+      fd_ = -1;
+      std::string pid = n > 0 ? std::string(buf, std::size_t(n)) : std::string("unknown");
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      throw Error("run.out_dir '" + dir + "' is in use by another ash train (PID " + pid +
+                  "); wait for it to finish or choose another run.out_dir");
+    }
+    // The lock holds even if this fails; only the PID in messages is missing.
+    const std::string me = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+  }
+  ~RunLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the flock
+  }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Temp files of writers that were killed (checkpoint.h5.tmp.<pid>, the
+// names write_atomically uses); safe to remove once this run holds the lock.
+void remove_stale_temps(const std::string& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> stale;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const auto at = name.find(".h5.tmp.");
+    if (at == std::string::npos || at + 8 == name.size()) continue;
+    if (name.find_first_not_of("0123456789", at + 8) == std::string::npos && it->is_regular_file(ec))
+      stale.push_back(it->path());
+  }
+  for (const auto& p : stale) std::filesystem::remove(p, ec);
+}
 
 // What differs between one process and a rank of a distributed run (E4):
 // which shard of the model lives here, the engine, validation, checkpoints,
@@ -45,8 +151,8 @@ struct Backend {
       MPI_Comm_size(MPI_COMM_WORLD, &world);
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     }
-    if (world > 1 || cfg.get<std::int64_t>("dist.layer_ranks") > 1) {
-      require(inited, "dist.layer_ranks > 1 needs MPI: run under mpiexec");
+    if (world > 1 || cfg.multi_rank()) {
+      require(inited, "dist.* asks for several ranks: run under mpiexec");
       grid = std::make_unique<dist::Grid>(cfg);
       range = grid->range(d);
       root = rank == 0;
@@ -57,8 +163,7 @@ struct Backend {
       return;
     }
 #else
-    require(cfg.get<std::int64_t>("dist.layer_ranks") == 1,
-            "dist.layer_ranks > 1 needs the MPI build of AdjointSharding (ASH_ENABLE_MPI)");
+    require(!cfg.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding (ASH_ENABLE_MPI)");
 #endif
     engine = make_engine<S>(EngineOptions::from_config(cfg));
   }
@@ -100,6 +205,41 @@ struct Backend {
 #endif
     return all;
   }
+  // True on every rank when `mine` is true on any (the collective decisions
+  // of §7: a non-finite shard or a signal on one rank stops all ranks).
+  bool any(bool mine) const {
+#ifdef ASH_HAVE_MPI
+    if (grid) return dist::allreduce_max(std::uint64_t(mine), grid->world()) != 0;
+#endif
+    return mine;
+  }
+  int max_signal(int mine) const {
+#ifdef ASH_HAVE_MPI
+    if (grid) return int(dist::allreduce_max(std::uint64_t(mine), grid->world()));
+#endif
+    return mine;
+  }
+  // Runs fn on the root; its ash::Error becomes an error on every rank.
+  template <class Fn>
+  void on_root(Fn&& fn) {
+    std::string err;
+    if (root) {
+      try {
+        fn();
+      } catch (const Error& e) {
+        err = e.what();
+      }
+    }
+#ifdef ASH_HAVE_MPI
+    if (grid) {
+      int len = int(err.size());
+      MPI_Bcast(&len, 1, MPI_INT, 0, grid->world());
+      err.resize(std::size_t(len));
+      if (len > 0) MPI_Bcast(&err[0], len, MPI_CHAR, 0, grid->world());
+    }
+#endif
+    require(err.empty(), err);
+  }
   // The largest peak of any rank (this process's elsewhere).
   std::uint64_t peak_bytes() const {
     const std::uint64_t mine = MemoryTracker::peak(MemSpace::name());
@@ -126,9 +266,15 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
                                             cfg.get<bool>("data.sequential"));
   Backend<S> be(cfg, d);
   if (!be.root) log = nullptr;
-  std::error_code ec;
-  std::filesystem::create_directories(out_dir, ec);
-  require(!ec, "cannot create run.out_dir '" + out_dir + "': " + ec.message());
+  std::unique_ptr<RunLock> lock;
+  be.on_root([&] {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    require(!ec, "cannot create run.out_dir '" + out_dir + "': " + ec.message());
+    lock = std::make_unique<RunLock>(out_dir);  // world rank 0 writes, so it alone locks
+    remove_stale_temps(out_dir);
+  });
+  StopSignals signals;
 
   ParamSet<S> params(d, be.range);
   AdamW<S> opt(d, be.range, AdamWOptions::from_config(cfg));
@@ -162,9 +308,35 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     metrics.open(out_dir + "/metrics.jsonl", std::ios::app);
     require(metrics.good(), "cannot open " + out_dir + "/metrics.jsonl for appending");
   }
+  // The last good checkpoint and its step, for the messages of §7.
+  std::string good_path = resume;
+  std::int64_t good_step = step;
+  auto last_good = [&]() {
+    return good_path.empty() ? std::string("no checkpoint written yet")
+                             : "the last good checkpoint is kept: " + good_path + " (step " + std::to_string(good_step) +
+                                   ")";
+  };
+  std::int64_t saved_at = -1;
   auto save = [&](std::int64_t at) {
+    // Never write a bad state over a good one: parameters and Adam moments
+    // are checked on every rank before the collective write.
+    const index_t bad = bad_values(params.data()) + bad_values(opt.m().data()) + bad_values(opt.v().data());
+    if (be.any(bad > 0))
+      throw Error("parameters or optimizer state are not finite (or |x| > 1e30) after step " + std::to_string(at) +
+                  "; stopped; " + last_good());
+    // Finite but diverged parameters (the loss overflows) are bad too: they
+    // must give a finite loss on the next batch before they replace a good
+    // file. One forward per checkpoint.
+    std::int64_t probe_cursor = cursor;
+    const double probe = be.valid_loss(params, data.train_batch(at, B, &probe_cursor));
+    if (be.any(!std::isfinite(probe)))
+      throw Error("the parameters after step " + std::to_string(at) + " give a non-finite loss (" +
+                  std::to_string(probe) + "); stopped; " + last_good());
     be.save(ckpt_path, cfg, params, at, cursor, opt);
     sum.checkpoint = ckpt_path;
+    good_path = ckpt_path;
+    good_step = at;
+    saved_at = at;
   };
   if (log)
     std::fprintf(log,
@@ -180,10 +352,8 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     const auto x = data.train_batch(step, B, &cursor);
     const double loss = engine->compute(params, x, grad);
     if (!std::isfinite(loss))
-      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) + "; stopped" +
-                  (sum.checkpoint.empty() && resume.empty() ? std::string(" (no checkpoint written yet)")
-                                                            : "; the last good checkpoint is kept: " +
-                                                                  (sum.checkpoint.empty() ? resume : sum.checkpoint)));
+      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) + "; stopped; " +
+                  last_good());
     const double lr = learning_rate(opt.options(), opt.step());
     const double gnorm = opt.update(params, grad, be.norm_reducer());
     ++step;
@@ -221,8 +391,17 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     if (be.root) {
       metrics << row.dump() << "\n";
       metrics.flush();
+      require(metrics.good(), "cannot write " + out_dir + "/metrics.jsonl (disk full?); " + last_good());
     }
     if ((ckpt_every > 0 && step % ckpt_every == 0) || last) save(step);
+    // All ranks agree once per step (mpiexec forwards the signal to each,
+    // not necessarily at the same step).
+    const int sig = be.max_signal(int(g_signal));
+    if (sig != 0) {
+      if (saved_at != step) save(step);
+      sum.signal = sig;
+      break;
+    }
   }
   sum.last_step = step;
   sum.rank_peak_bytes = be.rank_peaks();

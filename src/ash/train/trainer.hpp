@@ -20,6 +20,7 @@ struct TrainSummary {
   std::string checkpoint;       // the last checkpoint written
   std::uint64_t peak_bytes = 0; // Kokkos peak of the default memory space, the largest of any rank
   std::vector<std::uint64_t> rank_peak_bytes;  // each world rank's (one entry without MPI)
+  int signal = 0;               // SIGINT / SIGTERM that stopped the run (a checkpoint was written), else 0
 };
 
 // Runs `ash train` for the configuration (validated here). resume: a checkpoint

@@ -1,0 +1,43 @@
+#pragma once
+// Sizes before allocation (docs/design.md §7): products of configuration
+// sizes are computed with overflow checks, and the memory a run will need is
+// predicted and refused when the machine cannot hold it, so an absurd
+// configuration is a clear error instead of a crash in the allocator.
+#include <cstdint>
+#include <string>
+
+#include "ash/core/config.hpp"
+
+namespace ash {
+
+// a * b, or ash::Error naming `what` when the product overflows int64 (or an
+// operand is negative).
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& what);
+std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& what);
+
+// Parameter count of a model, overflow-checked (parameter_count() is not).
+std::int64_t checked_parameter_count(const ModelDims& d);
+
+// What a verb keeps in memory at once (an estimate, not a measurement).
+enum class Workload { init, grad, train };
+
+struct MemoryEstimate {
+  std::uint64_t params = 0;       // one copy of the parameters
+  std::uint64_t state = 0;        // gradient, Adam moments, file image
+  std::uint64_t activations = 0;  // what the engine keeps for the backward pass
+  std::uint64_t total() const { return params + state + activations; }
+};
+
+// Per process: in a layer-sharded run (dist.layer_ranks = R) each rank holds
+// about 1/R of the layers' share, with sequence ranks (dist.seq_ranks = S)
+// 1/S of the tokens (data replicas are not counted: an upper bound).
+MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar_bytes);
+
+// Physical memory of the machine (sysconf), 0 when unknown.
+std::uint64_t physical_memory_bytes();
+
+// Throws ash::Error when the estimate exceeds `limit` (0: physical memory),
+// quoting the estimate.
+void check_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, std::uint64_t limit = 0);
+
+}  // namespace ash

@@ -1,0 +1,642 @@
+// Reliability (docs/design.md §7): absurd sizes, bad flags and files, full
+// disks, diverging runs, two runs on one directory, signals, and a fuzz test
+// of checkpoint corruption. Every case ends in a clear error (exit 2) or a
+// correct result: never a crash, never a lost or poisoned checkpoint.
+#include <fcntl.h>
+#include <hdf5.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "cli_runner.hpp"
+#include "test_helpers.hpp"
+
+namespace ash::test {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string corpus_file() {
+  const auto path = tmp_path("corpus.txt");
+  std::mt19937_64 gen(3);
+  const char* words[] = {"adjoint ", "sharding ", "state ", "space ", "model ", "the ", "of ", "long ", "context. "};
+  std::string s;
+  while (s.size() < 30000) s += words[gen() % 9];
+  write(path, s);
+  return path;
+}
+
+// Exit 2 (a user error), the message, no crash and no "internal error".
+#define EXPECT_CLEAR_ERROR(res, needle)                                             \
+  do {                                                                              \
+    const auto r2_ = (res);                                                         \
+    EXPECT_EQ(r2_.code, 2) << r2_.out;                                              \
+    EXPECT_NE(r2_.out.find(needle), std::string::npos) << "output was:\n" << r2_.out; \
+    EXPECT_EQ(r2_.out.find("internal error"), std::string::npos) << r2_.out;        \
+  } while (0)
+
+const std::string small_model = "--set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=32 ";
+
+// `ash train` as a child process of its own (so signals reach ash itself, not
+// a shell), its stdout and stderr on a pipe.
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe");
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      std::vector<char*> argv{const_cast<char*>(ASH_CLI)};
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(ASH_CLI, argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~Child() {
+    if (pid_ > 0 && !waited_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (fd_ >= 0) ::close(fd_);
+  }
+  pid_t pid() const { return pid_; }
+  // Reads until `needle` appears in the output (true) or EOF / timeout.
+  bool wait_for(const std::string& needle, double seconds = 60) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (out_.find(needle) == std::string::npos) {
+      const auto left = std::chrono::duration<double>(end - std::chrono::steady_clock::now()).count();
+      if (left <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, int(left * 1000) + 1) <= 0) return false;
+      char buf[4096];
+      const ssize_t n = ::read(fd_, buf, sizeof buf);
+      if (n <= 0) return out_.find(needle) != std::string::npos;
+      out_.append(buf, std::size_t(n));
+    }
+    return true;
+  }
+  // Reads to EOF and reaps; the raw wait status.
+  int finish() {
+    wait_for("\x01never\x01", 120);
+    int st = 0;
+    ::waitpid(pid_, &st, 0);
+    waited_ = true;
+    return st;
+  }
+  const std::string& out() const { return out_; }
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool waited_ = false;
+  std::string out_;
+};
+
+std::vector<std::string> train_args(const std::string& dir, const std::string& corpus, long long steps) {
+  return {"train",       "--set", "model.width=8",         "--set", "model.state=4",
+          "--set",       "model.layers=2", "--set", "data.seq_len=64", "--set",
+          "data.train=" + corpus, "--set", "optim.steps=" + std::to_string(steps), "--set",
+          "run.log_every=1", "--set", "run.ckpt_every=0", "--set", "run.eval_every=0",
+          "--set", "run.out_dir=" + dir};
+}
+
+std::int64_t checkpoint_step(const std::string& path) {
+  CheckpointInfo info;
+  load_checkpoint<float>(path, &info);
+  return info.step;
+}
+
+}  // namespace
+
+// ---- 1. absurd sizes: refused before allocating, exit 2 --------------------
+
+TEST(Reliability, AbsurdSizesAreClearErrors) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5"), out = tmp_path("g.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  const std::string huge = "4611686018427387904";  // 2^62
+  const auto g = "grad --checkpoint " + ckpt + " --tokens " + corpus + " --out " + out + " ";
+  EXPECT_CLEAR_ERROR(run(g + "--set data.batch=" + huge), "sizes overflow");
+  EXPECT_CLEAR_ERROR(run(g + "--set data.seq_len=" + huge), "sizes overflow");
+  EXPECT_CLEAR_ERROR(run("init --set model.state=" + huge + " --out " + tmp_path("x.h5")), "sizes overflow");
+  EXPECT_CLEAR_ERROR(run("train --set model.state=" + huge + " --set data.train=" + corpus +
+                         " --set run.out_dir=" + tmp_path("run")),
+                     "sizes overflow");
+  // Large but representable: the estimate is quoted, nothing is allocated.
+  EXPECT_CLEAR_ERROR(run("init --set model.width=100000 --set model.state=100000000 --out " + tmp_path("x.h5")),
+                     "physical memory");
+  EXPECT_CLEAR_ERROR(run(g + "--set data.batch=1000000000"), "needs about");
+  EXPECT_CLEAR_ERROR(run(g + "--max-memory 100000"), "--max-memory");
+  EXPECT_EQ(run(g + "--max-memory 100000000").code, 0);
+  // Token files that are not regular files fail at once.
+  EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens /dev/zero --out " + out), "not a regular file");
+  EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens " + fs::temp_directory_path().string() +
+                         " --out " + out),
+                     "not a regular file");
+  EXPECT_EQ(checked_mul(3, 5, "x"), 15);
+  EXPECT_THROW(checked_mul(std::int64_t(1) << 40, std::int64_t(1) << 30, "x"), Error);
+  EXPECT_THROW(checked_mul(-1, 2, "x"), Error);
+}
+
+// An allocation that fails despite the estimate (here: an address-space
+// limit) is exit 2 with a message, not an internal error.
+TEST(Reliability, AllocationFailureIsAClearError) {
+  const std::string cmd = "PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) +
+                          " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 2) << out;
+  EXPECT_NE(out.find("out of memory"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(tmp_path("big.h5")));
+}
+
+// ---- 8. every flag and config value validated ------------------------------
+
+TEST(Reliability, BadFlagsAndConfigValuesAreClearErrors) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5"), out = tmp_path("g.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  const auto gen = "generate --checkpoint " + ckpt + " --prompt the ";
+  EXPECT_CLEAR_ERROR(run(gen + "--temperature nan"), "--temperature");
+  EXPECT_CLEAR_ERROR(run(gen + "--temperature -1"), "--temperature");
+  EXPECT_CLEAR_ERROR(run(gen + "--tokens -5"), "--tokens");
+  const auto g = "grad --checkpoint " + ckpt + " --tokens " + corpus + " --out " + out + " ";
+  EXPECT_CLEAR_ERROR(run(g + "--engine adjoint --truncate -5"), "grad.truncate");
+  EXPECT_CLEAR_ERROR(run(g + "--engine adjoint-exact --chunk -1"), "grad.chunk");
+  EXPECT_CLEAR_ERROR(run(g + "--engine ''"), "grad.engine");
+  const auto i = "init --out " + tmp_path("x.h5") + " ";
+  for (const auto& kv : {"run.ckpt_every=-1", "run.log_every=-1", "run.eval_every=-1", "optim.clip=-1",
+                         "optim.weight_decay=-0.5"})
+    EXPECT_CLEAR_ERROR(run(i + "--set " + kv), std::string(kv).substr(0, std::string(kv).find('=')));
+  EXPECT_EQ(run(i + "--set optim.clip=0").code, 0) << "clip 0 means no clipping";
+  EXPECT_CLEAR_ERROR(run(i + "--set optim.lr=1e999"), "optim.lr");
+  EXPECT_CLEAR_ERROR(run(i + "--set optim.lr=NaN"), "optim.lr");
+  const auto cfg = tmp_path("dup.json");
+  write(cfg, R"({"model": {"width": 8, "width": 16}})");
+  EXPECT_CLEAR_ERROR(run(i + "--config " + cfg), "duplicate key 'width'");
+  write(cfg, R"({"optim": {"lr": 0.01}, "optim": {"lr": 0.02}})");
+  EXPECT_CLEAR_ERROR(run(i + "--config " + cfg), "duplicate key 'optim'");
+  EXPECT_CLEAR_ERROR(run(i + "--set 'model={\"width\": 8, \"width\": 9}'"), "duplicate key 'width'");
+  EXPECT_FALSE(fs::exists(out));
+}
+
+// Resume compares numbers by value: 0 stored for a float key, 0.05 given.
+TEST(Reliability, ResumeAcceptsAnIntegerForAFloatKey) {
+  const auto corpus = corpus_file(), dir = tmp_path("run");
+  fs::remove_all(dir);
+  const auto base = "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + dir + " ";
+  auto r = run(base + "--set data.valid_fraction=0 --set optim.lr=1 --set optim.steps=3 --until 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto cfg = tmp_path("cfg.json");
+  write(cfg, R"({"data": {"valid_fraction": 0.05}, "optim": {"lr": 1.0}})");
+  r = run("train --config " + cfg + " --resume " + dir + "/checkpoint.h5");
+  EXPECT_EQ(r.code, 0) << r.out;
+  // A float for an integer key is still refused.
+  EXPECT_CLEAR_ERROR(run("init --set model.layers=2.5 --out " + tmp_path("x.h5")), "model.layers");
+  Config c;
+  c.set("data.valid_fraction=0");
+  EXPECT_TRUE(c.at("data.valid_fraction").is_number_float());
+  EXPECT_NO_THROW(c.set("data.valid_fraction=0.05"));
+}
+
+// ---- 7. --out equal to an input --------------------------------------------
+
+TEST(Reliability, OutputMayNotReplaceAnInput) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  const auto before = slurp(ckpt);
+  const auto g = "grad --tokens " + corpus + " --checkpoint " + ckpt;
+  EXPECT_CLEAR_ERROR(run(g + " --out " + ckpt), "same file as --checkpoint");
+  const auto dot = fs::path(ckpt).parent_path() / "." / fs::path(ckpt).filename();
+  EXPECT_CLEAR_ERROR(run(g + " --out " + dot.string()), "same file as --checkpoint");
+  const auto link = tmp_path("link.h5");
+  fs::remove(link);
+  fs::create_hard_link(ckpt, link);
+  EXPECT_CLEAR_ERROR(run(g + " --out " + link), "same file as --checkpoint");
+  EXPECT_CLEAR_ERROR(run(g + " --out " + corpus), "same file as --tokens");
+  const auto cfg = tmp_path("c.json");
+  write(cfg, R"({"model": {"width": 8}})");
+  EXPECT_CLEAR_ERROR(run("init --config " + cfg + " --out " + cfg), "same file as --config");
+  EXPECT_EQ(slurp(ckpt), before);
+}
+
+// ---- 2. a full disk / file-size limit: clear error, previous file kept ------
+
+TEST(Reliability, FileSizeLimitKeepsThePreviousFile) {
+  const auto ckpt = tmp_path("keep.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  const auto before = slurp(ckpt);
+  // 50 KiB limit, a ~1 MiB model. PMIX_MCA_gds=hash: Open MPI's singleton
+  // start-up would otherwise need shared-memory files above the limit.
+  const std::string cmd = "PMIX_MCA_gds=hash bash -c 'ulimit -f 50; exec " + std::string(ASH_CLI) +
+                          " init --set model.width=256 --out " + ckpt + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal: " << out;
+  EXPECT_EQ(WEXITSTATUS(st), 2) << out;
+  EXPECT_NE(out.find("cannot write '" + ckpt + "'"), std::string::npos) << out;
+  EXPECT_NE(out.find("file size limit"), std::string::npos) << out;
+  EXPECT_EQ(slurp(ckpt), before) << "the previous file must be kept";
+  for (const auto& e : fs::directory_iterator(fs::path(ckpt).parent_path()))
+    EXPECT_EQ(e.path().filename().string().find(fs::path(ckpt).filename().string() + ".tmp."), std::string::npos)
+        << "temp file left: " << e.path();
+}
+
+// ---- 3. strict schema and checksums ----------------------------------------
+
+namespace {
+
+void rewrite_attr_i64(const std::string& path, const char* name, std::int64_t v) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  H5Adelete(f, name);
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(f, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
+void rewrite_attr(const std::string& path, const char* name, hid_t file_type, hid_t mem_type, const void* v) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  H5Adelete(f, name);
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(f, name, file_type, sp, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, mem_type, v);
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
+// Replaces a dataset by one of another file type (and no checksum filter).
+void rewrite_dataset(const std::string& path, const std::string& ds_path, hid_t file_type) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t ds = H5Dopen2(f, ds_path.c_str(), H5P_DEFAULT);
+  hid_t sp = H5Dget_space(ds);
+  const auto n = H5Sget_simple_extent_npoints(sp);
+  std::vector<double> v(static_cast<std::size_t>(n));
+  H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  H5Dclose(ds);
+  H5Ldelete(f, ds_path.c_str(), H5P_DEFAULT);
+  ds = H5Dcreate2(f, ds_path.c_str(), file_type, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(ds, 0);
+  H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+  H5Dclose(ds);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
+template <class F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
+// A file as builds before format 2 wrote it: HDF5's default (oldest) format,
+// contiguous datasets without checksums, format_version 1.
+template <class S>
+void write_version1(const std::string& path, const Config& cfg, const ParamSet<S>& ps, std::int64_t step) {
+  hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  const auto& d = ps.dims();
+  auto i64 = [&](const char* name, std::int64_t v) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, name, H5T_NATIVE_INT64, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &v);
+    H5Aclose(a);
+    H5Sclose(sp);
+  };
+  auto str = [&](const char* name, const std::string& v) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, v.size());
+    H5Tset_strpad(t, H5T_STR_NULLPAD);
+    hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, t, v.data());
+    H5Aclose(a);
+    H5Tclose(t);
+    H5Sclose(sp);
+  };
+  i64("format_version", 1);
+  i64("vocab", d.vocab);
+  i64("width", d.width);
+  i64("state", d.state);
+  i64("layers", d.layers);
+  i64("seed", std::int64_t(d.seed));
+  str("precision", sizeof(S) == 8 ? "double" : "float");
+  i64("step", step);
+  i64("data_cursor", 0);
+  str("rng_state", "splitmix64(seed=7, step=0)");
+  str("engine", "backprop");
+  str("config", cfg.json().dump());
+  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  const auto host = to_host(ps);
+  for (const auto& t : ps.tensors()) {
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    hid_t sp = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+    hid_t ds = H5Dcreate2(f, ("/params/" + t.name).c_str(), sizeof(S) == 8 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, sp,
+                          lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset);
+    H5Dclose(ds);
+    H5Sclose(sp);
+  }
+  H5Pclose(lcpl);
+  H5Fclose(f);
+}
+
+TEST(Reliability, Version1FilesStillLoad) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 6);
+  const auto v1 = tmp_path("v1.h5");
+  write_version1(v1, config_for(d), ps, 4);
+  CheckpointInfo info;
+  EXPECT_EQ(to_host(load_checkpoint<double>(v1, &info)), to_host(ps));
+  EXPECT_EQ(info.format_version, 1);
+  EXPECT_EQ(info.step, 4);
+  const auto r = run("inspect " + v1);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("format_version 1"), std::string::npos) << r.out;
+  // The strict checks other than the checksum apply to version 1 too.
+  rewrite_attr_i64(v1, "step", -1);
+  expect_error([&] { load_checkpoint<double>(v1); }, "negative");
+}
+
+TEST(Reliability, StrictSchemaOnRead) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 1);
+  const auto good = tmp_path("good.h5");
+  save_checkpoint(good, config_for(d), ps, 3, 5);
+  const auto bytes = slurp(good);
+  auto fresh = [&](const std::string& name) {
+    const auto p = tmp_path(name);
+    write(p, bytes);
+    return p;
+  };
+  auto load = [](const std::string& p) { return [p] { load_checkpoint<double>(p); }; };
+
+  const auto f16 = fresh("f16.h5");
+  hid_t half = H5Tcopy(H5T_IEEE_F32LE);
+  H5Tset_fields(half, 15, 10, 5, 0, 10);
+  H5Tset_precision(half, 16);
+  H5Tset_size(half, 2);
+  H5Tset_ebias(half, 15);
+  rewrite_dataset(f16, "/params/layers/000/D", half);
+  H5Tclose(half);
+  expect_error(load(f16), "/params/layers/000/D is float16");
+  const auto i32 = fresh("i32.h5");
+  rewrite_dataset(i32, "/params/head", H5T_STD_I32LE);
+  expect_error(load(i32), "/params/head is int32");
+
+  const auto v15 = fresh("v15.h5");
+  const double one_half = 1.5;
+  rewrite_attr(v15, "format_version", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &one_half);
+  expect_error(load(v15), "'format_version' is not an integer");
+  const auto neg = fresh("neg.h5");
+  rewrite_attr_i64(neg, "step", -5);
+  expect_error(load(neg), "step -5 is negative");
+  const auto cur = fresh("cursor.h5");
+  rewrite_attr_i64(cur, "data_cursor", -1);
+  expect_error(load(cur), "data_cursor -1 is negative");
+  const auto prec = fresh("half.h5");
+  {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, 4);
+    rewrite_attr(prec, "precision", t, t, "half");
+    H5Tclose(t);
+  }
+  expect_error(load(prec), "precision 'half'");
+
+  // A dataset without the checksum filter: refused in format 2, accepted in a
+  // version 1 file (written before checksums), with the same values.
+  const auto nosum = fresh("nosum.h5");
+  rewrite_dataset(nosum, "/params/final_norm", H5T_IEEE_F64LE);
+  expect_error(load(nosum), "has no Fletcher-32 checksum");
+  set_format_version(nosum, 1);
+  EXPECT_EQ(to_host(load_checkpoint<double>(nosum)), to_host(ps));
+  CheckpointInfo info;
+  load_checkpoint<double>(good, &info);
+  EXPECT_EQ(info.format_version, 2);
+
+  // NaN parameters: refused on load, so `generate` exits 2 instead of
+  // printing only the prompt.
+  const auto nan = fresh("nan.h5");
+  {
+    auto v = to_host(ps);
+    v[3] = std::nan("");
+    auto bad = random_model<double>(d, 1);
+    from_host(bad, v);
+    hid_t f = H5Fopen(nan.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "/params/embedding", H5P_DEFAULT);
+    H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(ds);
+    H5Fclose(f);
+  }
+  expect_error(load(nan), "holds a non-finite value");
+  EXPECT_CLEAR_ERROR(run("generate --checkpoint " + nan + " --prompt ab --tokens 3"), "non-finite");
+}
+
+// A flipped bit in a parameter is found by the checksum and named.
+TEST(Reliability, FlippedBitInAParameterIsAChecksumError) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 2);
+  const auto path = tmp_path("flip.h5");
+  save_checkpoint(path, config_for(d), ps);
+  auto bytes = slurp(path);
+  // The raw little-endian bytes of W_B of layer 1 appear once in the file.
+  const auto& t = ps.tensor("layers/001/W_B");
+  const auto host = to_host(ps);
+  std::string raw(std::size_t(t.size()) * 8, '\0');
+  std::memcpy(&raw[0], host.data() + t.offset, raw.size());
+  const auto at = bytes.find(raw);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 13] ^= 0x04;
+  write(path, bytes);
+  expect_error([&] { load_checkpoint<double>(path); }, "checksum mismatch in dataset /params/layers/001/W_B of '" +
+                                                           path + "'");
+  const auto r = run("inspect " + path);  // the header is intact
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Fuzz: seeded byte flips and truncations of a checkpoint with optimizer
+// state. Every load ends in identical values or an ash::Error.
+TEST(Reliability, FuzzedCheckpointsLoadIdenticallyOrFailCleanly) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<float>(d, 3);
+  ParamSet<float> m(d), v(d);
+  from_host(m, to_host(random_model<float>(d, 4)));
+  auto vh = to_host(random_model<float>(d, 5));
+  for (auto& x : vh) x = x * x;
+  from_host(v, vh);
+  const auto good = tmp_path("fuzz_good.h5");
+  save_checkpoint(good, config_for(d), ps, 9, 77, OptimizerState<float>{&m, &v, 9});
+  const std::string bytes = slurp(good);
+  const auto want_p = to_host(ps), want_m = to_host(m), want_v = to_host(v);
+  const auto path = tmp_path("fuzz.h5");
+  // ASH_FUZZ_CASES / ASH_FUZZ_SEED run a longer campaign by hand.
+  const int cases = std::getenv("ASH_FUZZ_CASES") ? std::atoi(std::getenv("ASH_FUZZ_CASES")) : 400;
+  std::mt19937_64 gen(std::getenv("ASH_FUZZ_SEED") ? std::strtoull(std::getenv("ASH_FUZZ_SEED"), nullptr, 10) : 2024);
+  int identical = 0, errors = 0;
+  for (int i = 0; i < cases; ++i) {
+    std::string b = bytes;
+    if (i % 8 == 7) {
+      b.resize(std::size_t(gen() % b.size()));  // truncation
+    } else {
+      const std::size_t at = std::size_t(gen() % b.size());
+      b[at] = char(b[at] ^ char(1u << (gen() % 8)));
+    }
+    write(path, b);
+    try {
+      CheckpointInfo info;
+      const auto got = load_checkpoint<float>(path, &info);
+      ParamSet<float> gm(d), gv(d);
+      std::int64_t step = 0;
+      ASSERT_TRUE(load_optimizer_state(path, gm, gv, &step)) << "case " << i;
+      EXPECT_EQ(to_host(got), want_p) << "case " << i << ": silently different parameters";
+      EXPECT_EQ(to_host(gm), want_m) << "case " << i;
+      EXPECT_EQ(to_host(gv), want_v) << "case " << i;
+      EXPECT_EQ(info.step, 9) << "case " << i;
+      EXPECT_EQ(info.data_cursor, 77) << "case " << i;
+      EXPECT_EQ(step, 9) << "case " << i;
+      EXPECT_TRUE(info.dims == d) << "case " << i;
+      ++identical;
+    } catch (const Error&) {
+      ++errors;
+    }
+  }
+  // Parameters and moments are most of the file: most flips must be caught.
+  EXPECT_GT(errors, cases / 2);
+  std::printf("fuzz: %d identical loads, %d clear errors\n", identical, errors);
+}
+
+// ---- 4. never a bad state over a good one ----------------------------------
+
+TEST(Reliability, DivergingRunKeepsTheLastGoodCheckpoint) {
+  const auto corpus = corpus_file(), dir = tmp_path("div");
+  fs::remove_all(dir);
+  const auto base = "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + dir + " ";
+  ASSERT_EQ(run(base + "--set optim.steps=2").code, 0);
+  const auto ckpt = dir + "/checkpoint.h5";
+  const auto before = slurp(ckpt);
+  const auto r = run(base + "--resume " + ckpt +
+                     " --set optim.lr=100 --set run.ckpt_every=1 --set optim.warmup=0 --set optim.steps=200");
+  EXPECT_CLEAR_ERROR(r, "the last good checkpoint is kept: " + ckpt + " (step ");
+  // Whatever step the message names is the step in the file, and its
+  // parameters give a finite loss.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex("\\(step ([0-9]+)\\)"))) << r.out;
+  CheckpointInfo info;
+  const auto params = load_checkpoint<float>(ckpt, &info);
+  EXPECT_EQ(info.step, std::stoll(m[1].str()));
+  const double loss = forward_loss(params, make_windows(load_tokens(corpus), 2, 32, info.dims.vocab));
+  EXPECT_TRUE(std::isfinite(loss)) << loss;
+  if (info.step == 2) EXPECT_EQ(slurp(ckpt), before);
+}
+
+// ---- 5. one writer per run directory ---------------------------------------
+
+TEST(Reliability, SecondRunOnTheSameDirectoryFailsNamingThePid) {
+  const auto corpus = corpus_file(), dir = tmp_path("lock");
+  fs::remove_all(dir);
+  {
+    Child a(train_args(dir, corpus, 100000000));
+    ASSERT_TRUE(a.wait_for("step      1")) << a.out();
+    auto args = train_args(dir, corpus, 3);
+    std::string line;
+    for (const auto& s : args) line += "'" + s + "' ";
+    EXPECT_CLEAR_ERROR(run(line), "is in use by another ash train (PID " + std::to_string(a.pid()) + ")");
+    ::kill(a.pid(), SIGKILL);  // a stale lock: the kernel drops the flock
+    a.finish();
+  }
+  // A killed writer's temp file is cleaned by the next run of the directory.
+  const auto stale = dir + "/checkpoint.h5.tmp.999999";
+  write(stale, "half a file");
+  auto args = train_args(dir, corpus, 3);
+  std::string line;
+  for (const auto& s : args) line += "'" + s + "' ";
+  const auto r = run(line);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), 3);
+}
+
+// ---- 6. signals -------------------------------------------------------------
+
+TEST(Reliability, SigtermFinishesTheStepWritesACheckpointAndExits143) {
+  const auto corpus = corpus_file();
+  for (const int sig : {SIGTERM, SIGINT}) {
+    const auto dir = tmp_path("sig" + std::to_string(sig));
+    fs::remove_all(dir);
+    Child a(train_args(dir, corpus, 100000000));
+    ASSERT_TRUE(a.wait_for("step      1")) << a.out();
+    ::kill(a.pid(), sig);
+    const int st = a.finish();
+    ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0) << "\n" << a.out();
+    EXPECT_EQ(WEXITSTATUS(st), 128 + sig) << a.out();
+    std::smatch m;
+    const std::string out = a.out();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("interrupted by SIG(TERM|INT) after step ([0-9]+): checkpoint (\\S+)")))
+        << out;
+    EXPECT_EQ(m[3].str(), dir + "/checkpoint.h5");
+    EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), std::stoll(m[2].str()));
+    EXPECT_GE(std::stoll(m[2].str()), 1);
+    // The last metrics line is the step in the checkpoint: nothing lost.
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::string row, last;
+    while (std::getline(in, row)) last = row;
+    EXPECT_EQ(nlohmann::json::parse(last)["step"].get<std::int64_t>(), std::stoll(m[2].str()));
+  }
+}
+
+// The first signal asks for a clean stop; a second one ends the process at
+// once (default action), e.g. when the step is long.
+TEST(Reliability, SecondSignalEndsTrainingAtOnce) {
+  const auto corpus = tmp_path("long.txt");
+  write(corpus, std::string(40000, 'a'));
+  const auto dir = tmp_path("twice");
+  fs::remove_all(dir);
+  // Seconds per step here (E3 keeps the memory small), so both signals
+  // arrive within one step even on a much faster machine.
+  Child a({"train", "--set", "model.width=64", "--set", "model.state=16", "--set", "data.seq_len=16384", "--set",
+           "data.batch=2", "--set", "grad.engine=adjoint-exact", "--set", "data.valid_fraction=0", "--set",
+           "data.train=" + corpus, "--set",
+           "optim.steps=100000", "--set", "run.log_every=1", "--set", "run.ckpt_every=0", "--set",
+           "run.out_dir=" + dir});
+  ASSERT_TRUE(a.wait_for("step      1")) << a.out();
+  ::kill(a.pid(), SIGTERM);
+  ::usleep(150000);
+  ::kill(a.pid(), SIGTERM);
+  const int st = a.finish();
+  ASSERT_TRUE(WIFSIGNALED(st)) << "exited with " << WEXITSTATUS(st) << ":\n" << a.out();
+  EXPECT_EQ(WTERMSIG(st), SIGTERM);
+}
+
+}  // namespace ash::test
