@@ -129,6 +129,27 @@ inline std::string tmp_path(const std::string& name) {
   return ::testing::TempDir() + "ash_" + id + "_" + name;
 }
 
+// A ~30 KB text of words in a fixed random order (training corpora for tests).
+inline std::string word_corpus(const std::string& path) {
+  std::mt19937_64 gen(3);
+  const char* words[] = {"adjoint ", "sharding ", "state ", "space ", "model ", "the ", "of ", "long ", "context. "};
+  std::string s;
+  while (s.size() < 30000) s += words[gen() % 9];
+  std::ofstream(path, std::ios::binary) << s;
+  return path;
+}
+
+// f() throws an ash::Error whose message contains needle.
+template <class F>
+void expect_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -25,15 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string corpus_file() {
-  const auto path = tmp_path("corpus.txt");
-  std::mt19937_64 gen(3);
-  const char* words[] = {"adjoint ", "sharding ", "state ", "space ", "model ", "the ", "of ", "long ", "context. "};
-  std::string s;
-  while (s.size() < 30000) s += words[gen() % 9];
-  write(path, s);
-  return path;
-}
+std::string corpus_file() { return word_corpus(tmp_path("corpus.txt")); }
 
 // Exit 2 (a user error), the message, no crash and no "internal error".
 #define EXPECT_CLEAR_ERROR(res, needle)                                             \
@@ -156,16 +148,10 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
 // An allocation that fails despite the estimate (here: an address-space
 // limit) is exit 2 with a message, not an internal error.
 TEST(Reliability, AllocationFailureIsAClearError) {
-  const std::string cmd = "PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) +
-                          " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") + "' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st)) << out;
-  EXPECT_EQ(WEXITSTATUS(st), 2) << out;
+  const auto [code, out] = run_shell("PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) +
+                                     " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") + "'");
+  ASSERT_NE(code, -1) << "killed by a signal: " << out;
+  EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("out of memory"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp_path("big.h5")));
 }
@@ -247,16 +233,10 @@ TEST(Reliability, FileSizeLimitKeepsThePreviousFile) {
   const auto before = slurp(ckpt);
   // 50 KiB limit, a ~1 MiB model. PMIX_MCA_gds=hash: Open MPI's singleton
   // start-up would otherwise need shared-memory files above the limit.
-  const std::string cmd = "PMIX_MCA_gds=hash bash -c 'ulimit -f 50; exec " + std::string(ASH_CLI) +
-                          " init --set model.width=256 --out " + ckpt + "' 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int st = pclose(p);
-  ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal: " << out;
-  EXPECT_EQ(WEXITSTATUS(st), 2) << out;
+  const auto [code, out] = run_shell("PMIX_MCA_gds=hash bash -c 'ulimit -f 50; exec " + std::string(ASH_CLI) +
+                                     " init --set model.width=256 --out " + ckpt + "'");
+  ASSERT_NE(code, -1) << "killed by a signal: " << out;
+  EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("cannot write '" + ckpt + "'"), std::string::npos) << out;
   EXPECT_NE(out.find("file size limit"), std::string::npos) << out;
   EXPECT_EQ(slurp(ckpt), before) << "the previous file must be kept";
@@ -309,15 +289,6 @@ void rewrite_dataset(const std::string& path, const std::string& ds_path, hid_t 
   H5Fclose(f);
 }
 
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 }  // namespace
 

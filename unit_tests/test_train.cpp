@@ -15,15 +15,7 @@ namespace {
 
 std::string tmp(const std::string& name) { return tmp_path(name); }
 
-std::string corpus_file() {
-  const auto path = tmp("corpus_" + std::to_string(::getpid()) + ".txt");  // ctest -j runs tests in parallel
-  std::mt19937_64 gen(3);
-  const char* words[] = {"adjoint ", "sharding ", "state ", "space ", "model ", "the ", "of ", "long ", "context. "};
-  std::string s;
-  while (s.size() < 30000) s += words[gen() % 9];
-  write(path, s);
-  return path;
-}
+std::string corpus_file() { return word_corpus(tmp("corpus.txt")); }
 
 Config small_config(const std::string& out_dir, const std::string& precision = "float") {
   Config c;
