@@ -119,7 +119,9 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
     auto both = losses(tmp_path(a));
     for (double l : losses(tmp_path(b))) both.push_back(l);
     expect_same_losses(both, ref, a + " then " + b);
-    if (h.n_a == h.n_b && h.R_a == h.R_b) EXPECT_EQ(both, losses(tmp_path("n2R2"))) << "same-layout resume is bitwise";
+    if (h.n_a == h.n_b && h.R_a == h.R_b) {
+      EXPECT_EQ(both, losses(tmp_path("n2R2"))) << "same-layout resume is bitwise";
+    }
   }
 }
 

@@ -529,7 +529,9 @@ TEST(Reliability, DivergingRunKeepsTheLastGoodCheckpoint) {
   EXPECT_EQ(info.step, std::stoll(m[1].str()));
   const double loss = forward_loss(params, make_windows(load_tokens(corpus), 2, 32, info.dims.vocab));
   EXPECT_TRUE(std::isfinite(loss)) << loss;
-  if (info.step == 2) EXPECT_EQ(slurp(ckpt), before);
+  if (info.step == 2) {
+    EXPECT_EQ(slurp(ckpt), before);
+  }
 }
 
 // ---- 5. one writer per run directory ---------------------------------------

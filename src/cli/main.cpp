@@ -357,16 +357,18 @@ int main(int argc, char* argv[]) {
   } catch (const ash::Error& e) {
     return fail(e.what(), 2);
   } catch (const std::bad_alloc& e) {
-    // Kokkos' allocation failure is a std::bad_alloc too: a resource problem,
-    // not a bug (§7).
+    // An allocation that failed is a resource problem, not a bug (§7).
     return fail(std::string("out of memory (") + e.what() +
                     "): reduce data.batch, data.seq_len or the model sizes", 2);
   } catch (const std::length_error& e) {
     return fail(std::string("sizes too large for this machine (") + e.what() + ")", 2);
   } catch (const std::runtime_error& e) {
-    // Kokkos 3.x reports a failed View allocation as a plain runtime_error.
+    // Kokkos reports a failed View allocation as a plain runtime_error:
+    // "Kokkos failed to allocate memory ..." (3.x to 4.3), "Kokkos ERROR: <space>
+    // memory space failed to allocate <size> ..." (4.4 and later).
     const std::string what = e.what();
-    if (what.find("Kokkos failed to allocate memory") != std::string::npos)
+    if (what.find("Kokkos failed to allocate memory") != std::string::npos ||
+        (what.find("Kokkos ERROR") != std::string::npos && what.find("failed to allocate") != std::string::npos))
       return fail("out of memory: " + what.substr(0, what.find("  Allocation using")) +
                       " (reduce data.batch, data.seq_len or the model sizes)", 2);
     return fail(what, 3);

@@ -13,7 +13,7 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
   const index_t Tx = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
   const index_t T = M / index_t(x.extent(0));
   const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (Tx - 1);
-  const bool want_g = g.extent(0) == index_t(M);
+  const bool want_g = index_t(g.extent(0)) == M;
   const index_t C = chunk_rows < M ? chunk_rows : M;
   View1<S> rstd("ash::head::rstd", C);
   View2<S> yhat("ash::head::yhat", C, P);
