@@ -139,7 +139,6 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
           "distributed engine: the parameters are not this rank's shard of the layout");
   const MPI_Comm lc = grid_.layers();
   const int prev = lay.layer_rank - 1, next = lay.layer_rank + 1;
-  auto timed = [this](auto&& fn) { this->timed(fn); };
 
   const ExecSpace& exec = layer_->execution_space();
   // This replica's windows, then this sequence rank's token range [t_a, t_b)

@@ -58,7 +58,6 @@ class AdjointExactLayer final : public LayerAdjoint<S> {
   void backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
                       const View2<S>& h0, const std::function<View3<S>(const View3<S>&, const View3<S>&)>& exchange,
                       const LayerParams<S>& grad);
-  index_t chunk() const { return opts_.chunk; }
 
  private:
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,
