@@ -44,6 +44,7 @@ LayerActivations<S> first_rows(const LayerActivations<S>& a, index_t rows) {
   o.delta = first_rows(a.delta, rows);
   o.beta = first_rows(a.beta, rows);
   o.gamma = first_rows(a.gamma, rows);
+  o.a = a.a;
   return o;
 }
 

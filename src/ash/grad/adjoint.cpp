@@ -68,7 +68,7 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
   work_.ensure("ash::e2::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
   const auto& act = store.kept(k);
   window_adjoint(s, act, g, Tbar, work_.mu, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, *work_.cot, grad, g,
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
                           /*detach_input=*/true, this->exec_);
 }
 

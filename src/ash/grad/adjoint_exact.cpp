@@ -19,30 +19,50 @@ using impl::boundary_states;
 // then M_c = L_c + G_c M_{c+1} right to left. On return Ms holds μ^{start_c}.
 // With a carry (a later token block), the last chunk continues into it:
 // G = Π A · A^{next start} and M_last = L_last + G μ^{next start}.
+template <int NT, class S>
+void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms, const View3<S>& G,
+                          const ExactCarry<S>& carry, const ExecSpace& exec) {
+  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  const bool next = carry.valid;
+  auto An = carry.A;
+  Kokkos::parallel_for(
+      "ash::e3::chunk_scan_mu", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
+        const index_t t0 = ch.start(c), t1 = ch.end(c);
+        for (index_t n0 = 0; n0 < N; n0 += NT) {
+          S mu[NT], pr[NT], av[NT];
+          for (int j = 0; j < NT; ++j) {
+            mu[j] = 0;
+            pr[j] = 1;
+            av[j] = L.a(q, n0 + j);
+          }
+          // Invariant at the top of step t: mu = A^{t+1} μ^{t+1} (0 past the chunk).
+          for (index_t t = t1 - 1; t >= t0; --t) {
+            const index_t m = b * T + t;
+            const S g = L.gy(m, q), dq = L.delta(m, q);
+            const S fold = t > t0 ? S(1) : S(0);  // the chunk's first step keeps μ^{t0} itself
+            for (int j = 0; j < NT; ++j) {
+              const S A = fold > 0 ? impl::exp_fast(dq * av[j]) : S(1);
+              mu[j] = A * (g * L.gamma(m, n0 + j) + mu[j]);
+              pr[j] *= A;
+            }
+          }
+          for (int j = 0; j < NT; ++j) {
+            Ms(bc, q, n0 + j) = mu[j];
+            const S after = t1 < T ? L.A(b * T + t1, q, n0 + j) : (next ? An(b, q, n0 + j) : S(0));
+            G(bc, q, n0 + j) = pr[j] * after;
+          }
+        }
+      });
+}
+
 template <class S>
 void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
                           const View3<S>& G, const ExactCarry<S>& carry, const ExecSpace& exec) {
-  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  const index_t P = Ms.extent(1), N = Ms.extent(2), nc = ch.nc;
   const bool next = carry.valid;
   auto Mn = carry.mu;
-  auto An = carry.A;
-  Kokkos::parallel_for(
-      "ash::e3::chunk_scan_mu", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
-        const index_t t0 = ch.start(c), t1 = ch.end(c);
-        S carry = 0, pr = 1, mu = 0;
-        for (index_t t = t1 - 1; t >= t0; --t) {
-          const index_t m = b * T + t;
-          mu = L.qv(m, q, n) + carry;
-          if (t > t0) {
-            const S a = L.A(m, q, n);
-            carry = a * mu;
-            pr *= a;
-          }
-        }
-        Ms(bc, q, n) = mu;
-        G(bc, q, n) = t1 < T ? pr * L.A(b * T + t1, q, n) : (next ? pr * An(b, q, n) : S(0));
-      });
+  ASH_WITH_STATE_TILE(N, chunk_local_adjoints<NT>(L, ch, Bt, Ms, G, carry, exec));
   Kokkos::parallel_for(
       "ash::e3::carry_mu", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
@@ -54,48 +74,59 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
       });
 }
 
-// h^{t-1} for the tokens [w0, w0+W) of every sequence, recomputed from the
-// boundary state before each chunk that overlaps the wave (h0 before the first; zero when empty).
-template <class S>
-void wave_hprev(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& h0,
-                index_t w0, index_t W, const View3<S>& hbuf, const ExecSpace& exec) {
+// One wave of tokens [w0, w0+W) of every sequence, per (sequence, chunk,
+// channel): the forward replay from the boundary state before the chunk
+// (h0 before the first; zero when empty) stores h^{t-1} and A^t of the wave's
+// rows; in exact mode (`mu_too`, chunk-aligned waves) the same thread then runs
+// the reverse scan of μ over its chunk from the carry A^{start_{c+1}}
+// μ^{start_{c+1}} (the last chunk's from the later block, if any), reading A
+// back from the row buffer: one exp per (token, channel, state) for the wave.
+template <int NT, class S>
+void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& h0,
+                const View3<S>& Ms, const ExactCarry<S>& carry, bool mu_too, index_t w0, index_t W,
+                const View3<S>& hbuf, const View3<S>& Abuf, const View3<S>& mubuf, const ExecSpace& exec) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
-  const bool has_h0 = h0.extent(0) > 0;
-  const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
-  Kokkos::parallel_for(
-      "ash::e3::wave_h", Range(exec, 0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
-        S h = c > 0 ? Hb(b * nc + c - 1, q, n) : (has_h0 ? h0(b * P + q, n) : S(0));
-        const index_t t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
-        for (index_t t = ch.start(c); t < t1; ++t) {
-          const index_t m = b * T + t;
-          if (t >= w0) hbuf(b * W + t - w0, q, n) = h;
-          h = L.A(m, q, n) * h + L.u(m, q, n);
-        }
-      });
-}
-
-// Exact μ for a chunk-aligned wave: each chunk's reverse scan starts from the
-// carry A^{start_{c+1}} μ^{start_{c+1}} (the last chunk's from the later block, if any).
-template <class S>
-void wave_mu_exact(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
-                   const ExactCarry<S>& carry, index_t w0, index_t W, const View3<S>& mubuf, const ExecSpace& exec) {
-  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
-  const bool next = carry.valid;
+  const bool has_h0 = h0.extent(0) > 0, next = carry.valid;
   auto Mn = carry.mu;
   auto An = carry.A;
-  const index_t c_lo = w0 / ch.C, ncw = (W + ch.C - 1) / ch.C;
+  const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
   Kokkos::parallel_for(
-      "ash::e3::wave_mu", Range(exec, 0, Bt * ncw * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / ncw, c = c_lo + bc % ncw;
-        const index_t t0 = ch.start(c), t1 = ch.end(c);
-        S carry = c + 1 < nc ? L.A(b * T + t1, q, n) * Ms(b * nc + c + 1, q, n)
-                             : (next ? An(b, q, n) * Mn(b, q, n) : S(0));
-        for (index_t t = t1 - 1; t >= t0; --t) {
-          const index_t m = b * T + t;
-          const S mu = L.qv(m, q, n) + carry;
-          mubuf(b * W + t - w0, q, n) = mu;
-          carry = L.A(m, q, n) * mu;
+      "ash::e3::wave_scans", Range(exec, 0, Bt * ncw * P), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / P, q = i % P, b = bc / ncw, c = c_lo + bc % ncw;
+        const index_t t0 = ch.start(c), t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
+        for (index_t n0 = 0; n0 < N; n0 += NT) {
+          S h[NT], av[NT];
+          for (int j = 0; j < NT; ++j) {
+            h[j] = c > 0 ? Hb(b * nc + c - 1, q, n0 + j) : (has_h0 ? h0(b * P + q, n0 + j) : S(0));
+            av[j] = L.a(q, n0 + j);
+          }
+          for (index_t t = t0; t < t1; ++t) {
+            const index_t m = b * T + t, r = b * W + t - w0;
+            const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+            for (int j = 0; j < NT; ++j) {
+              const S A = impl::exp_fast(dq * av[j]);
+              if (t >= w0) {
+                hbuf(r, q, n0 + j) = h[j];
+                Abuf(r, q, n0 + j) = A;
+              }
+              h[j] = A * h[j] + du * L.beta(m, n0 + j);
+            }
+          }
+          if (!mu_too) continue;
+          S cy[NT];  // A^{t+1} μ^{t+1}
+          const index_t te = ch.end(c);
+          for (int j = 0; j < NT; ++j)
+            cy[j] = c + 1 < nc ? L.A(b * T + te, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
+                               : (next ? An(b, q, n0 + j) * Mn(b, q, n0 + j) : S(0));
+          for (index_t t = te - 1; t >= t0; --t) {
+            const index_t m = b * T + t, r = b * W + t - w0;
+            const S g = L.gy(m, q);
+            for (int j = 0; j < NT; ++j) {
+              const S mu = g * L.gamma(m, n0 + j) + cy[j];
+              mubuf(r, q, n0 + j) = mu;
+              cy[j] = Abuf(r, q, n0 + j) * mu;
+            }
+          }
         }
       });
 }
@@ -208,7 +239,7 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks{C, (T + C - 1) / C, T};
   const index_t nc = chunks.nc;
-  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, p.A_log, T};
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T};
   // μ at chunk starts with a zero carry from the later ranges, and (through a
   // carry of μ = 0, A = 1) the chunks' full products G_c, so the range's μ at
   // its first token is L + (Π_c G_c) ⊙ c_after.
@@ -268,26 +299,24 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   View3<S> Ms;
   if (!window) Ms = View3<S>("ash::e3::mu_chunk_start", Bt * chunks.nc, P, N);
   View3<S> hbuf("ash::e3::wave_hprev", Bt * Wbuf, P, N);
+  View3<S> Abuf("ash::e3::wave_A", Bt * Wbuf, P, N);
   View3<S> mubuf("ash::e3::wave_mu", Bt * Wbuf, P, N);
   const LayerCotangents<S> cot(Bt * Wbuf, d);
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
 
-  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, layer.A_log, T};
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T};
   const ExecSpace& exec = this->exec_;
   boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
   if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
   for (index_t w0 = 0; w0 < T; w0 += W) {
     const index_t Ww = (w0 + W < T) ? W : T - w0;
-    wave_hprev(L, chunks, Bt, Hb, h0, w0, Ww, hbuf, exec);
-    if (window)
-      wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
-    else
-      wave_mu_exact(L, chunks, Bt, Ms, cin, w0, Ww, mubuf, exec);
+    ASH_WITH_STATE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
+    if (window) wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
     // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
     // only rows of this wave or later ones, and the carries were taken first.
-    ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, cot, grad, g, opts_.detach_inputs,
-                            exec);
+    ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, Abuf, cot, grad, g,
+                            opts_.detach_inputs, exec);
   }
   if (carry) take_carry(L, Bt, chunks.nc, Ms, *carry, exec);
 }

@@ -5,6 +5,19 @@
 namespace ash::impl {
 
 constexpr double rms_eps = 1e-5;
+// Rows per partial sum of a reduction over rows (two-level sums: the whole
+// device works on the first level, and the order of additions is fixed).
+constexpr index_t reduce_rows = 128;
+
+// Row r of a block buffer is token row map(r) of the full activations.
+struct IdentityRows {
+  KOKKOS_INLINE_FUNCTION index_t operator()(index_t r) const { return r; }
+};
+// Rows of a RowBlock (ssm_layer.hpp): tokens [t0, t0+W) of every sequence of T.
+struct BlockRows {
+  index_t W, T, t0;
+  KOKKOS_INLINE_FUNCTION index_t operator()(index_t r) const { return (r / W) * T + t0 + r % W; }
+};
 
 // rstd[m] = r(x[m, :]),  yhat[m, p] = w[p] x[m, p] r.
 template <class S, class X, class W, class R, class Y>
@@ -20,29 +33,44 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, cons
       });
 }
 
-// Given gyhat = ∂L/∂ŷ: gw[p] += Σ_m gyhat x r (deterministic: one thread per p),
+// Given gyhat = ∂L/∂ŷ for R rows (row r is token map(r) of x, rstd, gx):
+// gw[p] += Σ_r gyhat x r (two-level sum over blocks of reduce_rows rows), and
 // gx[m, :] (=, or += when accumulate) r (gw⊙gyhat - x̂ mean(gyhat⊙w⊙x̂)), x̂ = x r.
 // An empty gx skips the input VJP (stop-gradient on x).
-template <class S, class X, class W, class R, class G, class GW, class GX>
+template <class S, class X, class W, class R, class G, class GW, class GX, class Map = IdentityRows>
 void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, const GW& gw, const GX& gx,
-                       bool accumulate_gx, const ExecSpace& exec = ExecSpace()) {
-  const index_t M = x.extent(0), P = x.extent(1);
+                       bool accumulate_gx, const ExecSpace& exec = ExecSpace(), const Map map = Map()) {
+  const index_t Rn = gyhat.extent(0), P = x.extent(1);
+  const index_t nblk = (Rn + reduce_rows - 1) / reduce_rows;
+  View2<S> part(Kokkos::view_alloc(std::string("ash::rms_norm::partial"), Kokkos::WithoutInitializing), nblk, P);
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_w", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t p) {
+      "ash::rms_norm_backward_w", Range(exec, 0, nblk * P), KOKKOS_LAMBDA(const index_t i) {
+        const index_t blk = i / P, p = i % P;
+        const index_t r1 = (blk + 1) * reduce_rows < Rn ? (blk + 1) * reduce_rows : Rn;
         S acc = 0;
-        for (index_t m = 0; m < M; ++m) acc += gyhat(m, p) * x(m, p) * rstd(m);
+        for (index_t r = blk * reduce_rows; r < r1; ++r) {
+          const index_t m = map(r);
+          acc += gyhat(r, p) * x(m, p) * rstd(m);
+        }
+        part(blk, p) = acc;
+      });
+  Kokkos::parallel_for(
+      "ash::rms_norm_backward_w_sum", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t p) {
+        S acc = 0;
+        for (index_t blk = 0; blk < nblk; ++blk) acc += part(blk, p);
         gw(p) += acc;
       });
   if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_x", Range(exec, 0, M), KOKKOS_LAMBDA(const index_t m) {
-        const S r = rstd(m);
+      "ash::rms_norm_backward_x", Range(exec, 0, Rn), KOKKOS_LAMBDA(const index_t r) {
+        const index_t m = map(r);
+        const S rs = rstd(m);
         S dot = 0;
-        for (index_t p = 0; p < P; ++p) dot += gyhat(m, p) * w(p) * x(m, p) * r;
+        for (index_t p = 0; p < P; ++p) dot += gyhat(r, p) * w(p) * x(m, p) * rs;
         dot /= S(P);
         for (index_t p = 0; p < P; ++p) {
-          const S v = r * (gyhat(m, p) * w(p) - x(m, p) * r * dot);
+          const S v = rs * (gyhat(r, p) * w(p) - x(m, p) * rs * dot);
           gx(m, p) = keep * gx(m, p) + v;
         }
       });

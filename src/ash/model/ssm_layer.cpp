@@ -1,7 +1,5 @@
 #include "ash/model/ssm_layer.hpp"
 
-#include <KokkosBlas2_gemv.hpp>
-
 #include "ash/core/error.hpp"
 #include "ash/kernels/blas.hpp"
 #include "ash/kernels/chunked_scan.hpp"
@@ -15,7 +13,8 @@ LayerActivations<S>::LayerActivations(const SeqShape& s, const ModelDims& d, Sto
       yhat("ash::act::yhat", s.rows(), d.width),
       delta("ash::act::delta", s.rows(), d.width),
       beta("ash::act::beta", s.rows(), d.state),
-      gamma("ash::act::gamma", s.rows(), d.state) {
+      gamma("ash::act::gamma", s.rows(), d.state),
+      a("ash::act::a", d.width, d.state) {
   if (store >= with_hprev) hprev = View3<S>("ash::act::hprev", s.rows(), d.width, d.state);
   if (store >= with_hprev_and_A) A = View3<S>("ash::act::A", s.rows(), d.width, d.state);
 }
@@ -26,17 +25,174 @@ LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d)
       gz("ash::cot::gz", rows, d.width),
       gbeta("ash::cot::gbeta", rows, d.state),
       ggamma("ash::cot::ggamma", rows, d.state),
-      alog_sum("ash::cot::alog_sum", d.width * d.state),
-      ones("ash::cot::ones", rows) {
-  Kokkos::deep_copy(ones, S(1));
-}
+      yhat_rows("ash::cot::yhat_rows", rows, d.width),
+      alog_part("ash::cot::alog_part", (rows + impl::reduce_rows - 1) / impl::reduce_rows, d.width, d.state),
+      d_part("ash::cot::d_part", (rows + impl::reduce_rows - 1) / impl::reduce_rows, d.width),
+      bd_part("ash::cot::bd_part", (rows + impl::reduce_rows - 1) / impl::reduce_rows, d.width) {}
 
 namespace {
 
-constexpr index_t forward_chunk = 64;  // tokens per chunk of the forward scan
+constexpr index_t forward_chunk = 64;  // tokens per chunk of the forward scan when chunks are needed
 
 KOKKOS_INLINE_FUNCTION double softplus(double z) { return z > 20.0 ? z : kmath::log1p(kmath::exp(z)); }
 KOKKOS_INLINE_FUNCTION float softplus(float z) { return z > 20.0f ? z : kmath::log1p(kmath::exp(z)); }
+
+// Chunks of the forward scan. Chunks only add parallelism (each costs a
+// second pass over its tokens), so a sequence is one chunk when its channels
+// alone give every thread of the space enough work (the CPU case), and
+// chunks of 64 tokens otherwise (a GPU).
+impl::Chunks forward_chunks(index_t T, index_t Bt, index_t P, const ExecSpace& exec) {
+  const index_t C = (Bt * P >= 8 * index_t(exec.concurrency()) || T <= forward_chunk) ? T : forward_chunk;
+  return impl::Chunks{C, (T + C - 1) / C, T};
+}
+
+// The forward replay: each (sequence, chunk, channel) scans its chunk from
+// the state before it (h0/zero for the first chunk, Hb of the chunk before
+// otherwise), forming y_out = y_in + D ŷ + Σ_n γ_n h_n and, where allocated,
+// storing h^{t-1} and A^t. With one chunk and a carried state, the thread
+// also leaves h after the last token in state_io.
+template <int NT, class S>
+void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, const View3<S>& Hb,
+                 const View2<S>& state_io, const Unmanaged1<S>& D, const View2<S>& y_in, const View2<S>& y_out,
+                 const View3<S>& Hst, const View3<S>& Ast, const ExecSpace& exec) {
+  const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.nc;
+  const bool store_h = Hst.extent(0) > 0, store_A = Ast.extent(0) > 0;
+  const bool carry = state_io.extent(0) > 0;
+  Kokkos::parallel_for(
+      "ash::layer_scan_forward", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
+        for (index_t t = ch.start(c); t < ch.end(c); ++t) {
+          const index_t m = b * T + t;
+          y_out(m, q) = y_in(m, q) + D(q) * L.yhat(m, q);
+        }
+        for (index_t n0 = 0; n0 < N; n0 += NT) {
+          S h[NT], av[NT];
+          for (int j = 0; j < NT; ++j) {
+            h[j] = c > 0 ? Hb(bc - 1, q, n0 + j) : (carry ? state_io(b * P + q, n0 + j) : S(0));
+            av[j] = L.a(q, n0 + j);
+          }
+          for (index_t t = ch.start(c); t < ch.end(c); ++t) {
+            const index_t m = b * T + t;
+            const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+            S part[NT];
+            for (int j = 0; j < NT; ++j) {
+              const S A = impl::exp_fast(dq * av[j]);
+              if (store_h) Hst(m, q, n0 + j) = h[j];
+              if (store_A) Ast(m, q, n0 + j) = A;
+              h[j] = A * h[j] + du * L.beta(m, n0 + j);
+              part[j] = L.gamma(m, n0 + j) * h[j];
+            }
+            S out = 0;
+            for (int j = 0; j < NT; ++j) out += part[j];
+            y_out(m, q) += out;
+          }
+          if (carry && nc == 1)
+            for (int j = 0; j < NT; ++j) state_io(b * P + q, n0 + j) = h[j];
+        }
+      });
+}
+
+// The per-(token, channel) VJPs of step i of one row block. One thread owns
+// rows [blk·reduce_rows, ...) of channel q: per row, gΔ and the ŷ-part through
+// u = Δ ŷ β (sums over n, into gz and gyhat), and per block the partial sums
+// of the A_log, D and bδ gradients; μ becomes μ Δ ŷ (what ∂L/∂β sums over p).
+template <int NT, class S, class Map>
+void vjp_channel(const LayerActivations<S>& act, const View2<S>& gy, const Unmanaged1<S>& D, const Map map, index_t R,
+                 const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av, const LayerCotangents<S>& cot,
+                 const ExecSpace& exec) {
+  const index_t P = act.a.extent(0), N = act.a.extent(1);
+  const index_t nblk = (R + impl::reduce_rows - 1) / impl::reduce_rows;
+  auto yhat = act.yhat;
+  auto delta = act.delta;
+  auto beta = act.beta;
+  auto a = act.a;
+  auto gyhat = cot.gyhat;
+  auto gz = cot.gz;
+  auto alog_part = cot.alog_part;
+  auto d_part = cot.d_part;
+  auto bd_part = cot.bd_part;
+  Kokkos::parallel_for(
+      "ash::vjp_channel", Range(exec, 0, nblk * P), KOKKOS_LAMBDA(const index_t i) {
+        const index_t blk = i / P, q = i % P;
+        const index_t r0 = blk * impl::reduce_rows, r1 = r0 + impl::reduce_rows < R ? r0 + impl::reduce_rows : R;
+        for (index_t r = r0; r < r1; ++r) {
+          const index_t m = map(r);
+          gz(r, q) = 0;
+          gyhat(r, q) = gy(m, q) * D(q);  // output term D_p ŷ_p
+        }
+        for (index_t n0 = 0; n0 < N; n0 += NT) {
+          S av[NT], acc[NT];
+          for (int j = 0; j < NT; ++j) {
+            av[j] = a(q, n0 + j);
+            acc[j] = 0;
+          }
+          for (index_t r = r0; r < r1; ++r) {
+            const index_t m = map(r);
+            const S dq = delta(m, q), yq = yhat(m, q), du = dq * yq;
+            S gd[NT], gh[NT];
+            for (int j = 0; j < NT; ++j) {
+              const S mv = mu(r, q, n0 + j), hA = hprev(r, q, n0 + j) * Av(r, q, n0 + j), bn = beta(m, n0 + j);
+              gd[j] = mv * (hA * av[j] + bn * yq);
+              gh[j] = mv * bn;
+              acc[j] += mv * hA * dq;
+              mu(r, q, n0 + j) = mv * du;
+            }
+            S sd = 0, sh = 0;
+            for (int j = 0; j < NT; ++j) {
+              sd += gd[j];
+              sh += gh[j];
+            }
+            gz(r, q) += sd;  // gΔ for now; turned into ∂L/∂z below
+            gyhat(r, q) += sh * dq;
+          }
+          for (int j = 0; j < NT; ++j) alog_part(blk, q, n0 + j) = acc[j];
+        }
+        S d = 0, bd = 0;
+        for (index_t r = r0; r < r1; ++r) {
+          const index_t m = map(r);
+          const S gzr = -gz(r, q) * kmath::expm1(-delta(m, q));  // softplus'(z) = sigmoid(z) = 1 - e^{-Δ}
+          gz(r, q) = gzr;
+          d += gy(m, q) * yhat(m, q);
+          bd += gzr;
+        }
+        d_part(blk, q) = d;
+        bd_part(blk, q) = bd;
+      });
+}
+
+// Per (token, state tile): ∂L/∂β^i_n = Σ_p μ Δ ŷ (μ already scaled) and
+// ∂L/∂γ^i_n = Σ_p g^i_p h^i_pn, h^i = A^i h^{i-1} + Δ ŷ β.
+template <int NT, class S, class Map>
+void vjp_state(const LayerActivations<S>& act, const View2<S>& gy, const Map map, index_t R, const View3<S>& mu,
+               const View3<S>& hprev, const View3<S>& Av, const LayerCotangents<S>& cot, const ExecSpace& exec) {
+  const index_t P = act.a.extent(0), N = act.a.extent(1), ntile = N / NT;
+  auto yhat = act.yhat;
+  auto delta = act.delta;
+  auto beta = act.beta;
+  auto gbeta = cot.gbeta;
+  auto ggamma = cot.ggamma;
+  Kokkos::parallel_for(
+      "ash::vjp_state", Range(exec, 0, R * ntile), KOKKOS_LAMBDA(const index_t i) {
+        const index_t r = i / ntile, n0 = (i % ntile) * NT, m = map(r);
+        S gb[NT], gg[NT], bv[NT];
+        for (int j = 0; j < NT; ++j) {
+          gb[j] = 0;
+          gg[j] = 0;
+          bv[j] = beta(m, n0 + j);
+        }
+        for (index_t q = 0; q < P; ++q) {
+          const S du = delta(m, q) * yhat(m, q), g = gy(m, q);
+          for (int j = 0; j < NT; ++j) {
+            gb[j] += mu(r, q, n0 + j);
+            gg[j] += g * (Av(r, q, n0 + j) * hprev(r, q, n0 + j) + du * bv[j]);
+          }
+        }
+        for (int j = 0; j < NT; ++j) {
+          gbeta(r, n0 + j) = gb[j];
+          ggamma(r, n0 + j) = gg[j];
+        }
+      });
+}
 
 }  // namespace
 
@@ -48,11 +204,12 @@ void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const Laye
   impl::gemm<S>("N", "T", S(1), act.yhat, p.W_delta, S(0), act.delta);
   impl::gemm<S>("N", "T", S(1), act.yhat, p.W_B, S(0), act.beta);
   impl::gemm<S>("N", "T", S(1), act.yhat, p.W_C, S(0), act.gamma);
+  impl::decay_rates(p.A_log, act.a, exec);
   auto delta = act.delta;
   auto bd = p.b_delta;
   Kokkos::parallel_for(
-      "ash::layer_delta", Range2(exec, {0, 0}, {M, P}),
-      KOKKOS_LAMBDA(const index_t m, const index_t q) { delta(m, q) = softplus(delta(m, q) + bd(q)); });
+      "ash::layer_delta", Range(exec, 0, M * P),
+      KOKKOS_LAMBDA(const index_t i) { delta(i / P, i % P) = softplus(delta(i / P, i % P) + bd(i % P)); });
 }
 
 template <class S>
@@ -68,45 +225,25 @@ void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& 
                     const View2<S>& y_out, const View2<S>& state_io, const ExecSpace& exec) {
   const index_t T = s.T, Bt = s.batch, P = y_in.extent(1), N = p.W_B.extent(0);
   // The scan as a chunked parallel scan: h at every chunk end (chunk-local
-  // scans, then a carry pass), then every (sequence, chunk, channel) replays
-  // its chunk from the boundary state, forming ỹ and storing h^{t-1} and A^t
-  // where allocated.
-  const index_t C = forward_chunk < T ? forward_chunk : T;
-  const impl::Chunks ch{C, (T + C - 1) / C, T};
+  // scans, then a carry pass; skipped with one chunk), then every (sequence,
+  // chunk, channel) replays its chunk from the boundary state.
+  const impl::Chunks ch = forward_chunks(T, Bt, P, exec);
   const index_t nc = ch.nc;
-  const bool store_h = act.hprev.extent(0) > 0, store_A = act.A.extent(0) > 0;
   const bool carry = state_io.extent(0) == std::size_t(Bt * P);
-  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), p.A_log, T};
-  View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
-  View3<S> st("ash::fwd::chunk_state", Bt * nc, P, N);
-  impl::boundary_states(L, ch, Bt, Hb, st, carry ? state_io : View2<S>(), exec);
-  auto gamma = act.gamma;
-  auto yhat = act.yhat;
-  auto Hst = act.hprev;
-  auto Ast = act.A;
-  auto D = p.D;
-  Kokkos::parallel_for(
-      "ash::layer_scan_forward", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
-        for (index_t n = 0; n < N; ++n)
-          st(bc, q, n) = c > 0 ? Hb(bc - 1, q, n) : (carry ? state_io(b * P + q, n) : S(0));
-        for (index_t t = ch.start(c); t < ch.end(c); ++t) {
-          const index_t m = b * T + t;
-          S out = D(q) * yhat(m, q);
-          for (index_t n = 0; n < N; ++n) {
-            const S a = L.A(m, q, n);
-            if (store_h) Hst(m, q, n) = st(bc, q, n);
-            if (store_A) Ast(m, q, n) = a;
-            const S hn = a * st(bc, q, n) + L.u(m, q, n);
-            st(bc, q, n) = hn;
-            out += gamma(m, n) * hn;
-          }
-          y_out(m, q) = y_in(m, q) + out;
-        }
-      });
-  if (carry)
+  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T};
+  View3<S> Hb;
+  if (nc > 1) {
+    Hb = View3<S>(Kokkos::view_alloc(std::string("ash::fwd::h_boundary"), Kokkos::WithoutInitializing), Bt * nc, P, N);
+    View3<S> pa(Kokkos::view_alloc(std::string("ash::fwd::chunk_products"), Kokkos::WithoutInitializing), Bt * nc, P,
+                N);
+    impl::boundary_states(L, ch, Bt, Hb, pa, carry ? state_io : View2<S>(), exec);
+  }
+  const View2<S> io = carry ? state_io : View2<S>();
+  ASH_WITH_STATE_TILE(N, scan_replay<NT>(L, ch, Bt, Hb, io, p.D, y_in, y_out, act.hprev, act.A, exec));
+  if (carry && nc > 1)
     Kokkos::parallel_for(
-        "ash::layer_state_out", Range2(exec, {0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
+        "ash::layer_state_out", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+          const index_t bq = i / N, n = i % N;
           state_io(bq, n) = Hb((bq / P) * nc + nc - 1, bq % P, n);
         });
 }
@@ -118,13 +255,13 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
   const index_t C = forward_chunk < T ? forward_chunk : T;
   const impl::Chunks ch{C, (T + C - 1) / C, T};
   const index_t nc = ch.nc;
-  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), p.A_log, T};
+  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T};
   View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
   View3<S> PA("ash::fwd::chunk_products", Bt * nc, P, N);
   impl::boundary_states(L, ch, Bt, Hb, PA, View2<S>(), exec);  // PA keeps each chunk's Π A
   Kokkos::parallel_for(
-      "ash::layer_state_map", Range2(exec, {0, 0}, {Bt * P, N}), KOKKOS_LAMBDA(const index_t bq, const index_t n) {
-        const index_t b = bq / P, q = bq % P;
+      "ash::layer_state_map", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bq = i / N, n = i % N, b = bq / P, q = bq % P;
         S pr = 1;
         for (index_t c = 0; c < nc; ++c) pr = PA(b * nc + c, q, n) * pr;
         prod(bq, n) = pr;
@@ -135,114 +272,81 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
 template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
-                             const View3<S>& mu, const View3<S>& hprev, const LayerCotangents<S>& cot,
-                             const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
-                             const ExecSpace& exec) {
+                             const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av,
+                             const LayerCotangents<S>& cot, const LayerParams<S>& grad, const View2<S>& gy_in,
+                             bool detach_input, const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
-  require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(cot.gyhat.extent(0)) >= R,
+  const index_t nblk = (R + impl::reduce_rows - 1) / impl::reduce_rows;
+  require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
+              index_t(cot.gyhat.extent(0)) >= R,
           "ssm_layer_backward_rows: buffers smaller than the row block");
-  auto yhat = act.yhat;
-  auto delta = act.delta;
-  auto beta = act.beta;
-  auto gamma = act.gamma;
-  auto Alog = p.A_log;
-  auto D = p.D;
-  auto gyhat = cot.gyhat;
-  auto gz = cot.gz;
-  auto gbeta = cot.gbeta;
-  auto ggamma = cot.ggamma;
-
-  // Per (token, channel): gΔ and the ŷ-part through u = Δ ŷ β (sums over n).
-  Kokkos::parallel_for(
-      "ash::vjp_channel", Range2(exec, {0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
-        const index_t m = (r / W) * T + t0 + r % W;
-        const S dq = delta(m, q);
-        S gdelta = 0, gyh = gy(m, q) * D(q);  // output term D_p ŷ_p
-        for (index_t n = 0; n < N; ++n) {
-          const S a = -kmath::exp(Alog(q, n));
-          const S An = kmath::exp(dq * a);
-          gdelta += mu(r, q, n) * (hprev(r, q, n) * An * a + beta(m, n) * yhat(m, q));
-          gyh += mu(r, q, n) * dq * beta(m, n);
-        }
-        gyhat(r, q) = gyh;
-        gz(r, q) = -gdelta * kmath::expm1(-dq);  // softplus'(z) = sigmoid(z) = 1 - e^{-Δ}
-      });
-  // Per (token, state): β and γ cotangents (sums over p); h^i recomputed.
-  Kokkos::parallel_for(
-      "ash::vjp_state", Range2(exec, {0, 0}, {R, N}), KOKKOS_LAMBDA(const index_t r, const index_t n) {
-        const index_t m = (r / W) * T + t0 + r % W;
-        S gb = 0, gg = 0;
-        for (index_t q = 0; q < P; ++q) {
-          const S dq = delta(m, q);
-          const S h = kmath::exp(dq * -kmath::exp(Alog(q, n))) * hprev(r, q, n) + dq * beta(m, n) * yhat(m, q);
-          gb += mu(r, q, n) * dq * yhat(m, q);
-          gg += gy(m, q) * h;
-        }
-        gbeta(r, n) = gb;
-        ggamma(r, n) = gg;
-      });
-  // Per-channel sums over the rows (one thread per channel: deterministic).
+  const impl::BlockRows map{W, T, t0};
+  ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, p.D, map, R, mu, hprev, Av, cot, exec));
+  ASH_WITH_STATE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
+  // Sums over row blocks, in a fixed order.
+  auto gAlog = grad.A_log;
   auto gD = grad.D;
   auto gbd = grad.b_delta;
+  auto a = act.a;
+  auto alog_part = cot.alog_part;
+  auto d_part = cot.d_part;
+  auto bd_part = cot.bd_part;
   Kokkos::parallel_for(
-      "ash::vjp_D_bdelta", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t q) {
-        S d = 0, bd = 0;
-        for (index_t r = 0; r < R; ++r) {
-          const index_t m = (r / W) * T + t0 + r % W;
-          d += gy(m, q) * yhat(m, q);
-          bd += gz(r, q);
+      "ash::vjp_param_sums", Range(exec, 0, P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t q = i / N, n = i % N;
+        S al = 0;
+        for (index_t blk = 0; blk < nblk; ++blk) al += alog_part(blk, q, n);
+        gAlog(q, n) += al * a(q, n);  // ∂a/∂Alog = a
+        if (n == 0) {
+          S d = 0, bd = 0;
+          for (index_t blk = 0; blk < nblk; ++blk) {
+            d += d_part(blk, q);
+            bd += bd_part(blk, q);
+          }
+          gD(q) += d;
+          gbd(q) += bd;
         }
-        gD(q) += d;
-        gbd(q) += bd;
-      });
-  // A_log: Σ_i μ^i h^{i-1} A^i Δ^i · a, the sum over rows as a gemv on [R, P·N]
-  // (mu is consumed here and reused as scratch).
-  Kokkos::parallel_for(
-      "ash::vjp_alog_terms", Range2(exec, {0, 0}, {R, P}), KOKKOS_LAMBDA(const index_t r, const index_t q) {
-        const index_t m = (r / W) * T + t0 + r % W;
-        const S dq = delta(m, q);
-        for (index_t n = 0; n < N; ++n)
-          mu(r, q, n) *= hprev(r, q, n) * kmath::exp(dq * -kmath::exp(Alog(q, n))) * dq;
-      });
-  Unmanaged2<S> terms(mu.data(), R, P * N);
-  auto ones = Kokkos::subview(cot.ones, Kokkos::make_pair(index_t(0), R));
-  KokkosBlas::gemv("T", S(1), terms, ones, S(0), cot.alog_sum);
-  auto gAlog = grad.A_log;
-  auto alog_sum = cot.alog_sum;
-  Kokkos::parallel_for(
-      "ash::vjp_alog", Range2(exec, {0, 0}, {P, N}), KOKKOS_LAMBDA(const index_t q, const index_t n) {
-        gAlog(q, n) += alog_sum(q * N + n) * -kmath::exp(Alog(q, n));  // ∂a/∂Alog = a
       });
 
-  // Dense VJPs per sequence (contiguous rows): weight gradients are GEMMs over
-  // tokens, their input VJPs add into ∂L/∂ŷ, then the RMSNorm VJP gives the input's.
-  // gy was read for the last time above, so gy_in may be gy itself (in place);
-  // detached, the input gets gy by identity and only the norm weight uses ∂L/∂ŷ.
-  for (index_t b = 0; b < s.batch; ++b) {
-    const auto rows = Kokkos::make_pair(b * W, b * W + W);
-    const auto toks = Kokkos::make_pair(b * T + t0, b * T + t0 + W);
-    const auto all = Kokkos::ALL();
-    auto yh = Kokkos::subview(act.yhat, toks, all);
-    auto gz_b = Kokkos::subview(cot.gz, rows, all);
-    auto gb_b = Kokkos::subview(cot.gbeta, rows, all);
-    auto gg_b = Kokkos::subview(cot.ggamma, rows, all);
-    auto gyh_b = Kokkos::subview(cot.gyhat, rows, all);
-    impl::gemm<S>("T", "N", S(1), gz_b, yh, S(1), grad.W_delta);
-    impl::gemm<S>("T", "N", S(1), gb_b, yh, S(1), grad.W_B);
-    impl::gemm<S>("T", "N", S(1), gg_b, yh, S(1), grad.W_C);
-    impl::gemm<S>("N", "N", S(1), gz_b, p.W_delta, S(1), gyh_b);
-    impl::gemm<S>("N", "N", S(1), gb_b, p.W_B, S(1), gyh_b);
-    impl::gemm<S>("N", "N", S(1), gg_b, p.W_C, S(1), gyh_b);
-    auto x_b = Kokkos::subview(y_in, toks, all);
-    auto r_b = Kokkos::subview(act.rstd, toks);
-    auto gin_b = Kokkos::subview(gy_in, toks, all);
-    if (gy_in.data() != gy.data()) Kokkos::deep_copy(gin_b, Kokkos::subview(gy, toks, all));
-    if (detach_input)
-      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, decltype(gin_b)(), true, exec);
-    else
-      impl::rms_norm_backward<S>(x_b, p.norm, r_b, gyh_b, grad.norm, gin_b, true, exec);
+  // Dense VJPs over the block's rows, one GEMM each: weight gradients over
+  // tokens, their input VJPs into ∂L/∂ŷ, then the RMSNorm VJP gives the
+  // input's. The rows of ŷ are contiguous for one sequence or a whole window;
+  // otherwise they are gathered first. gy was read for the last time above, so
+  // gy_in may be gy itself (in place); detached, the input gets gy by identity
+  // and only the norm weight uses ∂L/∂ŷ.
+  const auto rows = Kokkos::make_pair(index_t(0), R);
+  const auto all = Kokkos::ALL();
+  View2<S> yh;
+  if (s.batch == 1 || W == T) {
+    yh = Kokkos::subview(act.yhat, Kokkos::make_pair(t0, t0 + R), all);
+  } else {
+    auto yhat = act.yhat;
+    auto yr = cot.yhat_rows;
+    Kokkos::parallel_for(
+        "ash::gather_yhat_rows", Range(exec, 0, R * P),
+        KOKKOS_LAMBDA(const index_t i) { yr(i / P, i % P) = yhat(map(i / P), i % P); });
+    yh = Kokkos::subview(cot.yhat_rows, rows, all);
   }
+  auto gz_b = Kokkos::subview(cot.gz, rows, all);
+  auto gb_b = Kokkos::subview(cot.gbeta, rows, all);
+  auto gg_b = Kokkos::subview(cot.ggamma, rows, all);
+  auto gyh_b = Kokkos::subview(cot.gyhat, rows, all);
+  impl::gemm<S>("T", "N", S(1), gz_b, yh, S(1), grad.W_delta);
+  impl::gemm<S>("T", "N", S(1), gb_b, yh, S(1), grad.W_B);
+  impl::gemm<S>("T", "N", S(1), gg_b, yh, S(1), grad.W_C);
+  impl::gemm<S>("N", "N", S(1), gz_b, p.W_delta, S(1), gyh_b);
+  impl::gemm<S>("N", "N", S(1), gb_b, p.W_B, S(1), gyh_b);
+  impl::gemm<S>("N", "N", S(1), gg_b, p.W_C, S(1), gyh_b);
+  if (gy_in.data() != gy.data()) {
+    Kokkos::parallel_for(
+        "ash::copy_gy_rows", Range(exec, 0, R * P),
+        KOKKOS_LAMBDA(const index_t i) { gy_in(map(i / P), i % P) = gy(map(i / P), i % P); });
+  }
+  if (detach_input)
+    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, View2<S>(), true, exec, map);
+  else
+    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, gy_in, true, exec, map);
 }
 
 #define ASH_INSTANTIATE(S)                                                                                         \
@@ -258,7 +362,8 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                                        const View2<S>&, const View2<S>&, const ExecSpace&);                         \
   template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
-                                           const View3<S>&, const View3<S>&, const LayerCotangents<S>&,            \
+                                           const View3<S>&, const View3<S>&, const View3<S>&,                      \
+                                           const LayerCotangents<S>&,                                              \
                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)

@@ -11,6 +11,8 @@
 // Every kernel runs on the execution-space instance it is given (the default
 // one unless an orchestrator passes its own); dense products go through
 // KokkosBlas::gemm on the default instance (Kokkos Kernels 3.4 has no other).
+// Loops over the state index run in register tiles (kernels/state_tile.hpp),
+// with a = -exp(Alog) computed once per layer and A^t = exp(Δ^t a) once per pass.
 //
 // Reverse mode is split the way docs/design.md §2 splits the engines: an engine
 // computes the adjoint of h, μ^i (E1: full reverse scan; E2: the paper's
@@ -37,6 +39,7 @@ struct LayerActivations {
   View2<S> delta;  // Δ [M, P]
   View2<S> beta;   // β [M, N]
   View2<S> gamma;  // γ [M, N]
+  View2<S> a;      // a = -exp(Alog) [P, N], the layer's decay rates
   View3<S> hprev;  // h^{t-1} [M, P, N]  (optional)
   View3<S> A;      // A^t [M, P, N]      (optional)
 
@@ -73,14 +76,18 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
                          const View2<S>& prod, const View2<S>& h_local, const ExecSpace& exec = ExecSpace());
 
 // Scratch for the per-token cotangents of one row block (reused across blocks).
+// Sums over rows are two-level: partial sums per block of impl::reduce_rows
+// rows, then a fixed-order sum over blocks (deterministic on every backend).
 template <class S>
 struct LayerCotangents {
-  View2<S> gyhat;     // ∂L/∂ŷ   [R, P]
-  View2<S> gz;        // ∂L/∂(Wδ ŷ + bδ) [R, P]
-  View2<S> gbeta;     // ∂L/∂β  [R, N]
-  View2<S> ggamma;    // ∂L/∂γ  [R, N]
-  View1<S> alog_sum;  // Σ_i μ^i h^{i-1} A^i Δ^i  [P·N]
-  View1<S> ones;      // [R], for row sums by gemv
+  View2<S> gyhat;      // ∂L/∂ŷ   [R, P]
+  View2<S> gz;         // ∂L/∂(Wδ ŷ + bδ) [R, P]
+  View2<S> gbeta;      // ∂L/∂β  [R, N]
+  View2<S> ggamma;     // ∂L/∂γ  [R, N]
+  View2<S> yhat_rows;  // ŷ of the block's rows [R, P] (batches > 1: one GEMM over all sequences)
+  View3<S> alog_part;  // Σ_i μ^i h^{i-1} A^i Δ^i per row block [R/reduce_rows, P, N]
+  View2<S> d_part;     // Σ_i g^i ŷ^i per row block [R/reduce_rows, P]
+  View2<S> bd_part;    // Σ_i ∂L/∂z^i per row block [R/reduce_rows, P]
   LayerCotangents(index_t rows, const ModelDims& d);
 };
 
@@ -91,16 +98,18 @@ struct RowBlock {
   index_t W = 0;
 };
 
-// Reverse mode of layer k on one row block, given the h-adjoint μ of its rows:
+// Reverse mode of layer k on one row block, given the h-adjoint μ, h^{t-1}
+// and A^t of its rows (no exp is evaluated here):
 // the VJPs of step i (cotangent μ^i) and of output i (cotangent gy^i) w.r.t.
 // θ_k (added to grad) and the layer input: gy_in = gy + RMSNorm VJP on these
 // rows (gy alone when detach_input: stop-gradient on the layer input). Weight
-// gradients are GEMMs over the block's tokens. mu, hprev are [Bt·W, P, N] in
-// RowBlock order; mu is overwritten (scratch once consumed). gy_in may be gy.
+// gradients are GEMMs over the block's tokens. mu, hprev, A are [Bt·W, P, N]
+// in RowBlock order; mu is overwritten (scratch once consumed). gy_in may be gy.
 template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
-                             const View3<S>& mu, const View3<S>& hprev, const LayerCotangents<S>& cot,
+                             const View3<S>& mu, const View3<S>& hprev, const View3<S>& A,
+                             const LayerCotangents<S>& cot,
                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                              const ExecSpace& exec = ExecSpace());
 
