@@ -14,7 +14,7 @@ nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
     "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false},
-    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64},
+    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 1024, "head_chunk": 1024},
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
               "beta1": 0.9, "beta2": 0.95},
     "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200, "precision": "float"},
@@ -169,6 +169,8 @@ void Config::validate() const {
   const auto tr = get<std::int64_t>("grad.truncate");
   require(tr >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
   require(get<std::int64_t>("grad.chunk") >= 1, "grad.chunk must be >= 1");
+  require(get<std::int64_t>("grad.wave") >= 1, "grad.wave must be >= 1");
+  require(get<std::int64_t>("grad.head_chunk") >= 1, "grad.head_chunk must be >= 1");
   const auto eng = get<std::string>("grad.engine");
   require(eng == "backprop" || eng == "adjoint" || eng == "adjoint-exact",
           "grad.engine must be backprop, adjoint or adjoint-exact (got '" + eng + "')");

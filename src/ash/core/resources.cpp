@@ -55,8 +55,10 @@ MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar
   const auto Sq = std::max<std::int64_t>(1, cfg.get<std::int64_t>("dist.seq_ranks"));
   const auto T = (cfg.get<std::int64_t>("data.seq_len") + Sq - 1) / Sq;
   const auto BT = checked_mul(B, T, "data.batch x data.seq_len");
-  // The head forms logits and their gradient 1024 tokens at a time; token ids.
-  auto act = checked_mul(checked_mul(std::min<std::int64_t>(BT, 1024), V, "head chunk x vocab"), 2 * S, "logit bytes");
+  // The head forms logits and their gradient grad.head_chunk tokens at a time; token ids.
+  const auto head_chunk = std::max<std::int64_t>(1, cfg.get<std::int64_t>("grad.head_chunk"));
+  auto act = checked_mul(checked_mul(std::min<std::int64_t>(BT, head_chunk), V, "head chunk x vocab"), 2 * S,
+                         "logit bytes");
   act = checked_add(act, checked_mul(BT, 8, "token bytes"), "activation bytes");
   const auto PN = checked_mul(P, N, "model.width x model.state");
   const auto projections = checked_add(checked_mul(2, P, "2 x width"), 2 * N + 1, "per-token projections");
@@ -66,13 +68,13 @@ MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar
   std::int64_t kept = checked_mul(checked_mul(K + 2, BT, "layers x batch x seq_len"), P, "layer inputs");
   if (engine == "adjoint-exact") {
     // E3: one layer's projections, h and μ at chunk boundaries (3 buffers of
-    // B·T/C·P·N), and one wave of h and μ (2 buffers of B·min(T, 1024)·P·N).
+    // B·T/C·P·N), and one wave of h, A and μ (3 buffers of B·min(T, W)·P·N).
     const auto C = std::max<std::int64_t>(1, cfg.get<std::int64_t>("grad.chunk"));
     const auto chunks = checked_mul(B, (T + C - 1) / C, "chunks");
     kept = checked_add(kept, checked_mul(BT, projections, "one layer's projections"), "kept activations");
     kept = checked_add(kept, checked_mul(checked_mul(3, chunks, "boundary states"), PN, "boundary states"),
                        "kept activations");
-    kept = checked_add(kept, checked_mul(checked_mul(2 * B, std::min<std::int64_t>(T, 1024), "wave"), PN, "wave"),
+    kept = checked_add(kept, checked_mul(checked_mul(3 * B, std::min<std::int64_t>(T, std::max<std::int64_t>(C, cfg.get<std::int64_t>("grad.wave"))), "wave"), PN, "wave"),
                        "kept activations");
   } else {
     // E1 / E2 keep A, h and the projections of every layer, and μ of one:

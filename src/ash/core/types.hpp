@@ -33,6 +33,9 @@ using Unmanaged2 = Kokkos::View<S**, Kokkos::LayoutRight, MemSpace, Kokkos::Memo
 using TokenView = Kokkos::View<token_t**, Kokkos::LayoutRight, MemSpace>;
 
 using Range = Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<index_t>>;
-using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2>, Kokkos::IndexType<index_t>>;
+// Right-to-left iteration: the fastest index is the last, as in LayoutRight
+// (the CUDA default iterates left, which would stride lanes by a row).
+using Range2 = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                     Kokkos::IndexType<index_t>>;
 
 }  // namespace ash

@@ -13,6 +13,8 @@ EngineOptions EngineOptions::from_config(const Config& cfg) {
   o.truncate = cfg.get<index_t>("grad.truncate");
   o.detach_inputs = cfg.get<bool>("grad.detach_inputs");
   o.chunk = cfg.get<index_t>("grad.chunk");
+  o.wave = cfg.get<index_t>("grad.wave");
+  o.head_chunk = cfg.get<index_t>("grad.head_chunk");
   return o;
 }
 
@@ -20,6 +22,7 @@ template <class S>
 std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
   require(opts.truncate >= 0, "--truncate must be >= 0");
   require(opts.chunk >= 1, "--chunk must be >= 1");
+  require(opts.wave >= 1 && opts.head_chunk >= 1, "grad.wave and grad.head_chunk must be >= 1");
   if (opts.engine == "backprop") return std::make_unique<BackpropLayer<S>>(opts);
   if (opts.engine == "adjoint") return std::make_unique<AdjointLayer<S>>(opts);
   if (opts.engine == "adjoint-exact") return std::make_unique<AdjointExactLayer<S>>(opts);

@@ -31,24 +31,33 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
     auto log_c = Kokkos::subview(logits, rows, Kokkos::ALL());
     impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c, exec);
     impl::gemm<S>("N", "T", S(1), yhat_c, p.head, S(0), log_c);
-    // Per row: log-sum-exp, loss, and (in place) go = (softmax - onehot) / count.
+    // Per row, one team: log-sum-exp over V, loss, and (in place) go =
+    // (softmax - onehot) / count; the team's threads split V.
     double part = 0;
+    using Team = Kokkos::TeamPolicy<ExecSpace>;
     Kokkos::parallel_reduce(
-        "ash::head_softmax", Range(exec, 0, c),
-        KOKKOS_LAMBDA(const index_t i, double& acc) {
+        "ash::head_softmax", Team(exec, c, Kokkos::AUTO),
+        KOKKOS_LAMBDA(const typename Team::member_type& team, double& acc) {
+          const index_t i = team.league_rank();
           const index_t m = r0 + i, b = m / T, t = m % T;
           S mx = log_c(i, 0);
-          for (index_t v = 1; v < V; ++v) mx = log_c(i, v) > mx ? log_c(i, v) : mx;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, V),
+              [&](const index_t v, S& best) { best = log_c(i, v) > best ? log_c(i, v) : best; },
+              Kokkos::Max<S>(mx));
           S se = 0;
-          for (index_t v = 0; v < V; ++v) se += kmath::exp(log_c(i, v) - mx);
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, V), [&](const index_t v, S& sum) { sum += kmath::exp(log_c(i, v) - mx); },
+              se);
           const S lse = mx + kmath::log(se);
           const bool has_target = t + 1 < Tx;
           const index_t tgt = has_target ? index_t(x(b, t + 1)) : -1;
-          if (has_target) acc += double(lse - log_c(i, tgt));
-          for (index_t v = 0; v < V; ++v) {
+          if (has_target) Kokkos::single(Kokkos::PerTeam(team), [&]() { acc += double(lse - log_c(i, tgt)); });
+          team.team_barrier();  // every thread has read the logits it needs
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](const index_t v) {
             const S sm = kmath::exp(log_c(i, v) - lse);
             log_c(i, v) = has_target ? (sm - (v == tgt ? S(1) : S(0))) * inv_count : S(0);
-          }
+          });
         },
         part);
     loss_sum += part;
