@@ -1,8 +1,10 @@
 // Time per token and measured peak memory of the gradient engines across T.
-//   ash_bench_grad [--engines backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
-//                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--batch 1]
-//                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W]
-// An engine "adjoint:256" is E2 with T̄ = 256. Peak bytes are the Kokkos Tools
+//   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
+//                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 1024] [--batch 1]
+//                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
+// An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
+// (what `ash eval` runs), the baseline the gradient's cost is measured against.
+// --profile prints the time per kernel (KernelProfiler) of the last repetition. Peak bytes are the Kokkos Tools
 // high-water mark of the compute call alone (parameters and gradient buffers
 // excluded) in the default memory space; "vs E1" is the ratio to backprop's
 // peak at the same T in the same run.
@@ -27,14 +29,17 @@ std::vector<long long> parse_list(const std::string& s) {
 }
 
 template <class S>
-nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, long long T, long long batch, int reps) {
+nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, long long T, long long batch, int reps,
+                   bool profile) {
   ash::ParamSet<S> params(d);
   ash::initialize(params, d.seed);
   std::vector<std::uint32_t> ids(std::size_t(batch * T));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::uint32_t((i * 2654435761u) % std::uint64_t(d.vocab));
   const auto x = ash::make_windows(ids, batch, T, d.vocab);
   ash::ParamSet<S> grad(d);
-  auto engine = ash::make_engine<S>(o);
+  const bool fwd = o.engine == "forward";
+  std::unique_ptr<ash::GradientEngine<S>> engine;
+  if (!fwd) engine = ash::make_engine<S>(o);
   const std::string space = ash::MemSpace::name();
   std::vector<double> times;
   std::uint64_t peak = 0;
@@ -42,15 +47,18 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, long lo
   for (int r = 0; r < reps; ++r) {
     const auto base = ash::MemoryTracker::current(space);
     ash::MemoryTracker::reset_peak();
+    if (profile && r + 1 == reps) ash::KernelProfiler::start();
     const auto t0 = std::chrono::steady_clock::now();
-    loss = engine->compute(params, x, grad);
+    loss = fwd ? ash::forward_loss(params, x, o.head_chunk) : engine->compute(params, x, grad);
     Kokkos::fence();
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (profile && r + 1 == reps) ash::KernelProfiler::stop();
     peak = std::max(peak, ash::MemoryTracker::peak(space) - base);
   }
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
-  return {{"engine", engine->name()}, {"T", T},          {"batch", batch},
+  if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
+  return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
           {"peak_bytes", peak},       {"space", space}, {"loss", loss}};
 }
@@ -64,7 +72,8 @@ int main(int argc, char* argv[]) {
   std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
               precision = "double", json_out;
   ash::ModelDims d;
-  long long batch = 1, chunk = 64;
+  long long batch = 1, chunk = 64, wave = 1024;
+  bool profile = false;
   double max_work = 2e10;
   int reps = 3;
   app.add_option("--engines", engines, "comma-separated engines");
@@ -75,6 +84,8 @@ int main(int argc, char* argv[]) {
   app.add_option("--layers", d.layers);
   app.add_option("--batch", batch);
   app.add_option("--chunk", chunk, "E3 chunk length");
+  app.add_option("--wave", wave, "E3 wave length");
+  app.add_flag("--profile", profile, "print the time per kernel of the last repetition");
   app.add_option("--max-work", max_work, "skip E2 runs with T*T-bar*P*N*K above this");
   app.add_option("--reps", reps);
   app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
@@ -98,6 +109,7 @@ int main(int argc, char* argv[]) {
     o.engine = e.substr(0, e.find(':'));
     if (e.find(':') != std::string::npos) o.truncate = std::stoll(e.substr(e.find(':') + 1));
     o.chunk = chunk;
+    o.wave = wave;
     for (long long T : parse_list(Ts)) {
       const double work = double(T) * double(o.truncate > 0 && o.truncate < T ? o.truncate : T) *
                           double(d.width * d.state * d.layers * batch);
@@ -106,7 +118,8 @@ int main(int argc, char* argv[]) {
         continue;
       }
       try {
-        const auto row = precision == "float" ? run<float>(d, o, T, batch, reps) : run<double>(d, o, T, batch, reps);
+        const auto row = precision == "float" ? run<float>(d, o, T, batch, reps, profile)
+                                              : run<double>(d, o, T, batch, reps, profile);
         const double peak = double(row["peak_bytes"].get<std::uint64_t>());
         if (o.engine == "backprop") e1_peak[T] = peak;
         char ratio[32] = "-";

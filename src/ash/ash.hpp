@@ -3,6 +3,7 @@
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
+#include "ash/core/profiler.hpp"
 #include "ash/core/resources.hpp"
 #include "ash/core/types.hpp"
 #include "ash/grad/adjoint.hpp"

@@ -37,16 +37,17 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
             av[j] = L.a(q, n0 + j);
           }
           // Invariant at the top of step t: mu = A^{t+1} μ^{t+1} (0 past the chunk).
-          for (index_t t = t1 - 1; t >= t0; --t) {
+          for (index_t t = t1 - 1; t > t0; --t) {
             const index_t m = b * T + t;
             const S g = L.gy(m, q), dq = L.delta(m, q);
-            const S fold = t > t0 ? S(1) : S(0);  // the chunk's first step keeps μ^{t0} itself
             for (int j = 0; j < NT; ++j) {
-              const S A = fold > 0 ? impl::exp_fast(dq * av[j]) : S(1);
+              const S A = impl::exp_fast(dq * av[j]);
               mu[j] = A * (g * L.gamma(m, n0 + j) + mu[j]);
               pr[j] *= A;
             }
           }
+          const S g0 = L.gy(b * T + t0, q);  // the chunk's first step keeps μ^{t0} itself
+          for (int j = 0; j < NT; ++j) mu[j] = g0 * L.gamma(b * T + t0, n0 + j) + mu[j];
           for (int j = 0; j < NT; ++j) {
             Ms(bc, q, n0 + j) = mu[j];
             const S after = t1 < T ? L.A(b * T + t1, q, n0 + j) : (next ? An(b, q, n0 + j) : S(0));
@@ -103,14 +104,14 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
           for (index_t t = t0; t < t1; ++t) {
             const index_t m = b * T + t, r = b * W + t - w0;
             const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
-            for (int j = 0; j < NT; ++j) {
-              const S A = impl::exp_fast(dq * av[j]);
-              if (t >= w0) {
+            S A[NT];
+            for (int j = 0; j < NT; ++j) A[j] = impl::exp_fast(dq * av[j]);
+            if (t >= w0)
+              for (int j = 0; j < NT; ++j) {
                 hbuf(r, q, n0 + j) = h[j];
-                Abuf(r, q, n0 + j) = A;
+                Abuf(r, q, n0 + j) = A[j];
               }
-              h[j] = A * h[j] + du * L.beta(m, n0 + j);
-            }
+            for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
           }
           if (!mu_too) continue;
           S cy[NT];  // A^{t+1} μ^{t+1}

@@ -6,9 +6,12 @@
 namespace ash::impl {
 
 // C = alpha op(A) op(B) + beta C
+// The region names the dense products for KernelProfiler (core/profiler.hpp).
 template <class S, class A, class B, class C>
 void gemm(const char* ta, const char* tb, S alpha, const A& a, const B& b, S beta, const C& c) {
+  Kokkos::Profiling::pushRegion("ash::gemm");
   KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
+  Kokkos::Profiling::popRegion();
 }
 
 }  // namespace ash::impl

@@ -74,12 +74,14 @@ void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, 
           for (index_t t = ch.start(c); t < ch.end(c); ++t) {
             const index_t m = b * T + t;
             const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
-            S part[NT];
+            S A[NT], part[NT];
+            for (int j = 0; j < NT; ++j) A[j] = impl::exp_fast(dq * av[j]);
+            if (store_h)  // E1/E2 keep h^{t-1} and A^t (loop-invariant branches, so the j-loops vectorise)
+              for (int j = 0; j < NT; ++j) Hst(m, q, n0 + j) = h[j];
+            if (store_A)
+              for (int j = 0; j < NT; ++j) Ast(m, q, n0 + j) = A[j];
             for (int j = 0; j < NT; ++j) {
-              const S A = impl::exp_fast(dq * av[j]);
-              if (store_h) Hst(m, q, n0 + j) = h[j];
-              if (store_A) Ast(m, q, n0 + j) = A;
-              h[j] = A * h[j] + du * L.beta(m, n0 + j);
+              h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
               part[j] = L.gamma(m, n0 + j) * h[j];
             }
             S out = 0;
