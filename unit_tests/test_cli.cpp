@@ -77,6 +77,37 @@ TEST_F(Cli, InitInspectGradMatchTheLibrary) {
                         " --engine adjoint-exact --truncate 6 --out " + o3), "needs --detach-inputs");
 }
 
+// ash eval: the mean loss over every target of the file, windows of T from
+// h = 0 and a shorter last window, equals the library's per-window losses
+// (E1's forward, another code path) weighted by their target counts.
+TEST_F(Cli, EvalMatchesPerWindowLosses) {
+  auto e = run("eval --checkpoint " + ckpt + " --tokens " + text + " --set data.seq_len=97 --set data.batch=3");
+  ASSERT_EQ(e.code, 0) << e.out;
+  const auto at = e.out.find("loss ");
+  ASSERT_NE(at, std::string::npos) << e.out;
+  const double got = std::stod(e.out.substr(at + 5));
+  EXPECT_NE(e.out.find("and one of 54"), std::string::npos) << e.out;  // 1800 tokens: 18 windows of 97 + 54
+
+  CheckpointInfo info;
+  auto ps = load_checkpoint<double>(ckpt, &info);
+  const auto ids = load_tokens(text);
+  const index_t n = index_t(ids.size()), T = 97;
+  double nats = 0;
+  index_t targets = 0;
+  for (index_t first = 0; first + 2 <= n; first += T) {
+    const index_t len = std::min(T, n - first);
+    ParamSet<double> g(info.dims);
+    const double loss =
+        make_engine<double>(EngineOptions{})->compute(ps, make_windows(ids, 1, len, info.dims.vocab, first), g);
+    nats += loss * double(len - 1);
+    targets += len - 1;
+  }
+  EXPECT_NEAR(got, nats / double(targets), 1e-6 * std::abs(got));  // printed to 7 significant digits
+  EXPECT_FAILS_WITH(run("eval --checkpoint " + ckpt + " --tokens " + dir() + "none.txt"), "cannot open token file");
+  EXPECT_FAILS_WITH(run("eval --checkpoint " + ckpt + " --tokens " + text + " --set model.width=4"),
+                    "may not change the model sizes");
+}
+
 TEST_F(Cli, BadConfigs) {
   const auto cfg = dir() + "bad.json";
   write(cfg, R"({"model": {"width": 8, "colour": "red"}})");

@@ -1,4 +1,4 @@
-// The `ash` command-line tool (docs/design.md §4): init, train, grad, generate, inspect.
+// The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, generate, inspect.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -163,6 +163,59 @@ void run_grad(const GradArgs& a) {
   std::printf("wrote %s\n", a.out.c_str());
 }
 
+// Forward only over a whole token file: consecutive windows of T tokens
+// (data.seq_len; a shorter last window when 2 or more tokens remain), B at a
+// time (data.batch), each window from h = 0. Prints the loss and bits per
+// token over every target, and the forward's time per token.
+template <class S>
+void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common) {
+  ash::Config cfg = ash::inspect_checkpoint(ckpt).config;
+  cfg.reset_section("dist");
+  const ash::ModelDims stored = cfg.model();
+  cfg.set_all(common.sets);
+  ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
+  cfg.validate();
+  ash::require(!cfg.multi_rank(), "ash eval runs in one process (dist.* asks for several ranks)");
+  ash::Config sizing = cfg;  // the forward keeps one layer at a time: E3's estimate bounds it
+  sizing.set("grad.engine=adjoint-exact");
+  ash::check_memory(sizing, ash::Workload::grad, sizeof(S), common.max_memory);
+  const auto params = ash::load_checkpoint<S>(ckpt);
+  const auto ids = ash::load_tokens(tokens);
+  const auto T = cfg.get<ash::index_t>("data.seq_len"), B = cfg.get<ash::index_t>("data.batch");
+  const auto head_chunk = cfg.get<ash::index_t>("grad.head_chunk");
+  const auto n = ash::index_t(ids.size());
+  ash::require(n >= 2, "token file '" + tokens + "' has " + std::to_string(n) + " token(s): nothing to predict");
+  const ash::index_t full = n / T, rest = n % T;
+  std::printf("eval %s (%s) on %s: %lld tokens, %lld window(s) of T=%lld%s\n", ckpt.c_str(),
+              sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)n, (long long)full, (long long)T,
+              rest >= 2 ? (" and one of " + std::to_string(rest)).c_str() : "");
+  std::fflush(stdout);
+  double nats = 0, secs = 0;
+  ash::index_t targets = 0, done = 0;
+  auto last_note = std::chrono::steady_clock::now();
+  auto run_windows = [&](ash::index_t count, ash::index_t len, ash::index_t first) {
+    const auto x = ash::make_windows(ids, count, len, cfg.model().vocab, first);
+    const auto t0 = std::chrono::steady_clock::now();
+    const double loss = ash::forward_loss(params, x, head_chunk);
+    Kokkos::fence();
+    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ash::require(std::isfinite(loss), "the loss is not finite at tokens " + std::to_string(first) + "..");
+    nats += loss * double(count * (len - 1));
+    targets += count * (len - 1);
+    done += count * len;
+    if (std::chrono::steady_clock::now() - last_note > std::chrono::seconds(10)) {
+      std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)done, (long long)n,
+                   nats / double(targets) / std::log(2.0));
+      last_note = std::chrono::steady_clock::now();
+    }
+  };
+  for (ash::index_t w = 0; w < full; w += B) run_windows(std::min(B, full - w), T, w * T);
+  if (rest >= 2) run_windows(1, rest, full * T);
+  std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", nats / double(targets),
+              nats / double(targets) / std::log(2.0), (long long)targets);
+  std::printf("forward time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(done));
+}
+
 int run_train(const Common& c, const std::string& resume, long long until) {
   ash::Config cfg = load_config(c);
   if (!resume.empty()) {
@@ -321,6 +374,17 @@ int main(int argc, char* argv[]) {
   generate->add_option("--temperature", temperature, "softmax temperature (0: greedy)");
   generate->add_option("--seed", gen_seed, "sampling seed");
 
+  std::string eval_ckpt, eval_tokens, eval_precision;
+  Common eval_common;
+  auto* eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
+  eval->add_option("--checkpoint", eval_ckpt, "model checkpoint (.h5)")->required();
+  eval->add_option("--tokens", eval_tokens, "token file: text bytes, .u16 or .u32")->required();
+  eval->add_option("--precision", eval_precision, "compute type (default: the checkpoint's)")
+      ->check(CLI::IsMember({"float", "double"}));
+  eval->add_option("--set", eval_common.sets, "override a config key: key=value (data.seq_len, data.batch)")
+      ->take_all();
+  eval->add_option("--max-memory", eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   inspect->add_option("checkpoint", inspect_path, "checkpoint (.h5)")->required();
@@ -347,6 +411,12 @@ int main(int argc, char* argv[]) {
         run_grad<float>(g);
       else
         run_grad<double>(g);
+    } else if (*eval) {
+      const std::string prec = eval_precision.empty() ? ash::inspect_checkpoint(eval_ckpt).precision : eval_precision;
+      if (prec == "float")
+        run_eval<float>(eval_ckpt, eval_tokens, eval_common);
+      else
+        run_eval<double>(eval_ckpt, eval_tokens, eval_common);
     } else if (*train) {
       return run_train(train_common, resume, until);
     } else if (*generate) {
