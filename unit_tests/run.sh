@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite from nothing: install, configure, build, ctest.
 # The JAX oracle's Python environment is created once and reused:
-#   ${ASH_VENV:-~/.cache/adjoint-sharding/venv} with pinned jax, h5py, numpy from PyPI.
+#   ${ASH_VENV:-~/.cache/adjoint-sharding/venv} with pinned jax, h5py, numpy, matplotlib from PyPI.
 set -euo pipefail
 ASH_VENV="${ASH_VENV:-$HOME/.cache/adjoint-sharding/venv}"
 if ! "$ASH_VENV/bin/python" -c "import jax, h5py, numpy" 2>/dev/null; then
@@ -16,6 +16,11 @@ if ! "$ASH_VENV/bin/python" -c "import jax, h5py, numpy" 2>/dev/null; then
   rm -rf "$ASH_VENV"
   python3 -m venv "$ASH_VENV"
   "$ASH_VENV/bin/pip" install -q --disable-pip-version-check "jax[cpu]==0.10.2" "h5py==3.16.0" "numpy==2.4.6"
+fi
+# matplotlib draws the perf suite's plots (its smoke test runs in ctest).
+if ! "$ASH_VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
+  echo "[setup] adding matplotlib to $ASH_VENV"
+  "$ASH_VENV/bin/pip" install -q --disable-pip-version-check "matplotlib==3.10.8"
 fi
 export ASH_CMAKE_ARGS="${ASH_CMAKE_ARGS:-} -DASH_ORACLE_PYTHON=$ASH_VENV/bin/python"
 source "$(dirname "${BASH_SOURCE[0]}")/../cmake/setup.sh"
