@@ -62,11 +62,13 @@ void push_region(const char* name) {
   s.regions.push_back(Open{name, Clock::now()});
 }
 
+// Only the project's own regions are tallied: libraries nest theirs inside
+// (KokkosBlas names each gemm again), which would count the time twice.
 void pop_region() {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.regions.empty()) return;
-  add(s.regions.back().name, s.regions.back().t0);
+  if (s.regions.back().name.rfind("ash::", 0) == 0) add(s.regions.back().name, s.regions.back().t0);
   s.regions.pop_back();
 }
 
