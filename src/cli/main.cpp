@@ -67,7 +67,7 @@ struct GradArgs {
   Common common;
 };
 
-int world_size() {
+[[maybe_unused]] int world_size() {  // used only in the MPI build
   int n = 1;
 #ifdef ASH_HAVE_MPI
   MPI_Comm_size(MPI_COMM_WORLD, &n);

@@ -110,7 +110,10 @@ hid_t link_create_plist() {
 
 // float32 / float64 IEEE only (float16, integers, custom floats are refused).
 bool is_f32_or_f64(hid_t t) {
-  for (hid_t ok : {H5T_IEEE_F32LE, H5T_IEEE_F32BE, H5T_IEEE_F64LE, H5T_IEEE_F64BE})
+  // A named array, not a braced list in the range-for: nvcc 13 mistranslates a
+  // braced list of comma expressions (HDF5's H5T_* macros are (H5open(), id)).
+  const hid_t accepted[] = {H5T_IEEE_F32LE, H5T_IEEE_F32BE, H5T_IEEE_F64LE, H5T_IEEE_F64BE};
+  for (hid_t ok : accepted)
     if (H5Tequal(t, ok) > 0) return true;
   return false;
 }
