@@ -8,6 +8,8 @@ constexpr double rms_eps = 1e-5;
 // Rows per partial sum of a reduction over rows (two-level sums: the whole
 // device works on the first level, and the order of additions is fixed).
 constexpr index_t reduce_rows = 128;
+// Blocks of reduce_rows covering R rows (the first level's partial sums).
+KOKKOS_INLINE_FUNCTION index_t row_blocks(index_t R) { return (R + reduce_rows - 1) / reduce_rows; }
 
 // Row r of a block buffer is token row map(r) of the full activations.
 struct IdentityRows {
@@ -41,7 +43,7 @@ template <class S, class X, class W, class R, class G, class GW, class GX, class
 void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, const GW& gw, const GX& gx,
                        bool accumulate_gx, const ExecSpace& exec = ExecSpace(), const Map map = Map()) {
   const index_t Rn = gyhat.extent(0), P = x.extent(1);
-  const index_t nblk = (Rn + reduce_rows - 1) / reduce_rows;
+  const index_t nblk = row_blocks(Rn);
   View2<S> part(Kokkos::view_alloc(std::string("ash::rms_norm::partial"), Kokkos::WithoutInitializing), nblk, P);
   Kokkos::parallel_for(
       "ash::rms_norm_backward_w", Range(exec, 0, nblk * P), KOKKOS_LAMBDA(const index_t i) {

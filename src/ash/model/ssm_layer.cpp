@@ -26,9 +26,9 @@ LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d)
       gbeta("ash::cot::gbeta", rows, d.state),
       ggamma("ash::cot::ggamma", rows, d.state),
       yhat_rows("ash::cot::yhat_rows", rows, d.width),
-      alog_part("ash::cot::alog_part", (rows + impl::reduce_rows - 1) / impl::reduce_rows, d.width, d.state),
-      d_part("ash::cot::d_part", (rows + impl::reduce_rows - 1) / impl::reduce_rows, d.width),
-      bd_part("ash::cot::bd_part", (rows + impl::reduce_rows - 1) / impl::reduce_rows, d.width) {}
+      alog_part("ash::cot::alog_part", impl::row_blocks(rows), d.width, d.state),
+      d_part("ash::cot::d_part", impl::row_blocks(rows), d.width),
+      bd_part("ash::cot::bd_part", impl::row_blocks(rows), d.width) {}
 
 namespace {
 
@@ -103,7 +103,7 @@ void vjp_channel(const LayerActivations<S>& act, const View2<S>& gy, const Unman
                  const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av, const LayerCotangents<S>& cot,
                  const ExecSpace& exec) {
   const index_t P = act.a.extent(0), N = act.a.extent(1);
-  const index_t nblk = (R + impl::reduce_rows - 1) / impl::reduce_rows;
+  const index_t nblk = impl::row_blocks(R);
   auto yhat = act.yhat;
   auto delta = act.delta;
   auto beta = act.beta;
@@ -279,7 +279,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                              bool detach_input, const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
-  const index_t nblk = (R + impl::reduce_rows - 1) / impl::reduce_rows;
+  const index_t nblk = impl::row_blocks(R);
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
               index_t(cot.gyhat.extent(0)) >= R,
           "ssm_layer_backward_rows: buffers smaller than the row block");
