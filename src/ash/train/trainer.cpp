@@ -348,7 +348,9 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
   auto t_last = t_start;
   std::int64_t tokens_since = 0;
   const std::int64_t stop = (until > 0 && until < steps) ? until : steps;
+  double train_s = 0.0;  // wall-clock of the steps alone: no validation, no checkpoints
   while (step < stop) {
+    const auto t_step = std::chrono::steady_clock::now();
     const auto x = data.train_batch(step, B, &cursor);
     const double loss = engine->compute(params, x, grad);
     if (!std::isfinite(loss))
@@ -356,11 +358,14 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
                   last_good());
     const double lr = learning_rate(opt.options(), opt.step());
     const double gnorm = opt.update(params, grad, be.norm_reducer());
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+    train_s += step_s;
     ++step;
     tokens_since += B * T;
     sum.last_loss = loss;
     const bool last = step == stop;
-    nlohmann::json row{{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm}};
+    nlohmann::json row{{"step", step}, {"loss", loss}, {"lr", lr}, {"grad_norm", gnorm},
+                        {"step_s", step_s}, {"train_s", train_s}};
     if (valid.extent(0) > 0 && ((eval_every > 0 && step % eval_every == 0) || last)) {
       sum.val_loss = be.valid_loss(params, valid);
       sum.val_bits = sum.val_loss / std::log(2.0);
