@@ -2,6 +2,7 @@
 // Umbrella header: everything a user of AdjointSharding needs.
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
+#include "ash/core/half.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/core/profiler.hpp"
 #include "ash/core/resources.hpp"
@@ -11,6 +12,7 @@
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/grad/layer_adjoint.hpp"
+#include "ash/grad/low_memory_engine.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
 #include "ash/io/tokens.hpp"

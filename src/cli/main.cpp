@@ -168,7 +168,7 @@ void run_grad(const GradArgs& a) {
 // time (data.batch), each window from h = 0. Prints the loss and bits per
 // token over every target, and the forward's time per token.
 template <class S>
-void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common) {
+void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common, bool carry) {
   ash::Config cfg = ash::inspect_checkpoint(ckpt).config;
   cfg.reset_section("dist");
   const ash::ModelDims stored = cfg.model();
@@ -209,11 +209,45 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
       last_note = std::chrono::steady_clock::now();
     }
   };
-  for (ash::index_t w = 0; w < full; w += B) run_windows(std::min(B, full - w), T, w * T);
-  if (rest >= 2) run_windows(1, rest, full * T);
-  std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", nats / double(targets),
-              nats / double(targets) / std::log(2.0), (long long)targets);
-  std::printf("forward time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(done));
+  if (!carry) {
+    for (ash::index_t w = 0; w < full; w += B) run_windows(std::min(B, full - w), T, w * T);
+    if (rest >= 2) run_windows(1, rest, full * T);
+    std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", nats / double(targets),
+                nats / double(targets) / std::log(2.0), (long long)targets);
+    std::printf("forward time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(done));
+    return;
+  }
+  // --carry-state: the file as one stream, window after window; every target
+  // is scored (each window's last token predicts the next window's first),
+  // once with every layer's state carried from the window before (exactly
+  // the forward of the whole file as one sequence) and once from h = 0.
+  const auto d = cfg.model();
+  double with = 0, without = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::vector<ash::View2<S>> state;
+    for (ash::index_t k = 0; k < d.layers; ++k) state.emplace_back("ash::eval::state", d.width, d.state);
+    double sum = 0;
+    ash::index_t scored = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (ash::index_t first = 0; first + 1 < n; first += T) {
+      const ash::index_t len = std::min(T, n - first), hl = std::min(len + 1, n - first);
+      if (pass == 1)
+        for (auto& h : state) Kokkos::deep_copy(h, S(0));
+      const auto x = ash::make_windows(ids, 1, len, d.vocab, first);
+      const auto xh = ash::make_windows(ids, 1, hl, d.vocab, first);
+      const double loss = ash::forward_loss(params, x, head_chunk, state, xh, hl - 1);
+      ash::require(std::isfinite(loss), "the loss is not finite at tokens " + std::to_string(first) + "..");
+      sum += loss * double(hl - 1);
+      scored += hl - 1;
+    }
+    Kokkos::fence();
+    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    (pass == 0 ? with : without) = sum / double(scored) / std::log(2.0);
+    std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
+                pass == 0 ? "carried state" : "each window from h = 0", pass == 0 ? with : without,
+                (long long)scored, (long long)T, 1e6 * secs / double(n));
+  }
+  std::printf("carried state saves %.4f bits/token\n", without - with);
 }
 
 int run_train(const Common& c, const std::string& resume, long long until) {
@@ -383,6 +417,10 @@ int main(int argc, char* argv[]) {
       ->check(CLI::IsMember({"float", "double"}));
   eval->add_option("--set", eval_common.sets, "override a config key: key=value (data.seq_len, data.batch)")
       ->take_all();
+  bool eval_carry = false;
+  eval->add_flag("--carry-state", eval_carry,
+                 "stream the file as one sequence: each window starts from the previous one's state; "
+                 "prints bits/token with and without the carried state");
   eval->add_option("--max-memory", eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
 
   std::string inspect_path;
@@ -414,9 +452,9 @@ int main(int argc, char* argv[]) {
     } else if (*eval) {
       const std::string prec = eval_precision.empty() ? ash::inspect_checkpoint(eval_ckpt).precision : eval_precision;
       if (prec == "float")
-        run_eval<float>(eval_ckpt, eval_tokens, eval_common);
+        run_eval<float>(eval_ckpt, eval_tokens, eval_common, eval_carry);
       else
-        run_eval<double>(eval_ckpt, eval_tokens, eval_common);
+        run_eval<double>(eval_ckpt, eval_tokens, eval_common, eval_carry);
     } else if (*train) {
       return run_train(train_common, resume, until);
     } else if (*generate) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "ash/core/error.hpp"
+#include "ash/core/half.hpp"
 #include "ash/core/resources.hpp"
 
 namespace ash {
@@ -13,11 +14,14 @@ namespace ash {
 nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
-    "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false},
-    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 1024, "head_chunk": 1024},
+    "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false,
+              "carry_state": false},
+    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 1024, "head_chunk": 1024,
+              "layer_checkpoint": 1, "token_block": 0},
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
               "beta1": 0.9, "beta2": 0.95},
-    "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200, "precision": "float"},
+    "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200, "precision": "float",
+              "storage": "float"},
     "dist":  {"layer_ranks": 1, "data_ranks": 0, "seq_ranks": 1, "pipeline_blocks": 0}
   })");
 }
@@ -44,6 +48,10 @@ void merge_into(nlohmann::json& dst, const nlohmann::json& src, const std::strin
     const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
     require(dst.contains(it.key()), origin + ": unknown config key '" + key + "'");
     auto& d = dst[it.key()];
+    if (key == "grad.layer_checkpoint" && it.value() == "auto") {  // the one integer key with a named value
+      d = 0;
+      continue;
+    }
     if (d.is_object()) {
       merge_into(d, it.value(), key, origin);
     } else {
@@ -174,6 +182,12 @@ void Config::validate() const {
   const auto eng = get<std::string>("grad.engine");
   require(eng == "backprop" || eng == "adjoint" || eng == "adjoint-exact",
           "grad.engine must be backprop, adjoint or adjoint-exact (got '" + eng + "')");
+  parse_storage(get<std::string>("run.storage"));
+  require(get<std::int64_t>("grad.layer_checkpoint") >= 0,
+          "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
+  require(get<std::int64_t>("grad.token_block") >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
+  require(!get<bool>("data.carry_state") || get<bool>("data.sequential"),
+          "data.carry_state needs data.sequential = true: a carried state continues the same stream");
   const auto prec = get<std::string>("run.precision");
   require(prec == "float" || prec == "double", "run.precision must be float or double (got '" + prec + "')");
   require(get<std::int64_t>("optim.steps") >= 0 && get<std::int64_t>("optim.warmup") >= 0,

@@ -1,5 +1,7 @@
 #include "ash/dist/distributed_engine.hpp"
 
+#include "ash/io/tokens.hpp"
+
 #include <chrono>
 #include <cstdlib>
 #include <utility>
@@ -48,11 +50,6 @@ LayerActivations<S> first_rows(const LayerActivations<S>& a, index_t rows) {
   return o;
 }
 
-TokenView token_block(const TokenView& x, index_t t0, index_t Tj) {
-  TokenView xb("ash::dist::x_block", x.extent(0), Tj);
-  Kokkos::deep_copy(xb, Kokkos::subview(x, Kokkos::ALL(), Kokkos::make_pair(t0, t0 + Tj)));
-  return xb;
-}
 
 }  // namespace
 
@@ -276,7 +273,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
         timed([&] { recv(gj, next, tag_g, lc); });
       for (int k = k1 - 1; k >= k0; --k) {
         copy_block_rows(store.input(k), yj, T, t0, Tj, true, exec);
-        exact->backward_block(params.layer(k), sb, yj, gj, h_start[k - k0][j], carry[k - k0], grad.layer(k));
+        exact->backward_block(params.layer(k), sb, yj, gj, h_start[k - k0][j], &carry[k - k0], grad.layer(k));
       }
       if (lay.first())
         copy_block_rows(g, gj, T, t0, Tj, false, exec);

@@ -214,9 +214,8 @@ void AdjointExactLayer<S>::backward(const LayerParams<S>& p, int k, ActivationSt
 
 template <class S>
 void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
-                                          const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>& carry,
+                                          const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>* carry,
                                           const LayerParams<S>& grad) {
-  require(!opts_.detach_inputs, "adjoint-exact: token blocks are for the exact mode");
   if (index_t(block_act_.yhat.extent(0)) != sb.rows()) {
     ModelDims d;
     d.width = p.W_delta.extent(0);
@@ -224,7 +223,7 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
     block_act_ = LayerActivations<S>(sb, d, LayerActivations<S>::projections_only);
   }
   ssm_layer_project(p, y_blk, block_act_, this->exec_);
-  run(p, sb, y_blk, block_act_, g_blk, h0, &carry, grad);
+  run(p, sb, y_blk, block_act_, g_blk, h0, carry, grad);
 }
 
 template <class S>

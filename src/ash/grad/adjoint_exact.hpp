@@ -48,8 +48,10 @@ class AdjointExactLayer final : public LayerAdjoint<S> {
   // for the last block), y_blk and g_blk [Bt·sb.T, P] in block-row order
   // (g_k in, g_{k-1} out), h0 [Bt·P, N] the state before the block's first
   // token (empty: zero), carry in: from the block after, out: for the block before.
+  // Exact or detached mode; a window (T̄) needs the whole window as one block,
+  // with carry == nullptr (no block after or before).
   void backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
-                      const View2<S>& h0, ExactCarry<S>& carry, const LayerParams<S>& grad);
+                      const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad);
   // One token range of a longer window (context parallelism; exact or
   // detached, no window): g (g_k of the range) in, g_{k-1} out; h0 the state
   // before the range (empty: zero). `exchange` gets the range's carry map

@@ -4,6 +4,9 @@
 #include "ash/grad/adjoint.hpp"
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
+#include "ash/grad/low_memory_engine.hpp"
+
+#include <cmath>
 
 namespace ash {
 
@@ -15,6 +18,10 @@ EngineOptions EngineOptions::from_config(const Config& cfg) {
   o.chunk = cfg.get<index_t>("grad.chunk");
   o.wave = cfg.get<index_t>("grad.wave");
   o.head_chunk = cfg.get<index_t>("grad.head_chunk");
+  o.storage = parse_storage(cfg.get<std::string>("run.storage"));
+  o.layer_checkpoint = resolve_layer_checkpoint(cfg.get<index_t>("grad.layer_checkpoint"), cfg.model().layers);
+  o.token_block = cfg.get<index_t>("grad.token_block");
+  o.carry_state = cfg.get<bool>("data.carry_state");
   return o;
 }
 
@@ -55,8 +62,16 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
   return loss;
 }
 
+index_t resolve_layer_checkpoint(index_t m, index_t layers) {
+  require(m >= 0, "grad.layer_checkpoint must be >= 0 (0 or \"auto\": about sqrt(model.layers))");
+  if (m > 0) return m;
+  const index_t r = index_t(std::lround(std::sqrt(double(layers))));
+  return r > 1 ? r : 1;
+}
+
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts) {
+  if (opts.low_memory()) return std::make_unique<LowMemoryEngine<S>>(opts);
   return std::make_unique<LocalEngine<S>>(opts);
 }
 

@@ -5,8 +5,11 @@
 // some order, embedding) around a per-layer method (LayerAdjoint).
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ash/core/config.hpp"
+#include "ash/core/error.hpp"
+#include "ash/core/half.hpp"
 #include "ash/grad/layer_adjoint.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/params.hpp"
@@ -20,7 +23,16 @@ struct EngineOptions {
   index_t chunk = 64;               // E3 chunk length C
   index_t wave = 1024;              // E3: tokens whose A, h, μ are recomputed at once
   index_t head_chunk = 1024;        // tokens per head chunk (T×V logits never whole)
+  // The memory levers of docs/design.md §8 (E3 only; any of them selects the
+  // LowMemoryEngine of ash/grad/low_memory_engine.hpp):
+  Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)
+  index_t layer_checkpoint = 1;     // keep every m-th layer input, recompute the rest (resolved: >= 1)
+  index_t token_block = 0;          // tokens per block of the block-wise pass (0: auto)
+  bool carry_state = false;         // windows start from the previous window's state (data.carry_state)
 
+  bool low_memory() const {
+    return storage != Storage::full || layer_checkpoint != 1 || token_block > 0 || carry_state;
+  }
   static EngineOptions from_config(const Config& cfg);
 };
 
@@ -31,6 +43,13 @@ class GradientEngine {
   virtual std::string name() const = 0;
   // Overwrites grad with ∂L/∂θ for the windows in x ([Bt, T]) and returns L.
   virtual double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) = 0;
+  // Carried state (data.carry_state, truncated BPTT with state): when set,
+  // layer k of every window starts from (*state)[k] ([Bt·P, N], a constant:
+  // no gradient flows into it) and compute() leaves there the state after the
+  // window's last token. nullptr: every window starts from h = 0.
+  virtual void set_carried_state(std::vector<View2<S>>* state) {
+    if (state) throw Error(name() + ": this engine does not carry state across windows");
+  }
 };
 
 // One process, all layers: embedding, forward over [0, K) keeping what the
@@ -48,7 +67,10 @@ class LocalEngine final : public GradientEngine<S> {
   std::unique_ptr<LayerAdjoint<S>> layer_;
 };
 
-// The local engine for opts.engine; throws ash::Error for an unknown engine or
+// grad.layer_checkpoint as m >= 1: 0 ("auto") gives round(sqrt(K)).
+index_t resolve_layer_checkpoint(index_t m, index_t layers);
+
+// The local engine for opts.engine (the LowMemoryEngine when opts.low_memory()); throws ash::Error for an unknown engine or
 // options it does not support.
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts);

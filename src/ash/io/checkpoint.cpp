@@ -212,6 +212,26 @@ void read_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, 
   Kokkos::deep_copy(ps.data(), host);
 }
 
+template <class S>
+void write_carried_state(hid_t file, const std::vector<View2<S>>& state) {
+  const hsize_t K = state.size(), R = state[0].extent(0), N = state[0].extent(1);
+  std::vector<S> host(std::size_t(K * R * N));
+  for (hsize_t k = 0; k < K; ++k) {
+    Kokkos::View<S**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+        host.data() + k * R * N, R, N);
+    Kokkos::deep_copy(h, state[k]);
+  }
+  std::vector<hsize_t> dims{K, R, N};
+  Handle sp(H5Screate_simple(3, dims.data(), nullptr), H5Sclose);
+  Handle lcpl(link_create_plist(), H5Pclose);
+  Handle dcpl = checksummed_dcpl(dims, sizeof(S));
+  const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+  const hid_t file_type = std::is_same<S, double>::value ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
+  Handle ds(H5Dcreate2(file, "/train/carry_state", file_type, sp, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
+  require(ds.ok(), "HDF5: cannot create dataset /train/carry_state");
+  check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "writing /train/carry_state");
+}
+
 Handle open_for_read(const std::string& path, const char* what) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   require(f != nullptr, std::string("cannot open ") + what + " '" + path + "'");
@@ -393,7 +413,37 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
       Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
       write_attr_i64(g, "step", opt.step);
     }
+    if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry);
   });
+}
+
+template <class S>
+bool load_carried_state(const std::string& path, const std::vector<View2<S>>& state) {
+  Handle file = open_for_read(path, "checkpoint");
+  read_header(file, path);
+  const char* name = "/train/carry_state";
+  if (H5Lexists(file, "/train", H5P_DEFAULT) <= 0 || H5Oexists_by_name(file, name, H5P_DEFAULT) <= 0) return false;
+  require(!state.empty(), "'" + path + "' holds a carried state but this run carries none");
+  const hsize_t K = state.size(), R = state[0].extent(0), N = state[0].extent(1);
+  Handle ds(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+  require(ds.ok(), "'" + path + "': cannot open " + name);
+  Handle sp(H5Dget_space(ds), H5Sclose);
+  hsize_t dims[3] = {0, 0, 0};
+  require(H5Sget_simple_extent_ndims(sp) == 3 && H5Sget_simple_extent_dims(sp, dims, nullptr) == 3 &&
+              dims[0] == K && dims[1] == R && dims[2] == N,
+          "'" + path + "': " + name + " does not match this run's layers, batch and sizes [" + std::to_string(K) +
+              "," + std::to_string(R) + "," + std::to_string(N) + "]");
+  std::vector<S> host(std::size_t(K * R * N));
+  const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
+  require(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) >= 0,
+          "checksum mismatch in " + std::string(name) + " of '" + path + "' (the file is corrupt)");
+  for (S v : host) require(std::isfinite(v), "'" + path + "': " + name + " holds a non-finite value");
+  for (hsize_t k = 0; k < K; ++k) {
+    Kokkos::View<S**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+        host.data() + k * R * N, R, N);
+    Kokkos::deep_copy(state[k], h);
+  }
+  return true;
 }
 
 template <class S>
@@ -492,6 +542,8 @@ template bool load_optimizer_state<float>(const std::string&, const ParamSet<flo
                                           std::int64_t*);
 template bool load_optimizer_state<double>(const std::string&, const ParamSet<double>&, const ParamSet<double>&,
                                            std::int64_t*);
+template bool load_carried_state<float>(const std::string&, const std::vector<View2<float>>&);
+template bool load_carried_state<double>(const std::string&, const std::vector<View2<double>>&);
 template ParamSet<float> load_checkpoint<float>(const std::string&, CheckpointInfo*);
 template ParamSet<double> load_checkpoint<double>(const std::string&, CheckpointInfo*);
 template ParamSet<float> load_checkpoint<float>(const std::string&, const LayerRange&, CheckpointInfo*);

@@ -7,6 +7,7 @@
 //   /params     embedding [V,P], final_norm [P], head [V,P],
 //               layers/000/{norm, W_delta, b_delta, A_log, W_B, W_C, D}, ...
 //   /optimizer  m/<param path>, v/<param path>, attribute step (after ash train)
+//   /train      carry_state [K, Bt·P, N] (data.carry_state only)
 //   gradients:  /loss (scalar), /grad/<same path as under /params>
 // Files are built in memory, written to "<path>.tmp.<pid>", fsynced and
 // renamed, so a failed write never replaces a good file. Reading is strict
@@ -43,6 +44,9 @@ struct OptimizerState {
   const ParamSet<S>* m = nullptr;
   const ParamSet<S>* v = nullptr;
   std::int64_t step = 0;
+  // data.carry_state: the state each layer's next window starts from, stored
+  // as /train/carry_state [K, Bt·P, N] so a resume continues bitwise.
+  const std::vector<View2<S>>* carry = nullptr;
 };
 
 template <class S>
@@ -53,6 +57,11 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
 // checkpoint has no optimizer state (a fresh `ash init` model).
 template <class S>
 bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const ParamSet<S>& v, std::int64_t* step);
+
+// Reads /train/carry_state into state (K views [Bt·P, N], allocated by the
+// caller); false when the checkpoint has none; an error when its shape differs.
+template <class S>
+bool load_carried_state(const std::string& path, const std::vector<View2<S>>& state);
 
 // Reads and validates (version, sizes, every dataset and its shape); converts to S.
 template <class S>

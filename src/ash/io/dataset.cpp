@@ -16,8 +16,9 @@ std::uint64_t splitmix64(std::uint64_t x) {
 }  // namespace
 
 TokenDataset::TokenDataset(std::vector<std::uint32_t> tokens, index_t vocab, index_t T, double valid_fraction,
-                           std::uint64_t seed, bool sequential)
-    : tokens_(std::move(tokens)), vocab_(vocab), T_(T), seed_(seed), sequential_(sequential) {
+                           std::uint64_t seed, bool sequential, bool streams)
+    : tokens_(std::move(tokens)), vocab_(vocab), T_(T), seed_(seed), sequential_(sequential || streams),
+      streams_(streams) {
   require(T >= 2, "data.seq_len = " + std::to_string(T) + " is too short: a window needs T >= 2 tokens");
   require(valid_fraction >= 0 && valid_fraction < 1, "data.valid_fraction must be in [0, 1)");
   const index_t n = index_t(tokens_.size());
@@ -32,13 +33,21 @@ TokenDataset::TokenDataset(std::vector<std::uint32_t> tokens, index_t vocab, ind
 }
 
 TokenDataset TokenDataset::from_file(const std::string& path, index_t vocab, index_t T, double valid_fraction,
-                                     std::uint64_t seed, bool sequential) {
+                                     std::uint64_t seed, bool sequential, bool streams) {
   require(!path.empty(), "data.train is empty: name a token file (text, .u16 or .u32)");
-  return TokenDataset(load_tokens(path), vocab, T, valid_fraction, seed, sequential);
+  return TokenDataset(load_tokens(path), vocab, T, valid_fraction, seed, sequential, streams);
 }
 
 std::vector<index_t> TokenDataset::train_offsets(std::int64_t step, index_t batch, std::int64_t cursor) const {
   std::vector<index_t> off(batch);
+  if (streams_) {
+    const index_t L = n_train_ / batch;
+    require(L >= T_, "data.carry_state: " + std::to_string(n_train_) + " training tokens make " +
+                         std::to_string(batch) + " streams of " + std::to_string(L) + " tokens, shorter than T = " +
+                         std::to_string(T_));
+    for (index_t b = 0; b < batch; ++b) off[b] = b * L + cursor;
+    return off;
+  }
   const index_t span = n_train_ - T_ + 1;
   for (index_t b = 0; b < batch; ++b) {
     if (sequential_) {
@@ -56,7 +65,10 @@ TokenView TokenDataset::train_batch(std::int64_t step, index_t batch, std::int64
   std::vector<std::uint32_t> ids(std::size_t(batch * T_));
   for (index_t b = 0; b < batch; ++b)
     for (index_t t = 0; t < T_; ++t) ids[b * T_ + t] = tokens_[off[b] + t];
-  if (sequential_ && cursor) *cursor = (*cursor + batch * T_) % (n_train_ - T_ + 1);
+  if (streams_ && cursor)
+    *cursor = *cursor + 2 * T_ <= n_train_ / batch ? *cursor + T_ : 0;  // the next window fits, or the streams restart
+  else if (sequential_ && cursor)
+    *cursor = (*cursor + batch * T_) % (n_train_ - T_ + 1);
   return make_windows(ids, batch, T_, vocab_);
 }
 

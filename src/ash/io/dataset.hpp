@@ -7,6 +7,11 @@
 // so a batch depends only on (seed, step): resuming at step s replays exactly.
 // Sequential mode (data.sequential = true): consecutive windows in document
 // order from a cursor that wraps around; the cursor is saved in checkpoints.
+// Stream mode (sequential with data.carry_state): the training part is cut
+// into Bt streams of L = n_train / Bt tokens; row b of every batch is the next
+// T tokens of stream b (offset b·L + cursor), so row b continues row b of the
+// previous step and its state can be carried; the cursor (tokens into each
+// stream) goes back to 0 when the next window would pass L.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,9 +25,9 @@ class TokenDataset {
   // Validates sizes: enough tokens for one training window and one validation
   // window (when valid_fraction > 0), every id < vocab.
   TokenDataset(std::vector<std::uint32_t> tokens, index_t vocab, index_t T, double valid_fraction,
-               std::uint64_t seed, bool sequential);
+               std::uint64_t seed, bool sequential, bool streams = false);
   static TokenDataset from_file(const std::string& path, index_t vocab, index_t T, double valid_fraction,
-                                std::uint64_t seed, bool sequential);
+                                std::uint64_t seed, bool sequential, bool streams = false);
 
   // Training batch for `step`; in sequential mode reads at and advances *cursor.
   TokenView train_batch(std::int64_t step, index_t batch, std::int64_t* cursor) const;
@@ -46,7 +51,7 @@ class TokenDataset {
   std::vector<std::uint32_t> tokens_;
   index_t vocab_, T_, n_train_;
   std::uint64_t seed_;
-  bool sequential_;
+  bool sequential_, streams_;
 };
 
 }  // namespace ash

@@ -67,4 +67,10 @@ TokenView make_windows(const std::vector<std::uint32_t>& tokens, index_t batch, 
   return x;
 }
 
+TokenView token_block(const TokenView& x, index_t t0, index_t Tj) {
+  TokenView xb("ash::x_block", x.extent(0), Tj);
+  Kokkos::deep_copy(xb, Kokkos::subview(x, Kokkos::ALL(), Kokkos::make_pair(t0, t0 + Tj)));
+  return xb;
+}
+
 }  // namespace ash

@@ -47,19 +47,34 @@ void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store, const 
                       store.input(k + 1), View2<S>(), exec);
 }
 
+namespace {
 template <class S>
-double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk) {
+double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t head_chunk,
+                         std::vector<View2<S>>* state, const TokenView& x_head, index_t targets) {
   const auto& d = params.dims();
   const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  require(!state || index_t(state->size()) == d.layers, "forward_loss: expected one state per layer");
   View2<S> y("ash::fwd::y", s.rows(), d.width);
   View2<S> y_next("ash::fwd::y_next", s.rows(), d.width);
   embedding_forward(params.global().embedding, x, y);
   const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
   for (int k = 0; k < d.layers; ++k) {
-    ssm_layer_forward(params.layer(k), s, y, act, y_next);
+    ssm_layer_forward(params.layer(k), s, y, act, y_next, state ? (*state)[k] : View2<S>());
     std::swap(y, y_next);
   }
-  return head_loss<S>(params.global(), x, y, View2<S>(), nullptr, head_chunk);
+  return head_loss<S>(params.global(), x_head, y, View2<S>(), nullptr, head_chunk, targets);
+}
+}  // namespace
+
+template <class S>
+double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk) {
+  return forward_loss_impl<S>(params, x, head_chunk, nullptr, x, 0);
+}
+
+template <class S>
+double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk, std::vector<View2<S>>& state,
+                    const TokenView& x_head, index_t targets) {
+  return forward_loss_impl<S>(params, x, head_chunk, &state, x_head, targets);
 }
 
 template <class S>
@@ -83,6 +98,8 @@ ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const
   template class ActivationStore<S>;                                                                       \
   template void forward_layers<S>(const ParamSet<S>&, ActivationStore<S>&, const ExecSpace&);              \
   template double forward_loss<S>(const ParamSet<S>&, const TokenView&, index_t);                          \
+  template double forward_loss<S>(const ParamSet<S>&, const TokenView&, index_t, std::vector<View2<S>>&,     \
+                                  const TokenView&, index_t);                                              \
   template ForwardTape<S> forward_tape<S>(const ParamSet<S>&, const TokenView&, const GlobalParams<S>*,     \
                                           typename LayerActivations<S>::Store, bool, index_t);
 ASH_INSTANTIATE(float)

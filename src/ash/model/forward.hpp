@@ -57,6 +57,15 @@ void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store, const 
 template <class S>
 double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk = 1024);
 
+// The same with a carried state (streaming a long document window by window):
+// state (one [Bt·P, N] view per layer) is h before x's first token on entry and
+// h after its last on return; x_head is what the head scores (x, or x with the
+// next window's first token appended per sequence, so no target is lost between
+// windows) and targets the count the loss is the mean over (head_loss's rule).
+template <class S>
+double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk, std::vector<View2<S>>& state,
+                    const TokenView& x_head, index_t targets);
+
 // The whole model's forward for a full ParamSet: embedding, every layer, head.
 template <class S>
 struct ForwardTape {

@@ -153,6 +153,9 @@ struct Backend {
     }
     if (world > 1 || cfg.multi_rank()) {
       require(inited, "dist.* asks for several ranks: run under mpiexec");
+      require(!EngineOptions::from_config(cfg).low_memory(),
+              "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run in one process; "
+              "they are not implemented for dist.* rank layouts yet");
       grid = std::make_unique<dist::Grid>(cfg);
       range = grid->range(d);
       root = rank == 0;
@@ -184,14 +187,14 @@ struct Backend {
     return {};
   }
   void save(const std::string& path, const Config& cfg, const ParamSet<S>& params, std::int64_t step,
-            std::int64_t cursor, const AdamW<S>& opt) {
+            std::int64_t cursor, const AdamW<S>& opt, const std::vector<View2<S>>* carry) {
 #ifdef ASH_HAVE_MPI
     if (grid) {
       dist::save_checkpoint(*grid, path, cfg, params, step, cursor, &opt.m(), &opt.v(), opt.step());
       return;
     }
 #endif
-    save_checkpoint(path, cfg, params, step, cursor, OptimizerState<S>{&opt.m(), &opt.v(), opt.step()});
+    save_checkpoint(path, cfg, params, step, cursor, OptimizerState<S>{&opt.m(), &opt.v(), opt.step(), carry});
   }
   // Every world rank's peak (collective under MPI).
   std::vector<std::uint64_t> rank_peaks() const {
@@ -263,7 +266,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
 
   const auto data = TokenDataset::from_file(cfg.get<std::string>("data.train"), d.vocab, T,
                                             cfg.get<double>("data.valid_fraction"), d.seed,
-                                            cfg.get<bool>("data.sequential"));
+                                            cfg.get<bool>("data.sequential"), cfg.get<bool>("data.carry_state"));
   Backend<S> be(cfg, d);
   if (!be.root) log = nullptr;
   std::unique_ptr<RunLock> lock;
@@ -294,6 +297,14 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     cursor = info.data_cursor;
   }
   auto& engine = be.engine;
+  // data.carry_state: every layer's state after the previous window of each
+  // stream, restored on resume (a checkpoint without one starts from zero).
+  std::vector<View2<S>> carried;
+  if (cfg.get<bool>("data.carry_state")) {
+    for (index_t k = 0; k < d.layers; ++k) carried.emplace_back("ash::train::carried_state", B * d.width, d.state);
+    if (!resume.empty()) load_carried_state(resume, carried);
+    engine->set_carried_state(&carried);
+  }
   ParamSet<S> grad(d, be.range);
   TokenView valid;
   if (data.valid_windows() > 0) valid = data.valid_batch(max_valid_windows);
@@ -332,7 +343,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     if (be.any(!std::isfinite(probe)))
       throw Error("the parameters after step " + std::to_string(at) + " give a non-finite loss (" +
                   std::to_string(probe) + "); stopped; " + last_good());
-    be.save(ckpt_path, cfg, params, at, cursor, opt);
+    be.save(ckpt_path, cfg, params, at, cursor, opt, carried.empty() ? nullptr : &carried);
     sum.checkpoint = ckpt_path;
     good_path = ckpt_path;
     good_step = at;
@@ -351,6 +362,8 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
   double train_s = 0.0;  // wall-clock of the steps alone: no validation, no checkpoints
   while (step < stop) {
     const auto t_step = std::chrono::steady_clock::now();
+    if (!carried.empty() && cursor == 0)  // the streams (re)start: no state before their first window
+      for (auto& h : carried) Kokkos::deep_copy(h, S(0));
     const auto x = data.train_batch(step, B, &cursor);
     const double loss = engine->compute(params, x, grad);
     if (!std::isfinite(loss))

@@ -1,0 +1,157 @@
+#include "ash/grad/low_memory_engine.hpp"
+
+#include <utility>
+
+#include "ash/core/error.hpp"
+#include "ash/io/tokens.hpp"
+
+namespace ash {
+
+namespace {
+
+template <class S>
+View2<S> first_rows(const View2<S>& v, index_t rows) {
+  return Kokkos::subview(v, Kokkos::make_pair(index_t(0), rows), Kokkos::ALL());
+}
+
+template <class S>
+LayerActivations<S> first_rows(const LayerActivations<S>& a, index_t rows) {
+  LayerActivations<S> o;
+  o.rstd = Kokkos::subview(a.rstd, Kokkos::make_pair(index_t(0), rows));
+  o.yhat = first_rows(a.yhat, rows);
+  o.delta = first_rows(a.delta, rows);
+  o.beta = first_rows(a.beta, rows);
+  o.gamma = first_rows(a.gamma, rows);
+  o.a = a.a;
+  return o;
+}
+
+}  // namespace
+
+template <class S>
+LowMemoryEngine<S>::LowMemoryEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
+  require(opts.engine == "adjoint-exact",
+          "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state need grad.engine = "
+          "adjoint-exact (got '" + opts.engine + "')");
+  require(opts.layer_checkpoint >= 1, "grad.layer_checkpoint must be resolved to >= 1");
+  require(opts.token_block >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
+}
+
+template <class S>
+std::string LowMemoryEngine<S>::name() const {
+  std::string n = layer_.name();
+  n.pop_back();  // the closing parenthesis
+  return n + ", " + storage_name(opts_.storage) + " storage, layer checkpoint " +
+         std::to_string(opts_.layer_checkpoint) + (opts_.carry_state ? ", carried state" : "") + ")";
+}
+
+template <class S>
+index_t LowMemoryEngine<S>::block_length(index_t T) const {
+  if (opts_.truncate > 0 && opts_.truncate < T) return T;  // the block method of T̄ needs the whole window
+  const index_t C = opts_.chunk < T ? opts_.chunk : T;
+  const index_t want = opts_.token_block > 0 ? opts_.token_block : 4096;
+  const index_t len = ((want + C - 1) / C) * C;  // whole chunks: the same chunk structure as one block
+  return len < T ? len : T;
+}
+
+template <class S>
+double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+  const auto& d = params.dims();
+  require(params.range().is_all(d) && grad.range().is_all(d), "LowMemoryEngine: needs the whole model");
+  const index_t Bt = x.extent(0), T = x.extent(1), P = d.width, N = d.state;
+  const int K = int(d.layers);
+  const index_t m = opts_.layer_checkpoint;
+  const index_t blen = block_length(T), nb = (T + blen - 1) / blen;
+  const ExecSpace& exec = layer_.execution_space();
+  if (state_) {
+    require(index_t(state_->size()) == K, "carried state: expected one state per layer");
+    for (const auto& h : *state_)
+      require(index_t(h.extent(0)) == Bt * P && index_t(h.extent(1)) == N,
+              "carried state: expected [batch·P, N] per layer");
+  }
+  grad.fill_zero();
+  const auto gglobal = grad.global();
+
+  // Kept layer inputs y_k, k = m, 2m, ... <= K (y_0 is the embedding's, recomputed).
+  std::vector<StoredRows<S>> kept(K + 1);
+  for (int k = int(m); k <= K; k += int(m)) kept[k] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, Bt * T, P);
+  // State before each (layer, block): [nb, Bt·P, N] per layer; block 0's is
+  // the carried state (or zero).
+  std::vector<View3<S>> h_start;
+  for (int k = 0; k < K; ++k) h_start.emplace_back("ash::lowmem::h_block_start", nb, Bt * P, N);
+  auto h_before = [&](int k, index_t j) -> View2<S> {
+    return Kokkos::subview(h_start[k], j, Kokkos::ALL(), Kokkos::ALL());
+  };
+  const LayerActivations<S> act(SeqShape{Bt, blen}, d, LayerActivations<S>::projections_only);
+  View2<S> h_run("ash::lowmem::h_run", Bt * P, N);  // the state a layer's scan advances
+
+  // ---- forward: blocks in order, the state of every layer carried along -------
+  {
+    View2<S> ya("ash::lowmem::y_block", Bt * blen, P), yb("ash::lowmem::y_block_next", Bt * blen, P);
+    for (index_t j = 0; j < nb; ++j) {
+      const index_t t0 = j * blen, Tj = t0 + blen < T ? blen : T - t0, rows = Bt * Tj;
+      View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
+      embedding_forward(params.global().embedding, token_block(x, t0, Tj), y, exec);
+      const auto act_j = first_rows(act, rows);
+      for (int k = 0; k < K; ++k) {
+        // block 0: the carried state or zero (as allocated); block j > 0: set after block j-1
+        if (j == 0 && state_) Kokkos::deep_copy(exec, h_before(k, 0), (*state_)[k]);
+        Kokkos::deep_copy(exec, h_run, h_before(k, j));
+        ssm_layer_forward(params.layer(k), SeqShape{Bt, Tj}, y, act_j, yo, h_run, exec);
+        if (j + 1 < nb) Kokkos::deep_copy(exec, h_before(k, j + 1), h_run);
+        if (j + 1 == nb && state_) Kokkos::deep_copy(exec, (*state_)[k], h_run);
+        std::swap(y, yo);
+        if (!kept[k + 1].empty()) kept[k + 1].put(y, T, t0, Tj, exec);
+      }
+    }
+  }
+
+  // ---- backward: blocks last to first, segments of m layers top down ----------
+  const index_t nseg = m < index_t(K) + 1 ? m : index_t(K) + 1;  // inputs per segment
+  std::vector<View2<S>> yseg;
+  for (index_t i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", Bt * blen, P);
+  View2<S> gb("ash::lowmem::g_block", Bt * blen, P);
+  std::vector<ExactCarry<S>> carry(K);
+  const bool blocks = nb > 1;
+  const index_t targets = Bt * (T - 1);
+  double loss = 0;
+  const int c_top = int((K / m) * m);
+  for (index_t j = nb - 1; j >= 0; --j) {
+    const index_t t0 = j * blen, Tj = t0 + blen < T ? blen : T - t0, rows = Bt * Tj;
+    const SeqShape sb{Bt, Tj};
+    const TokenView xb = token_block(x, t0, Tj);
+    const auto act_j = first_rows(act, rows);
+    const View2<S> g = first_rows(gb, rows);
+    for (int c = c_top; c >= 0; c -= int(m)) {
+      const int e = c + int(nseg) - 1 < K ? c + int(nseg) - 1 : K;  // the segment's inputs: y_c .. y_e
+      const View2<S> y0 = first_rows(yseg[0], rows);
+      if (c == 0)
+        embedding_forward(params.global().embedding, xb, y0, exec);
+      else
+        kept[c].get(y0, T, t0, Tj, exec);
+      for (int k = c; k < e; ++k) {  // y_{k+1} = layer k (y_k), from the state the forward saw
+        Kokkos::deep_copy(exec, h_run, h_before(k, j));
+        ssm_layer_forward(params.layer(k), sb, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows),
+                          h_run, exec);
+      }
+      if (e == K) {  // the head on y_K's rows: the block's share of L and g_K
+        const TokenView xh = token_block(x, t0, (t0 + Tj < T ? t0 + Tj + 1 : T) - t0);
+        loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,
+                             targets, exec);
+      }
+      for (int k = (e < K ? e : K - 1); k >= c; --k) {
+        const View2<S> h0 = (j > 0 || state_) ? h_before(k, j) : View2<S>();
+        layer_.backward_block(params.layer(k), sb, first_rows(yseg[k - c], rows), g, h0,
+                              blocks ? &carry[k] : nullptr, grad.layer(k));
+      }
+    }
+    embedding_backward(xb, g, gglobal.embedding, exec);
+  }
+  layer_.release();
+  return loss;
+}
+
+template class LowMemoryEngine<float>;
+template class LowMemoryEngine<double>;
+
+}  // namespace ash
