@@ -1,4 +1,4 @@
-// The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, generate, inspect.
+// The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, plan, generate, inspect.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
@@ -159,8 +159,32 @@ void run_grad(const GradArgs& a) {
               (long long)B, (long long)T);
   std::printf("loss %.10f\n", loss);
   std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
-  std::printf("memory: %s\n", ash::MemoryTracker::summary().c_str());
+  std::printf("memory: %s; planned peak %s (ash plan)\n", ash::MemoryTracker::summary().c_str(),
+              ash::format_bytes(std::uint64_t(ash::plan_memory(cfg, ash::Workload::grad, sizeof(S)).total())).c_str());
   std::printf("wrote %s\n", a.out.c_str());
+}
+
+// The memory planner: predicted peak bytes per component, for `ash train`
+// (or `ash grad`) with this configuration, against the machine's memory.
+int run_plan(const Common& c, const std::string& workload, const std::string& precision) {
+  const ash::Config cfg = load_config(c);
+  const bool train = workload == "train";
+  const std::size_t sb = precision == "double" ? 8 : 4;
+  ash::estimate_memory(cfg, ash::Workload::train, sb);  // overflow checks
+  const auto plan = ash::plan_memory(cfg, train ? ash::Workload::train : ash::Workload::grad, sb);
+  const auto d = cfg.model();
+  std::printf("plan for ash %s: V=%lld P=%lld N=%lld K=%lld, T=%lld, batch %lld, %s\n", workload.c_str(),
+              (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers,
+              (long long)cfg.get<ash::index_t>("data.seq_len"), (long long)cfg.get<ash::index_t>("data.batch"),
+              precision.c_str());
+  std::printf("engine: %s; peak at the %s\n", plan.engine.c_str(), plan.phase.c_str());
+  std::printf("%s", plan.table("  ").c_str());
+  const auto phys = c.max_memory > 0 ? c.max_memory : ash::physical_memory_bytes();
+  const double per_token = plan.total() / double(cfg.get<ash::index_t>("data.seq_len") * cfg.get<ash::index_t>("data.batch"));
+  std::printf("%.0f bytes per token (total / batch·T); %s %s: %s\n", per_token,
+              c.max_memory > 0 ? "--max-memory" : "physical memory", ash::format_bytes(phys).c_str(),
+              phys == 0 ? "unknown" : plan.total() <= double(phys) ? "fits" : "does NOT fit");
+  return phys == 0 || plan.total() <= double(phys) ? 0 : 1;
 }
 
 // Forward only over a whole token file: consecutive windows of T tokens
@@ -423,6 +447,16 @@ int main(int argc, char* argv[]) {
                  "prints bits/token with and without the carried state");
   eval->add_option("--max-memory", eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
 
+  Common plan_common;
+  std::string plan_workload = "train", plan_precision;
+  auto* plan = app.add_subcommand("plan", "predicted peak memory per component for a configuration (no allocation)");
+  plan->add_option("--config", plan_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
+  plan->add_option("--set", plan_common.sets, "override a config key: key=value")->take_all();
+  plan->add_option("--for", plan_workload, "train (default) or grad")->check(CLI::IsMember({"train", "grad"}));
+  plan->add_option("--precision", plan_precision, "compute type (default: run.precision)")
+      ->check(CLI::IsMember({"float", "double"}));
+  plan->add_option("--max-memory", plan_common.max_memory, "compare with this many bytes (default: RAM)");
+
   std::string inspect_path;
   auto* inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   inspect->add_option("checkpoint", inspect_path, "checkpoint (.h5)")->required();
@@ -459,6 +493,10 @@ int main(int argc, char* argv[]) {
       return run_train(train_common, resume, until);
     } else if (*generate) {
       run_generate(gen_ckpt, prompt, gen_n, temperature, gen_seed);
+    } else if (*plan) {
+      return run_plan(plan_common, plan_workload,
+                      plan_precision.empty() ? load_config(plan_common).get<std::string>("run.precision")
+                                             : plan_precision);
     } else if (*inspect) {
       run_inspect(inspect_path);
     }

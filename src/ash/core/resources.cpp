@@ -2,9 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "ash/core/error.hpp"
+#include "ash/core/half.hpp"
 #include "ash/core/memory.hpp"
 
 namespace ash {
@@ -88,6 +92,165 @@ MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar
   return e;
 }
 
+std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers) {
+  require(m >= 0, "grad.layer_checkpoint must be >= 0 (0 or \"auto\": about sqrt(model.layers))");
+  if (m > 0) return m;
+  const auto r = std::int64_t(std::lround(std::sqrt(double(layers))));
+  return r > 1 ? r : 1;
+}
+
+double MemoryPlan::total() const {
+  double t = 0;
+  for (const auto& i : items) t += i.bytes;
+  return t;
+}
+
+std::string MemoryPlan::table(const std::string& indent) const {
+  std::string out;
+  char line[256];
+  for (const auto& i : items) {
+    std::snprintf(line, sizeof line, "%s%-44s %12s\n", indent.c_str(), i.name.c_str(),
+                  format_bytes(std::uint64_t(i.bytes)).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%s%-44s %12s\n", indent.c_str(), "total (predicted peak)",
+                format_bytes(std::uint64_t(total())).c_str());
+  return out + line;
+}
+
+MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows) {
+  // Sizes in double: validate() has already checked every product for overflow.
+  const auto d = cfg.model();
+  const double S = double(scalar_bytes), V = double(d.vocab), P = double(d.width), N = double(d.state);
+  const std::int64_t R = std::max<std::int64_t>(1, cfg.get<std::int64_t>("dist.layer_ranks"));
+  const std::int64_t Sq = std::max<std::int64_t>(1, cfg.get<std::int64_t>("dist.seq_ranks"));
+  const std::int64_t K = (d.layers + R - 1) / R;  // layers on the busiest rank
+  const std::int64_t Ti = (cfg.get<std::int64_t>("data.seq_len") + Sq - 1) / Sq, Bi = cfg.get<std::int64_t>("data.batch");
+  const double T = double(Ti), B = double(Bi), M = B * T, cnt = double(checked_parameter_count(d));
+  const std::string engine = cfg.get<std::string>("grad.engine");
+  const Storage storage = parse_storage(cfg.get<std::string>("run.storage"));
+  const std::int64_t m = resolve_layer_checkpoint(cfg.get<std::int64_t>("grad.layer_checkpoint"), d.layers);
+  const std::int64_t token_block = cfg.get<std::int64_t>("grad.token_block");
+  const bool carry = cfg.get<bool>("data.carry_state");
+  const std::int64_t Tbar = cfg.get<std::int64_t>("grad.truncate");
+  const bool window = Tbar > 0 && Tbar < Ti;
+  const std::int64_t chunk = cfg.get<std::int64_t>("grad.chunk"), wave = cfg.get<std::int64_t>("grad.wave");
+  const double hc = double(cfg.get<std::int64_t>("grad.head_chunk"));
+  const bool low = engine == "adjoint-exact" &&
+                   (storage != Storage::full || m != 1 || token_block > 0 || carry);
+
+  MemoryPlan plan;
+  auto add = [](std::vector<MemoryPlan::Item>& v, const std::string& n, double b) { v.push_back({n, b}); };
+  // What every phase holds.
+  add(plan.items, "parameters", cnt * S);
+  if (w == Workload::init) {
+    add(plan.items, "host copy for the file", cnt * S);
+    plan.engine = "init";
+    plan.phase = "writing the file";
+    return plan;
+  }
+  add(plan.items, "gradient", cnt * S);
+  if (w == Workload::train) add(plan.items, "optimizer (Adam m, v)", 2 * cnt * S);
+  add(plan.items, "token ids", M * 4);
+
+  // Building blocks (the allocations of the code they name).
+  auto proj = [&](double rows) { return (rows * (2 * P + 2 * N + 1) + P * N) * S; };  // LayerActivations, projections
+  auto head = [&](double rows, double chunk_rows, bool g) {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
+    const double C = std::min(chunk_rows, rows);
+    return C * (1 + P + V + (g ? P : 0)) * S;
+  };
+  auto cot = [&](double rows) {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per 128 rows
+    return (rows * (3 * P + 2 * N) + std::ceil(rows / 128) * (P * N + 2 * P)) * S;
+  };
+  auto e3_scratch = [&](double Bt, std::int64_t Tw) {  // AdjointExactLayer::run on windows of Tw tokens
+    const std::int64_t C = std::min(chunk, Tw), nc = (Tw + C - 1) / C;
+    const std::int64_t unit = window ? Tbar : C, Wv = unit * std::max<std::int64_t>(1, wave / unit);
+    const double Wb = double(std::min(Wv, Tw));
+    const double bound = (window ? 2 : 3) * Bt * double(nc) * P * N * S;  // h, products (and μ) at chunk starts
+    return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);                // one wave of h, A, μ; cotangents
+  };
+
+  std::vector<std::pair<std::string, std::vector<MemoryPlan::Item>>> phases;
+  std::vector<MemoryPlan::Item> persistent;  // engine memory held across the phases below
+  if (low) {
+    std::int64_t blen = Ti;
+    if (!window) {
+      const std::int64_t C = std::min(chunk, Ti), want = token_block > 0 ? token_block : 4096;
+      blen = std::min(Ti, ((want + C - 1) / C) * C);
+    }
+    const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen);
+    std::int64_t nkept = 0;
+    for (std::int64_t k = m; k <= K; k += m) ++nkept;
+    const std::int64_t nseg = std::min<std::int64_t>(m, K + 1);
+    plan.engine = "adjoint-exact over token blocks of " + std::to_string(blen) + ", " + storage_name(storage) +
+                  " storage, layer checkpoint " + std::to_string(m);
+    add(persistent, std::to_string(nkept) + " kept layer input(s), " + storage_name(storage),
+        double(nkept) * M * P * double(storage_bytes(storage, scalar_bytes)));
+    add(persistent, "states at block starts (K x blocks)", double(K) * nb * B * P * N * S);
+    add(persistent, "block projections + running state", proj(rb) + B * P * N * S);
+    if (carry) add(persistent, "carried state", double(K) * B * P * N * S);
+    phases.push_back({"forward", {{"block activations (in, out)", 2 * rb * P * S}}});
+    std::vector<MemoryPlan::Item> back{{"segment inputs + g of a block", double(nseg + 1) * rb * P * S},
+                                       {"E3 block projections", proj(rb)}};
+    if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", 2 * double(K) * B * P * N * S});
+    const double e3 = e3_scratch(B, blen), hd = head(rb, hc, true);
+    if (e3 >= hd)
+      back.push_back({"E3 wave scratch", e3});
+    else
+      back.push_back({"head chunk", hd});
+    phases.push_back({"backward", back});
+  } else if (engine == "adjoint-exact") {
+    plan.engine = "adjoint-exact";
+    add(persistent, "layer projections (one layer)", proj(M));
+    add(persistent, "g (dL/dy)", M * P * S);
+    phases.push_back({"head", {{std::to_string(K + 1) + " layer inputs", double(K + 1) * M * P * S},
+                               {"head chunk", head(M, hc, true)}}});
+    phases.push_back({"backward of the top layer", {{std::to_string(K) + " layer inputs", double(K) * M * P * S},
+                                                    {"E3 wave scratch", e3_scratch(B, Ti)}}});
+  } else {  // E1, E2: every layer's activations with h^{t-1} and A
+    plan.engine = engine;
+    add(persistent, std::to_string(K) + " layers' activations (h, A, projections)",
+        double(K) * (proj(M) + 2 * M * P * N * S));
+    add(persistent, "g (dL/dy)", M * P * S);
+    phases.push_back({"head", {{std::to_string(K + 1) + " layer inputs", double(K + 1) * M * P * S},
+                               {"head chunk", head(M, hc, true)}}});
+    phases.push_back({"backward of the top layer", {{std::to_string(K) + " layer inputs", double(K) * M * P * S},
+                                                    {"mu + cotangents (whole window)", M * P * N * S + cot(M)}}});
+  }
+  std::vector<MemoryPlan::Item> step_items = persistent;
+  double best = -1;
+  std::string best_phase;
+  std::vector<MemoryPlan::Item> best_items;
+  auto consider = [&](const std::string& name, const std::vector<MemoryPlan::Item>& base,
+                      const std::vector<MemoryPlan::Item>& extra) {
+    double t = 0;
+    for (const auto& i : base) t += i.bytes;
+    for (const auto& i : extra) t += i.bytes;
+    if (t > best) {
+      best = t;
+      best_phase = name;
+      best_items = base;
+      best_items.insert(best_items.end(), extra.begin(), extra.end());
+    }
+  };
+  for (const auto& ph : phases) consider(ph.first, step_items, ph.second);
+  if (w == Workload::train) {
+    // ash train also holds the validation windows and scores them with a
+    // forward of its own (one layer at a time, head chunks of 1024 rows).
+    const double Mv = double(std::max<std::int64_t>(0, valid_windows)) * T;
+    add(plan.items, "validation token ids", Mv * 4);
+    std::vector<MemoryPlan::Item> keep;
+    if (carry) keep.push_back({"carried state", double(K) * B * P * N * S});
+    consider("validation forward", keep,
+             {{"validation activations (y, next y, projections)", 2 * Mv * P * S + proj(Mv)},
+              {"validation head chunk", head(Mv, 1024, false)}});
+  }
+  plan.phase = best_phase;
+  plan.items.insert(plan.items.end(), best_items.begin(), best_items.end());
+  if (R > 1 || Sq > 1) plan.engine += " (per rank, approximate for dist.* layouts)";
+  return plan;
+}
+
 std::uint64_t physical_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page <= 0) return 0;
@@ -95,15 +258,16 @@ std::uint64_t physical_memory_bytes() {
 }
 
 void check_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, std::uint64_t limit) {
-  const auto e = estimate_memory(cfg, w, scalar_bytes);
+  estimate_memory(cfg, w, scalar_bytes);  // overflow checks of every size product
+  const auto plan = plan_memory(cfg, w, scalar_bytes);
   const bool from_flag = limit > 0;
   if (!from_flag) limit = physical_memory_bytes();
-  if (limit == 0 || e.total() <= limit) return;
-  throw Error("this configuration needs about " + format_bytes(e.total()) + " of memory (parameters " +
-              format_bytes(e.params) + ", gradient/optimizer/file " + format_bytes(e.state) + ", activations " +
-              format_bytes(e.activations) + "), more than " +
+  if (limit == 0 || plan.total() <= double(limit)) return;
+  throw Error("this configuration needs about " + format_bytes(std::uint64_t(plan.total())) + " of memory (" +
+              plan.engine + ", peak at the " + plan.phase + "), more than " +
               (from_flag ? "--max-memory " : "the machine's physical memory ") + format_bytes(limit) +
-              ": reduce data.batch, data.seq_len or the model sizes");
+              ": reduce data.batch, data.seq_len or the model sizes, or see `ash plan` (run.storage, "
+              "grad.layer_checkpoint, grad.token_block)\n" + plan.table("  "));
 }
 
 }  // namespace ash

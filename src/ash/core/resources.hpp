@@ -5,6 +5,7 @@
 // configuration is a clear error instead of a crash in the allocator.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ash/core/config.hpp"
 
@@ -32,6 +33,32 @@ struct MemoryEstimate {
 // about 1/R of the layers' share, with sequence ranks (dist.seq_ranks = S)
 // 1/S of the tokens (data replicas are not counted: an upper bound).
 MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar_bytes);
+
+// The memory planner (docs/design.md §8): the predicted peak of the default
+// memory space for a configuration, per component, from the allocations the
+// engines make (parameters, optimizer, kept activations, per-layer and
+// per-wave scratch, head chunk, validation forward), taken at the phase where
+// their sum is largest. Per rank for dist.* layouts (layers K/R, tokens T/S).
+// Checked against the measured Kokkos peak in unit_tests/test_memory_plan.cpp.
+struct MemoryPlan {
+  struct Item {
+    std::string name;
+    double bytes = 0;
+  };
+  std::string engine;  // what the plan is for, in words
+  std::string phase;   // where the peak is
+  std::vector<Item> items;
+  double total() const;
+  // One line per item and the total; `indent` before each line.
+  std::string table(const std::string& indent = "  ") const;
+};
+
+// valid_windows: the windows `ash train` scores (at most 16; the planner
+// cannot know the file, so 16 unless told).
+MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows = 16);
+
+// grad.layer_checkpoint as m >= 1: 0 ("auto") gives round(sqrt(K)).
+std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers);
 
 // Physical memory of the machine (sysconf), 0 when unknown.
 std::uint64_t physical_memory_bytes();

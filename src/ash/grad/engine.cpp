@@ -6,7 +6,6 @@
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/low_memory_engine.hpp"
 
-#include <cmath>
 
 namespace ash {
 
@@ -60,13 +59,6 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
   layer_->release();
   embedding_backward(x, g, gglobal.embedding, exec);
   return loss;
-}
-
-index_t resolve_layer_checkpoint(index_t m, index_t layers) {
-  require(m >= 0, "grad.layer_checkpoint must be >= 0 (0 or \"auto\": about sqrt(model.layers))");
-  if (m > 0) return m;
-  const index_t r = index_t(std::lround(std::sqrt(double(layers))));
-  return r > 1 ? r : 1;
 }
 
 template <class S>

@@ -10,6 +10,7 @@
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/half.hpp"
+#include "ash/core/resources.hpp"
 #include "ash/grad/layer_adjoint.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/params.hpp"
@@ -66,9 +67,6 @@ class LocalEngine final : public GradientEngine<S> {
   EngineOptions opts_;
   std::unique_ptr<LayerAdjoint<S>> layer_;
 };
-
-// grad.layer_checkpoint as m >= 1: 0 ("auto") gives round(sqrt(K)).
-index_t resolve_layer_checkpoint(index_t m, index_t layers);
 
 // The local engine for opts.engine (the LowMemoryEngine when opts.low_memory()); throws ash::Error for an unknown engine or
 // options it does not support.

@@ -1,0 +1,103 @@
+// The memory planner (ash plan, docs/design.md §8) against the measured peak
+// of the default memory space, within 10 %, for every engine and memory lever.
+#include <cstdio>
+#include <filesystem>
+
+#include "test_helpers.hpp"
+
+namespace ash::test {
+
+namespace {
+
+Config sized(const std::vector<std::string>& sets) {
+  Config c;
+  for (const auto& s : sets) c.set(s);
+  c.validate();
+  return c;
+}
+
+// The Kokkos peak of one engine call with everything it needs allocated in
+// the measured scope: parameters, gradient, token ids.
+template <class S>
+double measured_grad_peak(const Config& cfg) {
+  const auto d = cfg.model();
+  const std::string sp = MemSpace::name();
+  const auto base = MemoryTracker::current(sp);
+  MemoryTracker::reset_peak();
+  {
+    ParamSet<S> ps(d);
+    initialize(ps, d.seed);
+    ParamSet<S> g(d);
+    const auto x = random_tokens(cfg.get<index_t>("data.batch"), cfg.get<index_t>("data.seq_len"), d.vocab, 5);
+    make_engine<S>(EngineOptions::from_config(cfg))->compute(ps, x, g);
+    Kokkos::fence();
+  }
+  return double(MemoryTracker::peak(sp) - base);
+}
+
+void expect_within(double planned, double measured, const std::string& what) {
+  std::printf("  plan/measured %.3f (%.2f / %.2f MiB): %s\n", planned / measured, planned / 1048576.0,
+              measured / 1048576.0, what.c_str());
+  EXPECT_LE(std::fabs(planned - measured), 0.10 * measured)
+      << what << ": planned " << planned << " bytes, measured " << measured;
+}
+
+}  // namespace
+
+TEST(MemoryPlan, GradPeakWithinTenPercentForEveryEngineAndLever) {
+  const std::vector<std::string> model{"model.vocab=64", "model.width=32", "model.state=8", "grad.chunk=32",
+                                       "grad.wave=256"};
+  const std::vector<std::vector<std::string>> configs{
+      {"grad.engine=adjoint-exact", "model.layers=3", "data.seq_len=2048", "data.batch=2"},
+      {"grad.engine=adjoint-exact", "model.layers=2", "data.seq_len=700", "data.batch=3", "grad.wave=1024"},
+      {"grad.engine=backprop", "model.layers=2", "data.seq_len=512", "data.batch=2"},
+      {"grad.engine=adjoint", "model.layers=2", "data.seq_len=256", "data.batch=2", "grad.truncate=32"},
+      {"grad.engine=adjoint-exact", "model.layers=4", "data.seq_len=4096", "data.batch=1", "run.storage=bf16",
+       "grad.layer_checkpoint=2", "grad.token_block=512"},
+      {"grad.engine=adjoint-exact", "model.layers=6", "data.seq_len=8192", "data.batch=1", "run.storage=fp16",
+       "grad.layer_checkpoint=auto", "grad.token_block=1024"},
+      {"grad.engine=adjoint-exact", "model.layers=3", "data.seq_len=2048", "data.batch=2", "run.storage=float",
+       "grad.layer_checkpoint=3", "grad.token_block=256", "grad.detach_inputs=true"},
+  };
+  for (const auto& c : configs) {
+    auto sets = model;
+    sets.insert(sets.end(), c.begin(), c.end());
+    const auto cfg = sized(sets);
+    std::string what;
+    for (const auto& s : c) what += s + " ";
+    expect_within(plan_memory(cfg, Workload::grad, 4).total(), measured_grad_peak<float>(cfg), "float " + what);
+  }
+  // double, one configuration
+  auto sets = model;
+  sets.insert(sets.end(), {"grad.engine=adjoint-exact", "model.layers=2", "data.seq_len=1024", "data.batch=2",
+                           "run.storage=bf16", "grad.token_block=256"});
+  const auto cfg = sized(sets);
+  expect_within(plan_memory(cfg, Workload::grad, 8).total(), measured_grad_peak<double>(cfg), "double");
+}
+
+// ash train: optimizer state, validation windows and their forward included.
+TEST(MemoryPlan, TrainPeakWithinTenPercent) {
+  const auto corpus = word_corpus(tmp_path("corpus.txt"));
+  for (const auto& extra : std::vector<std::vector<std::string>>{
+           {"data.seq_len=512", "data.batch=4"},
+           {"data.seq_len=2048", "data.batch=2", "run.storage=bf16", "grad.layer_checkpoint=2",
+            "grad.token_block=256", "data.sequential=true", "data.carry_state=true"}}) {
+    std::vector<std::string> sets{"model.vocab=256", "model.width=32", "model.state=8", "model.layers=4",
+                                  "grad.engine=adjoint-exact", "grad.chunk=32", "grad.wave=256", "optim.steps=2",
+                                  "run.eval_every=1", "run.ckpt_every=0", "data.valid_fraction=0.3",
+                                  "data.train=" + corpus, "run.out_dir=" + tmp_path("run")};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    const auto cfg = sized(sets);
+    std::filesystem::remove_all(tmp_path("run"));
+    const std::string sp = MemSpace::name();
+    const auto base = MemoryTracker::current(sp);
+    MemoryTracker::reset_peak();
+    train(cfg, "", nullptr);
+    const double measured = double(MemoryTracker::peak(sp) - base);
+    const auto data = TokenDataset::from_file(corpus, 256, cfg.get<index_t>("data.seq_len"), 0.3, 1, false);
+    const auto nv = std::min<index_t>(16, data.valid_windows());
+    expect_within(plan_memory(cfg, Workload::train, 4, nv).total(), measured, extra.front());
+  }
+}
+
+}  // namespace ash::test
