@@ -57,6 +57,9 @@ template <class S>
 DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks)
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
+  require(!opts.low_memory(),
+          "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run in one process; "
+          "they are not implemented for dist.* rank layouts yet");
   require(grid.layout().S == 1 || (opts.engine == "adjoint-exact" && opts.truncate == 0),
           "dist.seq_ranks > 1 runs adjoint-exact without a window (exact or --detach-inputs): E1 and E2 keep whole "
           "windows, and a window T-bar's block method would need the next rank's T-bar tokens (not exchanged)");

@@ -153,9 +153,6 @@ struct Backend {
     }
     if (world > 1 || cfg.multi_rank()) {
       require(inited, "dist.* asks for several ranks: run under mpiexec");
-      require(!EngineOptions::from_config(cfg).low_memory(),
-              "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run in one process; "
-              "they are not implemented for dist.* rank layouts yet");
       grid = std::make_unique<dist::Grid>(cfg);
       range = grid->range(d);
       root = rank == 0;
