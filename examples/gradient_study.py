@@ -68,6 +68,9 @@ def parse_args():
     ap.add_argument("--e2-steps", type=int, default=6,
                     help="timed steps of E2 per detached variant (0: none); E2's full window is O(T^2), "
                          "so it is timed only up to T = 2048")
+    ap.add_argument("--retime-steps", type=int, default=40,
+                    help="after the runs, time this many steps of every variant (seed 1) one run at a time, "
+                         "so the per-step times are not shared with another run (0: use the runs' own)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (each one thread)")
     ap.add_argument("--quick", action="store_true", help="smoke: a few steps of tiny windows, one seed")
     ap.add_argument("--no-plots", action="store_true")
@@ -76,6 +79,7 @@ def parse_args():
         a.seq_len, a.batch, a.steps, a.eval_every, a.seeds, a.layers = 64, 2, 4, 2, "1", "2"
         a.long_seq_len, a.long_layers, a.long_steps, a.long_seeds = 512, 2, 2, "1"
         a.e2_steps = 2
+        a.retime_steps = 3
     return a
 
 
@@ -167,8 +171,9 @@ def plan(a):
     return specs
 
 
-def summarise(specs):
+def summarise(specs, retimed=None):
     """Per (group, K, variant): curves over seeds, final bits, step time."""
+    retimed = retimed or {}
     groups, e2 = {}, {}
     for sp in specs:
         rows = read_metrics(sp["dir"])
@@ -198,8 +203,9 @@ def summarise(specs):
         g["diverged"] = [dict(seed=r["seed"], step=r["last_step"]) for r in g["runs"] if r not in done]
         g["final_mean"] = statistics.mean(finals) if finals else math.nan
         g["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        g["step_s"] = statistics.median([r["step_s"] for r in g["runs"]])
-        g["e2_step_s"] = e2.get(key, math.nan)
+        g["step_s_shared"] = statistics.median([r["step_s"] for r in g["runs"]])
+        g["step_s"] = retimed.get(key + (False,), g["step_s_shared"])
+        g["e2_step_s"] = retimed.get(key + (True,), e2.get(key, math.nan))
         out.append(g)
     for g in out:  # relative to exact of the same group and depth
         ref = next((h for h in out if h["group"] == g["group"] and h["K"] == g["K"] and h["variant"] == "exact"), None)
@@ -238,13 +244,14 @@ def plot(summary, figures):
             cols = list(zip(*[r["val_bits"][:n] for r in runs]))
             mean = [statistics.mean(c) for c in cols]
             lo, hi = [min(c) for c in cols], [max(c) for c in cols]
-            tmean = [statistics.mean(c) for c in zip(*[r["eval_time"][:n] for r in runs])]
+            # time axis: steps x the per-step median timed alone (the runs shared the cores)
+            tmean = [st * g["step_s"] for st in steps]
             label = f"{LABELS[g['variant']]} ({len(runs)} seeds)"
             for ax, x in ((axes[0], steps), (axes[1], tmean)):
                 ax.plot(x, mean, color=COLORS[g["variant"]], label=label, lw=1.6)
                 ax.fill_between(x, lo, hi, color=COLORS[g["variant"]], alpha=0.15, lw=0)
         axes[0].set_xlabel("step")
-        axes[1].set_xlabel("training wall-clock (s, mean over seeds)")
+        axes[1].set_xlabel("training time (s): steps x median step time, timed one run at a time")
         axes[0].set_ylabel("validation bits per byte")
         for ax in axes:
             ax.grid(alpha=0.3)
@@ -277,7 +284,22 @@ def main():
     print(f"[study] {len(specs)} runs into {a.out}, {a.jobs} at a time", flush=True)
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(lambda sp: run_one(a, sp), specs))
-    summary = summarise(specs)
+    retimed = {}
+    if a.retime_steps > 0:
+        # One run at a time: the step times of the curves' runs were measured two
+        # at a time (and with whatever else ran), these alone.
+        print(f"[study] timing {a.retime_steps} steps of every variant, one run at a time", flush=True)
+        for sp in specs:
+            if sp["seed"] != specs[0]["seed"] and not sp.get("e2"):
+                continue
+            t = dict(sp, name="retime/" + sp["name"], dir=os.path.join(a.out, "retime", sp["name"]),
+                     steps=min(sp["steps"], a.retime_steps), eval_every=0)
+            run_one(a, t)
+            rows = read_metrics(t["dir"])[2:]
+            if rows:
+                retimed[(sp["group"], sp["K"], sp["variant"], bool(sp.get("e2")))] = statistics.median(
+                    r["step_s"] for r in rows)
+    summary = summarise(specs, retimed)
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     md = table(summary)
