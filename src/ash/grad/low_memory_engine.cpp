@@ -7,27 +7,6 @@
 
 namespace ash {
 
-namespace {
-
-template <class S>
-View2<S> first_rows(const View2<S>& v, index_t rows) {
-  return Kokkos::subview(v, Kokkos::make_pair(index_t(0), rows), Kokkos::ALL());
-}
-
-template <class S>
-LayerActivations<S> first_rows(const LayerActivations<S>& a, index_t rows) {
-  LayerActivations<S> o;
-  o.rstd = Kokkos::subview(a.rstd, Kokkos::make_pair(index_t(0), rows));
-  o.yhat = first_rows(a.yhat, rows);
-  o.delta = first_rows(a.delta, rows);
-  o.beta = first_rows(a.beta, rows);
-  o.gamma = first_rows(a.gamma, rows);
-  o.a = a.a;
-  return o;
-}
-
-}  // namespace
-
 template <class S>
 LowMemoryEngine<S>::LowMemoryEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
   require(opts.engine == "adjoint-exact",

@@ -48,6 +48,24 @@ struct LayerActivations {
   LayerActivations() = default;
 };
 
+// The first `rows` rows (token blocks shorter than the buffers they reuse).
+template <class S>
+View2<S> first_rows(const View2<S>& v, index_t rows) {
+  return Kokkos::subview(v, Kokkos::make_pair(index_t(0), rows), Kokkos::ALL());
+}
+// The same for the projections of LayerActivations (hprev and A are not carried over).
+template <class S>
+LayerActivations<S> first_rows(const LayerActivations<S>& a, index_t rows) {
+  LayerActivations<S> o;
+  o.rstd = Kokkos::subview(a.rstd, Kokkos::make_pair(index_t(0), rows));
+  o.yhat = first_rows(a.yhat, rows);
+  o.delta = first_rows(a.delta, rows);
+  o.beta = first_rows(a.beta, rows);
+  o.gamma = first_rows(a.gamma, rows);
+  o.a = a.a;
+  return o;
+}
+
 // ŷ, r, Δ, β, γ of every token (no scan).
 template <class S>
 void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act,
