@@ -284,6 +284,25 @@ TEST(LowMemory, CarriedStateGradientMatchesFiniteDifferences) {
   EXPECT_GT(rel_l2(to_host(g0), gv), 1e-3);
 }
 
+// Engines keep scratch between layers and blocks: a reused engine gives the
+// fresh engine's bits on new windows (of another length, too), exact and windowed.
+TEST(LowMemory, ReusedEnginesMatchFreshOnes) {
+  const auto d = tiny_dims(3);
+  const auto ps = random_model<double>(d, 81);
+  for (const auto& o : {lowmem(Storage::full, 1, 0), lowmem(Storage::full, 1, 0, true, 5),
+                        lowmem(Storage::bf16, 2, 16), lowmem(Storage::full, 1, 16, true, 0)}) {
+    auto eng = make_engine<double>(o);
+    for (auto bt : {std::pair<index_t, index_t>{2, 40}, {1, 37}, {2, 40}}) {
+      const auto x = random_tokens(bt.first, bt.second, d.vocab, 82 + bt.second);
+      ParamSet<double> g(d);
+      const double l = eng->compute(ps, x, g);
+      double lf = 0;
+      EXPECT_EQ(to_host(g), grad_of(o, ps, x, &lf));
+      EXPECT_EQ(l, lf);
+    }
+  }
+}
+
 TEST(LowMemory, RejectsOtherEnginesAndBadKeys) {
   EngineOptions o = lowmem(Storage::bf16, 1, 0);
   o.engine = "backprop";

@@ -193,11 +193,11 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     std::vector<MemoryPlan::Item> back{{"segment inputs + g of a block", double(nseg + 1) * rb * P * S},
                                        {"E3 block projections", proj(rb)}};
     if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", 2 * double(K) * B * P * N * S});
+    // E3's scratch lives through the pass, so from the second block on the
+    // head's chunk comes on top of it; with one block the head runs first.
     const double e3 = e3_scratch(B, blen), hd = head(rb, hc, true);
-    if (e3 >= hd)
-      back.push_back({"E3 wave scratch", e3});
-    else
-      back.push_back({"head chunk", hd});
+    if (nb > 1 || e3 >= hd) back.push_back({"E3 wave scratch", e3});
+    if (nb > 1 || hd > e3) back.push_back({"head chunk", hd});
     phases.push_back({"backward", back});
   } else if (engine == "adjoint-exact") {
     plan.engine = "adjoint-exact";

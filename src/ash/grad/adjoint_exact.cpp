@@ -275,6 +275,7 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
 template <class S>
 void AdjointExactLayer<S>::release() {
   block_act_ = LayerActivations<S>();
+  work_ = Work();
 }
 
 template <class S>
@@ -294,14 +295,31 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   ModelDims d;
   d.width = P;
   d.state = N;
-  View3<S> Hb("ash::e3::h_boundary", Bt * chunks.nc, P, N);
-  View3<S> scratch("ash::e3::chunk_products", Bt * chunks.nc, P, N);
-  View3<S> Ms;
-  if (!window) Ms = View3<S>("ash::e3::mu_chunk_start", Bt * chunks.nc, P, N);
-  View3<S> hbuf("ash::e3::wave_hprev", Bt * Wbuf, P, N);
-  View3<S> Abuf("ash::e3::wave_A", Bt * Wbuf, P, N);
-  View3<S> mubuf("ash::e3::wave_mu", Bt * Wbuf, P, N);
-  const LayerCotangents<S> cot(Bt * Wbuf, d);
+  // Every wave buffer row a wave reads was written by that wave first, so
+  // they are neither zeroed nor reallocated between layers of a pass.
+  auto& w = work_;
+  auto ensure = [](View3<S>& v, const char* label, index_t rows, index_t P_, index_t N_, bool zero) {
+    if (index_t(v.extent(0)) == rows && index_t(v.extent(1)) == P_ && index_t(v.extent(2)) == N_) return;
+    v = View3<S>();  // free first: the peak holds one copy
+    v = zero ? View3<S>(std::string(label), rows, P_, N_)
+             : View3<S>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, P_, N_);
+  };
+  ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.nc, P, N, true);
+  ensure(w.scratch, "ash::e3::chunk_products", Bt * chunks.nc, P, N, true);
+  if (!window)
+    ensure(w.Ms, "ash::e3::mu_chunk_start", Bt * chunks.nc, P, N, true);
+  else
+    w.Ms = View3<S>();
+  ensure(w.hbuf, "ash::e3::wave_hprev", Bt * Wbuf, P, N, false);
+  ensure(w.Abuf, "ash::e3::wave_A", Bt * Wbuf, P, N, false);
+  ensure(w.mubuf, "ash::e3::wave_mu", Bt * Wbuf, P, N, false);
+  if (!w.cot || index_t(w.cot->gyhat.extent(0)) != Bt * Wbuf || index_t(w.cot->gyhat.extent(1)) != P ||
+      index_t(w.cot->gbeta.extent(1)) != N) {
+    w.cot.reset();
+    w.cot = std::make_unique<LayerCotangents<S>>(Bt * Wbuf, d);
+  }
+  const View3<S> Hb = w.Hb, scratch = w.scratch, Ms = w.Ms, hbuf = w.hbuf, Abuf = w.Abuf, mubuf = w.mubuf;
+  const LayerCotangents<S>& cot = *w.cot;
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
 

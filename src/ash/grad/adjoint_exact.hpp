@@ -16,6 +16,7 @@
 // sum of E2 in O(T) by the block method (suffix scan S, products R and prefix
 // scan F of docs/design.md §2 — only products and sums, nothing subtracted).
 #include <functional>
+#include <memory>
 
 #include "ash/grad/engine.hpp"
 
@@ -66,6 +67,13 @@ class AdjointExactLayer final : public LayerAdjoint<S> {
            const View2<S>& g, const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad);
   EngineOptions opts_;
   LayerActivations<S> block_act_;  // projections of one token block (backward_block)
+  // run()'s buffers, kept from one layer (and token block) to the next of a
+  // pass while their sizes stay the same; freed by release().
+  struct Work {
+    View3<S> Hb, scratch, Ms, hbuf, Abuf, mubuf;
+    std::unique_ptr<LayerCotangents<S>> cot;
+  };
+  Work work_;
 };
 
 }  // namespace ash
