@@ -188,13 +188,13 @@ def main():
     try:
         import h5py  # noqa: F401
         print("\n## Gradient error of 16-bit storage against float storage (E3), per parameter group\n")
-        print("| lever | group | cosine | relative L2 error |")
+        print("| lever | group | 1 - cosine | relative L2 error |")
         print("|---|---|---|---|")
         for lname in ("E3 + bf16", "E3 + bf16 + checkpointing", "E3 + fp16 + checkpointing"):
             cmp = compare(files[lname], files["E3"])
             res["measured"][lname]["error"] = cmp
             for g, v in cmp.items():
-                print(f"| {lname} | {g} | {v['cosine']:.6f} | {v['rel']:.2e} |")
+                print(f"| {lname} | {g} | {1 - v['cosine']:.1e} | {v['rel']:.2e} |")
     except ImportError:
         print("(no h5py: gradient errors skipped; run with the test venv's python)")
 

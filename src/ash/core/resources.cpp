@@ -235,15 +235,17 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
   };
   for (const auto& ph : phases) consider(ph.first, step_items, ph.second);
   if (w == Workload::train) {
-    // ash train also holds the validation windows and scores them with a
-    // forward of its own (one layer at a time, head chunks of 1024 rows).
-    const double Mv = double(std::max<std::int64_t>(0, valid_windows)) * T;
-    add(plan.items, "validation token ids", Mv * 4);
+    // ash train also holds the validation windows and scores them, data.batch
+    // at a time, with a forward of its own (one layer at a time, head chunks of 1024 rows).
+    const double nv = double(std::max<std::int64_t>(0, valid_windows));
+    add(plan.items, "validation token ids", nv * T * 4);
+    const double Mv = std::min(nv, B) * T;  // rows of one scored batch
     std::vector<MemoryPlan::Item> keep;
     if (carry) keep.push_back({"carried state", double(K) * B * P * N * S});
-    consider("validation forward", keep,
-             {{"validation activations (y, next y, projections)", 2 * Mv * P * S + proj(Mv)},
-              {"validation head chunk", head(Mv, 1024, false)}});
+    std::vector<MemoryPlan::Item> val{{"validation activations (y, next y, projections)", 2 * Mv * P * S + proj(Mv)},
+                                      {"validation head chunk", head(Mv, 1024, false)}};
+    if (nv > B) val.push_back({"validation batch token ids", Mv * 4});
+    consider("validation forward", keep, val);
   }
   plan.phase = best_phase;
   plan.items.insert(plan.items.end(), best_items.begin(), best_items.end());

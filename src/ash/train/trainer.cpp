@@ -143,7 +143,9 @@ struct Backend {
 #endif
   std::unique_ptr<GradientEngine<S>> engine;
 
-  Backend(const Config& cfg, const ModelDims& d) : range(LayerRange::all(d)) {
+  index_t batch = 1;  // data.batch: the validation forward scores this many windows at a time
+
+  Backend(const Config& cfg, const ModelDims& d) : range(LayerRange::all(d)), batch(cfg.get<index_t>("data.batch")) {
 #ifdef ASH_HAVE_MPI
     int inited = 0, world = 1, rank = 0;
     MPI_Initialized(&inited);
@@ -172,7 +174,18 @@ struct Backend {
 #ifdef ASH_HAVE_MPI
     if (dist_engine) return dist_engine->loss(params, x);
 #endif
-    return forward_loss(params, x);
+    // The validation windows (up to 16) go through data.batch at a time, so
+    // scoring them never needs more activation memory than a training step.
+    const index_t nv = x.extent(0), T = x.extent(1);
+    if (nv <= batch) return forward_loss(params, x);
+    double sum = 0;
+    for (index_t i0 = 0; i0 < nv; i0 += batch) {
+      const index_t n = std::min(batch, nv - i0);
+      TokenView xs("ash::train::valid_windows", n, T);
+      Kokkos::deep_copy(xs, Kokkos::subview(x, Kokkos::make_pair(i0, i0 + n), Kokkos::ALL()));
+      sum += forward_loss(params, xs) * double(n);  // every window has T - 1 targets
+    }
+    return sum / double(nv);
   }
   std::function<double(double)> norm_reducer() const {
 #ifdef ASH_HAVE_MPI
