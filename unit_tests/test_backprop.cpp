@@ -34,18 +34,23 @@ TEST_P(BackpropFD, EveryTensorMatchesCentralDifferences) {
   const auto d = tiny_dims(K);
   auto ps = random_model<double>(d, 100 + K);
   const auto x = random_tokens(2, 13, d.vocab, 200 + K);
-  ParamSet<double> grad(d);
-  auto engine = make_engine<double>(EngineOptions{});
-  const double loss = engine->compute(ps, x, grad);
-  EXPECT_NEAR(loss, forward_loss(ps, x), 1e-13 * loss);
-  const auto g = to_host(grad);
   const auto fd = finite_difference(ps, x, 1e-5);
-  for (const auto& t : grad.tensors()) {
-    const double err = rel_l2(g, fd, t.offset, t.size());
-    EXPECT_LE(err, 1e-6) << t.name << " (K=" << K << ")";
-    double norm = 0;
-    for (index_t i = 0; i < t.size(); ++i) norm += fd[t.offset + i] * fd[t.offset + i];
-    EXPECT_GT(norm, 0.0) << t.name << " has an all-zero gradient: the check would be vacuous";
+  // the reverse scan as one loop (chunk >= T) and chunked (4: chunks 4,4,4,1; 1)
+  for (index_t chunk : {64, 4, 1}) {
+    ParamSet<double> grad(d);
+    EngineOptions o;
+    o.chunk = chunk;
+    auto engine = make_engine<double>(o);
+    const double loss = engine->compute(ps, x, grad);
+    EXPECT_NEAR(loss, forward_loss(ps, x), 1e-13 * loss);
+    const auto g = to_host(grad);
+    for (const auto& t : grad.tensors()) {
+      const double err = rel_l2(g, fd, t.offset, t.size());
+      EXPECT_LE(err, 1e-6) << t.name << " (K=" << K << ", chunk " << chunk << ")";
+      double norm = 0;
+      for (index_t i = 0; i < t.size(); ++i) norm += fd[t.offset + i] * fd[t.offset + i];
+      EXPECT_GT(norm, 0.0) << t.name << " has an all-zero gradient: the check would be vacuous";
+    }
   }
 }
 

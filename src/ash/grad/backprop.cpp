@@ -6,19 +6,55 @@ namespace ash {
 
 namespace {
 
-// μ^t = gy^t_p γ^t_n + A^{t+1} μ^{t+1}: the adjoint of h, a plain reverse
-// loop over t per (sequence, channel, state), A^{t+1} from the stored values.
+// μ^t = gy^t_p γ^t_n + A^{t+1} μ^{t+1}: the adjoint of h, a reverse scan over
+// t per (sequence, channel, state) with A^{t+1} from the stored values, as a
+// chunked scan (chunks of C = grad.chunk tokens) so a GPU gets Bt·(T/C)·P·N
+// threads, not Bt·P·N: each chunk's local carry-out and product of A in
+// parallel, a short pass over chunks for the carry into each, then every chunk
+// again from its carry. C >= T is the plain loop.
 template <class S>
 void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
-                  const ExecSpace& exec) {
-  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+                  index_t chunk, const ExecSpace& exec) {
+  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t C = chunk < T ? chunk : T, nc = (T + C - 1) / C;
   auto A = act.A;
   auto gamma = act.gamma;
+  // carry in at the end of chunk c (A^{t1} μ^{t1}; 0 for the last chunk)
+  View3<S> cin(Kokkos::view_alloc(std::string("ash::e1::chunk_carry"), Kokkos::WithoutInitializing), Bt * nc, P, N);
+  if (nc > 1) {
+    View3<S> out(Kokkos::view_alloc(std::string("ash::e1::chunk_out"), Kokkos::WithoutInitializing), Bt * nc, P, N);
+    View3<S> prod(Kokkos::view_alloc(std::string("ash::e1::chunk_prod"), Kokkos::WithoutInitializing), Bt * nc, P, N);
+    Kokkos::parallel_for(
+        "ash::e1::chunk_local", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
+          const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
+          const index_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
+          S carry = 0, pr = 1;
+          for (index_t t = t1 - 1; t >= t0; --t) {
+            const index_t m = b * T + t;
+            carry = (gy(m, q) * gamma(m, n) + carry) * A(m, q, n);
+            pr *= A(m, q, n);
+          }
+          out(bc, q, n) = carry;
+          prod(bc, q, n) = pr;
+        });
+    Kokkos::parallel_for(
+        "ash::e1::chunk_carries", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+          const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+          S c_in = 0;
+          for (index_t c = nc - 1; c >= 0; --c) {
+            cin(b * nc + c, q, n) = c_in;
+            c_in = out(b * nc + c, q, n) + prod(b * nc + c, q, n) * c_in;
+          }
+        });
+  } else {
+    Kokkos::deep_copy(exec, cin, S(0));
+  }
   Kokkos::parallel_for(
-      "ash::e1::reverse_scan", Range(exec, 0, s.batch * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-        S carry = 0;
-        for (index_t t = T - 1; t >= 0; --t) {
+      "ash::e1::reverse_scan", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
+        const index_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
+        S carry = cin(bc, q, n);
+        for (index_t t = t1 - 1; t >= t0; --t) {
           const index_t m = b * T + t;
           carry = gy(m, q) * gamma(m, n) + carry;
           mu(m, q, n) = carry;
@@ -30,7 +66,7 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
 }  // namespace
 
 template <class S>
-BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : detach_(opts.detach_inputs) {
+BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : detach_(opts.detach_inputs), chunk_(opts.chunk) {
   require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
 }
 
@@ -40,7 +76,7 @@ void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<
   const auto& s = store.shape();
   work_.ensure("ash::e1::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
   const auto& act = store.kept(k);
-  reverse_scan(s, act, g, work_.mu, this->exec_);
+  reverse_scan(s, act, g, work_.mu, chunk_, this->exec_);
   ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
                           detach_, this->exec_);
 }

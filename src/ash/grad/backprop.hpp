@@ -19,6 +19,7 @@ class BackpropLayer final : public LayerAdjoint<S> {
 
  private:
   bool detach_;
+  index_t chunk_;  // grad.chunk: tokens per chunk of the reverse scan
   WindowScratch<S> work_;  // h-adjoint of every token
 };
 
