@@ -99,6 +99,16 @@ TEST(Half, Fp16RoundTripsEveryPatternWithSubnormalsAndInfinities) {
   }
 }
 
+// A kernel out of the test body (nvcc: no device lambdas in a TEST's private TestBody).
+void convert_in_kernel(const Kokkos::View<float*, MemSpace>& in, const Kokkos::View<std::uint16_t*, MemSpace>& b,
+                       const Kokkos::View<std::uint16_t*, MemSpace>& h) {
+  Kokkos::parallel_for(
+      "test::half", Range(0, index_t(in.extent(0))), KOKKOS_LAMBDA(const index_t i) {
+        b(i) = half::to_bf16(in(i));
+        h(i) = half::to_fp16(in(i));
+      });
+}
+
 // The conversions give the same bits in a kernel on the default execution space.
 TEST(Half, KernelConversionMatchesHost) {
   const index_t n = 4096;
@@ -108,11 +118,7 @@ TEST(Half, KernelConversionMatchesHost) {
   std::mt19937 gen(7);
   for (index_t i = 0; i < n; ++i) hin(i) = bits_to_float(0x30000000u + (gen() % 0x18000000u)) * (i % 2 ? -1.f : 1.f);
   Kokkos::deep_copy(in, hin);
-  Kokkos::parallel_for(
-      "test::half", Range(0, n), KOKKOS_LAMBDA(const index_t i) {
-        b(i) = half::to_bf16(in(i));
-        h(i) = half::to_fp16(in(i));
-      });
+  convert_in_kernel(in, b, h);
   auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
   auto hh = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), h);
   for (index_t i = 0; i < n; ++i) {
