@@ -9,6 +9,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/core/half.hpp"
+#include "ash/grad/low_memory_engine.hpp"
 #include "ash/core/memory.hpp"
 
 namespace ash {
@@ -127,17 +128,14 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
   const std::int64_t K = (d.layers + R - 1) / R;  // layers on the busiest rank
   const std::int64_t Ti = (cfg.get<std::int64_t>("data.seq_len") + Sq - 1) / Sq, Bi = cfg.get<std::int64_t>("data.batch");
   const double T = double(Ti), B = double(Bi), M = B * T, cnt = double(checked_parameter_count(d));
-  const std::string engine = cfg.get<std::string>("grad.engine");
-  const Storage storage = parse_storage(cfg.get<std::string>("run.storage"));
-  const std::int64_t m = resolve_layer_checkpoint(cfg.get<std::int64_t>("grad.layer_checkpoint"), d.layers);
-  const std::int64_t token_block = cfg.get<std::int64_t>("grad.token_block");
-  const bool carry = cfg.get<bool>("data.carry_state");
-  const std::int64_t Tbar = cfg.get<std::int64_t>("grad.truncate");
-  const bool window = Tbar > 0 && Tbar < Ti;
-  const std::int64_t chunk = cfg.get<std::int64_t>("grad.chunk"), wave = cfg.get<std::int64_t>("grad.wave");
-  const double hc = double(cfg.get<std::int64_t>("grad.head_chunk"));
-  const bool low = engine == "adjoint-exact" &&
-                   (storage != Storage::full || m != 1 || token_block > 0 || carry);
+  // The engines' own options and size rules, so the plan follows them.
+  const EngineOptions o = EngineOptions::from_config(cfg);
+  const std::string& engine = o.engine;
+  const Storage storage = o.storage;
+  const std::int64_t m = o.layer_checkpoint;
+  const bool carry = o.carry_state;
+  const double hc = double(o.head_chunk);
+  const bool low = engine == "adjoint-exact" && o.low_memory();
 
   MemoryPlan plan;
   auto add = [](std::vector<MemoryPlan::Item>& v, const std::string& n, double b) { v.push_back({n, b}); };
@@ -163,9 +161,9 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     return (rows * (3 * P + 2 * N) + std::ceil(rows / 128) * (P * N + 2 * P)) * S;
   };
   auto e3_scratch = [&](double Bt, std::int64_t Tw) {  // AdjointExactLayer::run on windows of Tw tokens
-    const std::int64_t C = std::min(chunk, Tw), nc = (Tw + C - 1) / C;
-    const std::int64_t unit = window ? Tbar : C, Wv = unit * std::max<std::int64_t>(1, wave / unit);
-    const double Wb = double(std::min(Wv, Tw));
+    const bool window = o.truncate > 0 && o.truncate < Tw;
+    const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
+    const double Wb = double(std::min(e3_wave_length(o, Tw), Tw));
     const double bound = (window ? 2 : 3) * Bt * double(nc) * P * N * S;  // h, products (and μ) at chunk starts
     return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);                // one wave of h, A, μ; cotangents
   };
@@ -173,11 +171,7 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
   std::vector<std::pair<std::string, std::vector<MemoryPlan::Item>>> phases;
   std::vector<MemoryPlan::Item> persistent;  // engine memory held across the phases below
   if (low) {
-    std::int64_t blen = Ti;
-    if (!window) {
-      const std::int64_t C = std::min(chunk, Ti), want = token_block > 0 ? token_block : 4096;
-      blen = std::min(Ti, ((want + C - 1) / C) * C);
-    }
+    const std::int64_t blen = low_memory_block_length(o, Ti);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen);
     std::int64_t nkept = 0;
     for (std::int64_t k = m; k <= K; k += m) ++nkept;

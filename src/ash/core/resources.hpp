@@ -29,9 +29,12 @@ struct MemoryEstimate {
   std::uint64_t total() const { return params + state + activations; }
 };
 
-// Per process: in a layer-sharded run (dist.layer_ranks = R) each rank holds
-// about 1/R of the layers' share, with sequence ranks (dist.seq_ranks = S)
-// 1/S of the tokens (data replicas are not counted: an upper bound).
+// A coarse bound formed entirely in overflow-checked integer products: its
+// job is the "sizes overflow" error before anything else multiplies sizes
+// (Config::validate, check_memory, ash plan). The prediction a run is checked
+// against is plan_memory's. Per process: in a layer-sharded run
+// (dist.layer_ranks = R) each rank holds about 1/R of the layers' share, with
+// sequence ranks (dist.seq_ranks = S) 1/S of the tokens.
 MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar_bytes);
 
 // The memory planner (docs/design.md §8): the predicted peak of the default

@@ -190,6 +190,12 @@ void take_carry(const ScanView<S>& L, index_t Bt, index_t nc, const View3<S>& Ms
 
 }  // namespace
 
+index_t e3_wave_length(const EngineOptions& opts, index_t T) {
+  const bool window = opts.truncate > 0 && opts.truncate < T;
+  const index_t unit = window ? opts.truncate : (opts.chunk < T ? opts.chunk : T);
+  return unit * (opts.wave / unit > 0 ? opts.wave / unit : 1);
+}
+
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
@@ -288,9 +294,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const index_t Tbar = window ? opts_.truncate : T;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks{C, (T + C - 1) / C, T};
-  // Waves: whole chunks (exact) or whole blocks of T̄ (window).
-  const index_t unit = window ? Tbar : chunks.C;
-  const index_t W = unit * (opts_.wave / unit > 0 ? opts_.wave / unit : 1);
+  const index_t W = e3_wave_length(opts_, T);
   const index_t Wbuf = W < T ? W : T;
   ModelDims d;
   d.width = P;

@@ -31,6 +31,11 @@ struct ExactCarry {
   bool valid = false;  // false: the later block does not exist (end of the window)
 };
 
+// W, the tokens per sequence of one E3 wave over a window of T tokens: whole
+// chunks (exact, detached) or whole blocks of T̄ (a window), about grad.wave
+// of them. The buffers hold min(W, T) rows per sequence.
+index_t e3_wave_length(const EngineOptions& opts, index_t T);
+
 template <class S>
 class AdjointExactLayer final : public LayerAdjoint<S> {
  public:

@@ -24,11 +24,10 @@ std::string LowMemoryEngine<S>::name() const {
          std::to_string(opts_.layer_checkpoint) + (opts_.carry_state ? ", carried state" : "") + ")";
 }
 
-template <class S>
-index_t LowMemoryEngine<S>::block_length(index_t T) const {
-  if (opts_.truncate > 0 && opts_.truncate < T) return T;  // the block method of T̄ needs the whole window
-  const index_t C = opts_.chunk < T ? opts_.chunk : T;
-  const index_t want = opts_.token_block > 0 ? opts_.token_block : 4096;
+index_t low_memory_block_length(const EngineOptions& opts, index_t T) {
+  if (opts.truncate > 0 && opts.truncate < T) return T;  // the block method of T̄ needs the whole window
+  const index_t C = opts.chunk < T ? opts.chunk : T;
+  const index_t want = opts.token_block > 0 ? opts.token_block : 4096;
   const index_t len = ((want + C - 1) / C) * C;  // whole chunks: the same chunk structure as one block
   return len < T ? len : T;
 }

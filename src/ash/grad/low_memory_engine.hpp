@@ -27,6 +27,10 @@
 
 namespace ash {
 
+// Tokens per block for a window of T tokens: opts.token_block (0: 4096),
+// rounded up to whole E3 chunks; the whole window with a window T̄.
+index_t low_memory_block_length(const EngineOptions& opts, index_t T);
+
 template <class S>
 class LowMemoryEngine final : public GradientEngine<S> {
  public:
@@ -36,9 +40,7 @@ class LowMemoryEngine final : public GradientEngine<S> {
   double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
   void set_carried_state(std::vector<View2<S>>* state) override { state_ = state; }
 
-  // Tokens per block for a window of T tokens: opts.token_block (0: 4096),
-  // rounded up to whole E3 chunks; the whole window with a window T̄.
-  index_t block_length(index_t T) const;
+  index_t block_length(index_t T) const { return low_memory_block_length(opts_, T); }
 
  private:
   EngineOptions opts_;
