@@ -208,8 +208,13 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     add(persistent, "g (dL/dy)", M * P * S);
     phases.push_back({"head", {{std::to_string(K + 1) + " layer inputs", double(K + 1) * M * P * S},
                                {"head chunk", head(M, hc, true)}}});
-    phases.push_back({"backward of the top layer", {{std::to_string(K) + " layer inputs", double(K) * M * P * S},
-                                                    {"mu + cotangents (whole window)", M * P * N * S + cot(M)}}});
+    std::vector<MemoryPlan::Item> back{{std::to_string(K) + " layer inputs", double(K) * M * P * S},
+                                       {"mu + cotangents (whole window)", M * P * N * S + cot(M)}};
+    if (engine == "backprop") {  // the chunked reverse scan: carries (and local sums, products) per chunk
+      const std::int64_t C = std::min(o.chunk, Ti), nc = (Ti + C - 1) / C;
+      back.push_back({"E1 chunk carries", (nc > 1 ? 3 : 1) * B * double(nc) * P * N * S});
+    }
+    phases.push_back({"backward of the top layer", back});
   }
   std::vector<MemoryPlan::Item> step_items = persistent;
   double best = -1;
