@@ -189,7 +189,7 @@ def summarise(specs, retimed=None):
                                         B=sp["B"], steps=sp["steps"], runs=[]))
         g["runs"].append(dict(
             seed=sp["seed"], rc=rc, last_step=rows[-1]["step"] if rows else 0,
-            eval_steps=[r["step"] for r in ev], eval_time=[r["train_s"] for r in ev],
+            eval_steps=[r["step"] for r in ev],
             val_bits=[r["val_bits_per_token"] for r in ev],
             # first steps carry allocation and warm-up; the median ignores them anyway
             step_s=statistics.median([r["step_s"] for r in rows[2:]] or [r["step_s"] for r in rows] or [math.nan]),
