@@ -1,6 +1,6 @@
 // Time per token and measured peak memory of the gradient engines across T.
 //   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
-//                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 1024] [--batch 1]
+//                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
 // (what `ash eval` runs), the baseline the gradient's cost is measured against.
@@ -72,7 +72,7 @@ int main(int argc, char* argv[]) {
   std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
               precision = "double", json_out;
   ash::ModelDims d;
-  long long batch = 1, chunk = 64, wave = 1024;
+  long long batch = 1, chunk = 64, wave = 0;
   bool profile = false;
   double max_work = 2e10;
   int reps = 3;
@@ -84,7 +84,7 @@ int main(int argc, char* argv[]) {
   app.add_option("--layers", d.layers);
   app.add_option("--batch", batch);
   app.add_option("--chunk", chunk, "E3 chunk length");
-  app.add_option("--wave", wave, "E3 wave length");
+  app.add_option("--wave", wave, "E3 wave length (0: auto, as grad.wave)");
   app.add_flag("--profile", profile, "print the time per kernel of the last repetition");
   app.add_option("--max-work", max_work, "skip E2 runs with T*T-bar*P*N*K above this");
   app.add_option("--reps", reps);

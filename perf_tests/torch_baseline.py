@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""A PyTorch user's CPU baseline for the model of docs/design.md §1.
+"""A PyTorch user's baseline (CPU or CUDA) for the model of docs/design.md §1.
 
 Times one forward + loss.backward() of the same model that `ash grad` and
 `ash_bench_grad` differentiate, on the same synthetic tokens, written the way a
 PyTorch user would: eager autograd, with the state recurrence as a chunked scan.
 
     torch_baseline.py [--T 1024,4096,16384] [--width 64 --state 16 --layers 2 --vocab 256]
-                      [--batch 1] [--chunk 64] [--reps 3] [--threads 2]
+                      [--batch 1] [--chunk 64] [--reps 3] [--threads 2] [--device cpu|cuda]
                       [--precision float|double] [--seed 1234] [--checkpoint CKPT]
                       [--json FILE] [--write-tokens FILE.u32]
+
+--device cuda runs the same model on the GPU: times are taken between
+torch.cuda.synchronize() calls, peak_bytes is torch.cuda.max_memory_allocated()
+over the reps of one T (reset before each T), and a T that does not fit is
+reported as "out of memory" (JSON "oom": true) and ends the sweep.
 
 Tokens: id_i = (i * 2654435761 mod 2^64) mod V for i = 0 .. batch*T-1, window b is
 ids [b*T, (b+1)*T), exactly as perf_tests/bench_grad.cpp. Parameters come from an
@@ -29,7 +34,7 @@ The `loss` column of the first and the `loss` line of the second agree to float
 rounding (relative ~1e-7 in float; identical in double with
 `--precision double` on both).
 
-Peak memory: peak_bytes is the process RSS high-water mark (getrusage) over the
+Peak memory on the CPU: peak_bytes is the process RSS high-water mark (getrusage) over the
 reps of one T, reset before each T through /proc/self/clear_refs where Linux
 allows it (otherwise it is cumulative over the run; JSON peak_per_T says which);
 base_bytes is the RSS before them (the torch import alone is several hundred
@@ -199,23 +204,39 @@ def saved_tensor_bytes(model, x):
     return sum(storages.values())
 
 
-def run(model, T, batch, reps):
-    x = torch.from_numpy(synthetic_ids(batch * T, model.vocab).astype(np.int64).reshape(batch, T))
+def run(model, T, batch, reps, device):
+    cuda = device.type == "cuda"
+    x = torch.from_numpy(synthetic_ids(batch * T, model.vocab).astype(np.int64).reshape(batch, T)).to(device)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     saved = saved_tensor_bytes(model, x)  # doubles as the warm-up pass
-    base = current_rss_bytes()
-    per_t_peak = reset_rss_peak()
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        per_t_peak = True
+    else:
+        base = current_rss_bytes()
+        per_t_peak = reset_rss_peak()
     times = []
     for _ in range(reps):
         model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         loss = model(x)
         loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if cuda:
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     med = statistics.median(times)
     return {"engine": "pytorch-chunked", "T": T, "batch": batch, "seconds": med, "best_seconds": min(times),
             "us_per_token": 1e6 * med / (batch * T), "loss": loss.item(), "peak_bytes": peak,
-            "peak_per_T": per_t_peak, "base_bytes": base, "saved_bytes": saved}
+            "peak_per_T": per_t_peak, "base_bytes": base, "saved_bytes": saved, "device": str(device)}
 
 
 def mib(b):
@@ -233,6 +254,7 @@ def main():
     ap.add_argument("--chunk", type=int, default=64, help="tokens per chunk of the scan")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per T (after one warm-up)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--precision", choices=("float", "double"), default="float")
     ap.add_argument("--seed", type=int, default=1234, help="initialisation seed when no --checkpoint")
     ap.add_argument("--checkpoint", help="ash checkpoint (HDF5) to take the parameters and sizes from")
@@ -248,6 +270,9 @@ def main():
         ap.error("--write-tokens needs exactly one --T value")
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no GPU")
+    device = torch.device(args.device)
     dtype = torch.float32 if args.precision == "float" else torch.float64
     if args.checkpoint:
         with h5py.File(args.checkpoint, "r") as f:
@@ -259,16 +284,26 @@ def main():
         model = SSMModel(args.vocab, args.width, args.state, args.layers, dtype, args.chunk)
         model.init_seeded(args.seed)
         source = f"seed {args.seed}"
+    model.to(device)
     if args.write_tokens:
         synthetic_ids(args.batch * Ts[0], model.vocab).astype("<u4").tofile(args.write_tokens)
 
-    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, {args.precision}; "
+    where = torch.cuda.get_device_name() if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"# torch {torch.__version__}, {where}, {args.precision}; "
           f"V={model.vocab} P={model.width} N={model.state} K={model.layers} batch={args.batch} "
           f"chunk={args.chunk}; parameters from {source}")
     print(f"{'T':>8} {'best s':>10} {'median s':>10} {'us/token':>10} {'loss':>13} {'peak RSS':>12} "
           f"{'saved':>12}")
     for T in Ts:
-        row = run(model, T, args.batch, args.reps)
+        try:
+            row = run(model, T, args.batch, args.reps, device)
+        except torch.cuda.OutOfMemoryError:
+            print(f"{T:>8}  out of memory on {torch.cuda.get_device_name()}", flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({"engine": "pytorch-chunked", "T": T, "batch": args.batch, "oom": True,
+                                        "device": str(device), "torch": torch.__version__}) + "\n")
+            break
         row.update(threads=args.threads, torch=torch.__version__, precision=args.precision, chunk=args.chunk,
                    vocab=model.vocab, width=model.width, state=model.state, layers=model.layers)
         print(f"{T:>8} {row['best_seconds']:>10.4f} {row['seconds']:>10.4f} {row['us_per_token']:>10.2f} "

@@ -115,8 +115,10 @@ TYPED_TEST(AdjointTyped, AgreesWithDoubleDetachedBackprop) {
 namespace ash::test {
 
 // E2's two kernel forms (host: t outermost with scratch; device: registers
-// per lane) give the same bits, so the GPU form is checked on every CI run.
-TYPED_TEST(AdjointTyped, HostAndDeviceWindowFormsAgreeBitwise) {
+// per lane) give the same bits on a host backend, so the GPU form is checked
+// on every CI run. A GPU compiler contracts a·b + c into FMAs differently in
+// the two forms, so there they agree to a few ulps of the largest value.
+TYPED_TEST(AdjointTyped, HostAndDeviceWindowFormsAgree) {
   using S = TypeParam;
   const auto d = tiny_dims(2, 17, 8, 5);  // N = 5: lanes over a state count that is not a power of two
   const auto ps = cast_model<S>(random_model<double>(d, 91));
@@ -129,12 +131,16 @@ TYPED_TEST(AdjointTyped, HostAndDeviceWindowFormsAgreeBitwise) {
     impl::window_adjoint(impl::WindowForm::device, s, tape.acts[1], tape.g, Tbar, md);
     auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mh);
     auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), md);
-    double norm = 0;
+    double norm = 0, amax = 0;
     for (index_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(a.data()[i], b.data()[i]) << "T-bar=" << Tbar << " at " << i;
       norm += std::fabs(double(a.data()[i]));
+      amax = std::max(amax, std::fabs(double(a.data()[i])));
     }
     EXPECT_GT(norm, 0.0);
+    const double tol = host_backend ? 0.0 : 16 * std::numeric_limits<S>::epsilon() * amax;
+    for (index_t i = 0; i < a.size(); ++i)
+      ASSERT_LE(std::fabs(double(a.data()[i]) - double(b.data()[i])), tol)
+          << "T-bar=" << Tbar << " at " << i << ": " << a.data()[i] << " vs " << b.data()[i];
   }
 }
 

@@ -23,6 +23,31 @@ TEST(Memory, SeesAKnownAllocation) {
   EXPECT_GT(MemoryTracker::process_hwm_bytes(), std::uint64_t(n * sizeof(double)));
 }
 
+// The peak is broken down by label as it stood at the peak: a View freed
+// before the peak is absent, one freed after it is listed.
+TEST(Memory, BreaksThePeakDownByLabel) {
+  const std::string space = MemSpace::name();
+  MemoryTracker::reset_peak();
+  const index_t n = 1 << 18;
+  { View1<float> early("ash::test::early", n / 2); }
+  {
+    View1<float> big("ash::test::big", n);
+    View1<float> small("ash::test::small", n / 4);
+  }
+  const auto rows = MemoryTracker::peak_breakdown(space);
+  auto bytes = [&](const std::string& label) -> std::uint64_t {
+    for (const auto& r : rows)
+      if (r.first == label) return r.second;
+    return 0;
+  };
+  EXPECT_GE(bytes("ash::test::big"), std::uint64_t(n * sizeof(float)));
+  EXPECT_LE(bytes("ash::test::big"), std::uint64_t(n * sizeof(float) + 4096));
+  EXPECT_GE(bytes("ash::test::small"), std::uint64_t(n / 4 * sizeof(float)));
+  EXPECT_EQ(bytes("ash::test::early"), 0u);
+  ASSERT_GE(rows.size(), 2u);
+  EXPECT_EQ(rows.front().first, "ash::test::big");  // largest first
+}
+
 TEST(Memory, BackpropPeakGrowsWithStoredState) {
   // E1 keeps A and h for every (token, channel, state): its peak must exceed
   // that storage for one layer, M·P·N·2 scalars.

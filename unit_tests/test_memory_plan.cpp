@@ -35,11 +35,19 @@ double measured_grad_peak(const Config& cfg) {
   return double(MemoryTracker::peak(sp) - base);
 }
 
+// On a miss, what the measured peak was made of (largest labels).
+std::string peak_labels() {
+  std::string out;
+  for (const auto& [label, bytes] : MemoryTracker::peak_breakdown(MemSpace::name(), 12))
+    out += "\n    " + format_bytes(bytes) + "  " + label;
+  return out;
+}
+
 void expect_within(double planned, double measured, const std::string& what) {
   std::printf("  plan/measured %.3f (%.2f / %.2f MiB): %s\n", planned / measured, planned / 1048576.0,
               measured / 1048576.0, what.c_str());
   EXPECT_LE(std::fabs(planned - measured), 0.10 * measured)
-      << what << ": planned " << planned << " bytes, measured " << measured;
+      << what << ": planned " << planned << " bytes, measured " << measured << "; at the peak:" << peak_labels();
 }
 
 }  // namespace

@@ -179,10 +179,11 @@ int run_plan(const Common& c, const std::string& workload, const std::string& pr
               precision.c_str());
   std::printf("engine: %s; peak at the %s\n", plan.engine.c_str(), plan.phase.c_str());
   std::printf("%s", plan.table("  ").c_str());
-  const auto phys = c.max_memory > 0 ? c.max_memory : ash::physical_memory_bytes();
+  const auto cap = ash::memory_space_capacity();
+  const auto phys = c.max_memory > 0 ? c.max_memory : cap.bytes;
   const double per_token = plan.total() / double(cfg.get<ash::index_t>("data.seq_len") * cfg.get<ash::index_t>("data.batch"));
   std::printf("%.0f bytes per token (total / batch·T); %s %s: %s\n", per_token,
-              c.max_memory > 0 ? "--max-memory" : "physical memory", ash::format_bytes(phys).c_str(),
+              c.max_memory > 0 ? "--max-memory" : cap.what.c_str(), ash::format_bytes(phys).c_str(),
               phys == 0 ? "unknown" : plan.total() <= double(phys) ? "fits" : "does NOT fit");
   return phys == 0 || plan.total() <= double(phys) ? 0 : 1;
 }

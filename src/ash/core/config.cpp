@@ -16,7 +16,7 @@ nlohmann::json Config::defaults() {
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
     "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false,
               "carry_state": false},
-    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 1024, "head_chunk": 1024,
+    "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 0, "head_chunk": 0,
               "layer_checkpoint": 1, "token_block": 0},
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
               "beta1": 0.9, "beta2": 0.95},
@@ -48,7 +48,7 @@ void merge_into(nlohmann::json& dst, const nlohmann::json& src, const std::strin
     const std::string key = prefix.empty() ? it.key() : prefix + "." + it.key();
     require(dst.contains(it.key()), origin + ": unknown config key '" + key + "'");
     auto& d = dst[it.key()];
-    if (key == "grad.layer_checkpoint" && it.value() == "auto") {  // the one integer key with a named value
+    if ((key == "grad.layer_checkpoint" || key == "grad.wave" || key == "grad.head_chunk") && it.value() == "auto") {  // integer keys with a named value
       d = 0;
       continue;
     }
@@ -177,8 +177,8 @@ void Config::validate() const {
   const auto tr = get<std::int64_t>("grad.truncate");
   require(tr >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
   require(get<std::int64_t>("grad.chunk") >= 1, "grad.chunk must be >= 1");
-  require(get<std::int64_t>("grad.wave") >= 1, "grad.wave must be >= 1");
-  require(get<std::int64_t>("grad.head_chunk") >= 1, "grad.head_chunk must be >= 1");
+  require(get<std::int64_t>("grad.wave") >= 0, "grad.wave must be >= 1, or 0 / \"auto\" for the backend's default");
+  require(get<std::int64_t>("grad.head_chunk") >= 0, "grad.head_chunk must be >= 1, or 0 / \"auto\" for the backend's default");
   const auto eng = get<std::string>("grad.engine");
   require(eng == "backprop" || eng == "adjoint" || eng == "adjoint-exact",
           "grad.engine must be backprop, adjoint or adjoint-exact (got '" + eng + "')");

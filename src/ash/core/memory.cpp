@@ -1,6 +1,7 @@
 #include "ash/core/memory.hpp"
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -14,6 +15,8 @@ namespace {
 struct State {
   std::mutex mu;
   std::map<std::string, SpaceUsage> spaces;
+  // Per space: live bytes per label now, and a copy taken at the peak.
+  std::map<std::string, std::map<std::string, std::uint64_t>> live, at_peak;
   bool installed = false;
 };
 
@@ -22,20 +25,31 @@ State& state() {
   return s;
 }
 
-void on_alloc(const Kokkos::Tools::SpaceHandle h, const char*, const void*, const std::uint64_t size) {
+void on_alloc(const Kokkos::Tools::SpaceHandle h, const char* label, const void*, const std::uint64_t size) {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   auto& u = s.spaces[h.name];
   u.space = h.name;
   u.current += size;
-  if (u.current > u.peak) u.peak = u.current;
+  auto& live = s.live[h.name];
+  live[label ? label : ""] += size;
+  if (u.current > u.peak) {
+    u.peak = u.current;
+    s.at_peak[h.name] = live;
+  }
 }
 
-void on_dealloc(const Kokkos::Tools::SpaceHandle h, const char*, const void*, const std::uint64_t size) {
+void on_dealloc(const Kokkos::Tools::SpaceHandle h, const char* label, const void*, const std::uint64_t size) {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   auto& u = s.spaces[h.name];
   u.current = u.current >= size ? u.current - size : 0;
+  auto& live = s.live[h.name];
+  auto it = live.find(label ? label : "");
+  if (it != live.end()) {
+    it->second = it->second >= size ? it->second - size : 0;
+    if (it->second == 0) live.erase(it);
+  }
 }
 
 }  // namespace
@@ -85,6 +99,19 @@ void MemoryTracker::reset_peak() {
   auto& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   for (auto& kv : s.spaces) kv.second.peak = kv.second.current;
+  s.at_peak = s.live;
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> MemoryTracker::peak_breakdown(const std::string& space,
+                                                                                 std::size_t top) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<std::pair<std::string, std::uint64_t>> rows;
+  const auto it = s.at_peak.find(space);
+  if (it != s.at_peak.end()) rows.assign(it->second.begin(), it->second.end());
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (rows.size() > top) rows.resize(top);
+  return rows;
 }
 
 std::uint64_t MemoryTracker::process_hwm_bytes() {

@@ -4,6 +4,7 @@
 // mark (VmHWM) covers everything else on the host.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ash {
@@ -25,6 +26,10 @@ class MemoryTracker {
   static std::uint64_t peak(const std::string& space);
   // Peak := current, for measuring one phase.
   static void reset_peak();
+  // The live bytes per allocation label at the space's peak (since the last
+  // reset_peak), largest first, at most `top` rows: what a peak is made of.
+  static std::vector<std::pair<std::string, std::uint64_t>> peak_breakdown(const std::string& space,
+                                                                            std::size_t top = 8);
   // Process resident-set high-water mark (VmHWM, bytes); 0 where /proc is absent.
   static std::uint64_t process_hwm_bytes();
   // One line: "Host peak 1.2 MiB, process HWM 15.3 MiB".

@@ -1,4 +1,7 @@
 #include "ash/core/resources.hpp"
+#include "ash/kernels/rms_norm.hpp"
+#include "ash/model/embedding.hpp"
+#include "ash/model/head.hpp"
 
 #include <unistd.h>
 
@@ -6,6 +9,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
+
+#include <Kokkos_Core.hpp>
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 #include "ash/core/error.hpp"
 #include "ash/core/half.hpp"
@@ -79,7 +88,7 @@ MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar
     kept = checked_add(kept, checked_mul(BT, projections, "one layer's projections"), "kept activations");
     kept = checked_add(kept, checked_mul(checked_mul(3, chunks, "boundary states"), PN, "boundary states"),
                        "kept activations");
-    kept = checked_add(kept, checked_mul(checked_mul(3 * B, std::min<std::int64_t>(T, std::max<std::int64_t>(C, cfg.get<std::int64_t>("grad.wave"))), "wave"), PN, "wave"),
+    kept = checked_add(kept, checked_mul(checked_mul(3 * B, std::min<std::int64_t>(T, std::max<std::int64_t>(C, cfg.get<std::int64_t>("grad.wave") > 0 ? cfg.get<std::int64_t>("grad.wave") : T)), "wave"), PN, "wave"),
                        "kept activations");
   } else {
     // E1 / E2 keep A, h and the projections of every layer, and μ of one:
@@ -134,7 +143,7 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
   const Storage storage = o.storage;
   const std::int64_t m = o.layer_checkpoint;
   const bool carry = o.carry_state;
-  const double hc = double(o.head_chunk);
+  const double hc = double(head_chunk_rows(o.head_chunk, d.vocab));
   const bool low = engine == "adjoint-exact" && o.low_memory();
 
   MemoryPlan plan;
@@ -157,17 +166,21 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     const double C = std::min(chunk_rows, rows);
     return C * (1 + P + V + (g ? P : 0)) * S;
   };
-  auto cot = [&](double rows) {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per 128 rows
-    return (rows * (3 * P + 2 * N) + std::ceil(rows / 128) * (P * N + 2 * P)) * S;
+  auto cot = [&](double rows) {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per reduce_rows rows
+    return (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * (P * N + 2 * P)) * S;
   };
   auto e3_scratch = [&](double Bt, std::int64_t Tw) {  // AdjointExactLayer::run on windows of Tw tokens
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
-    const double Wb = double(std::min(e3_wave_length(o, Tw), Tw));
+    const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
     const double bound = (window ? 2 : 3) * Bt * double(nc) * P * N * S;  // h, products (and μ) at chunk starts
     return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);                // one wave of h, A, μ; cotangents
   };
 
+  auto emb_partial = [&](double rows) {  // embedding_backward's private copies of gE (none on a host backend)
+    const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows), d.vocab, d.width);
+    return seg > 1 ? double(seg) * V * P * S : 0.0;
+  };
   std::vector<std::pair<std::string, std::vector<MemoryPlan::Item>>> phases;
   std::vector<MemoryPlan::Item> persistent;  // engine memory held across the phases below
   if (low) {
@@ -190,9 +203,13 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     // E3's scratch lives through the pass, so from the second block on the
     // head's chunk comes on top of it; with one block the head runs first.
     const double e3 = e3_scratch(B, blen), hd = head(rb, hc, true);
+    auto emb = back;  // each block ends with its embedding backward, E3's scratch still held
+    emb.push_back({"E3 wave scratch", e3});
+    emb.push_back({"embedding backward segments", emb_partial(rb)});
     if (nb > 1 || e3 >= hd) back.push_back({"E3 wave scratch", e3});
     if (nb > 1 || hd > e3) back.push_back({"head chunk", hd});
     phases.push_back({"backward", back});
+    phases.push_back({"embedding backward", emb});
   } else if (engine == "adjoint-exact") {
     plan.engine = "adjoint-exact";
     add(persistent, "layer projections (one layer)", proj(M));
@@ -216,6 +233,8 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     }
     phases.push_back({"backward of the top layer", back});
   }
+  if (!low)  // after the layers: g and the segment copies of gE
+    phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
   std::vector<MemoryPlan::Item> step_items = persistent;
   double best = -1;
   std::string best_phase;
@@ -258,15 +277,27 @@ std::uint64_t physical_memory_bytes() {
   return std::uint64_t(pages) * std::uint64_t(page);
 }
 
+MemoryCapacity memory_space_capacity() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if (!host_backend) {
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return {0, "the GPU's memory"};
+    return {std::uint64_t(total_b), "the GPU's memory"};
+  }
+#endif
+  return {physical_memory_bytes(), "the machine's physical memory"};
+}
+
 void check_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, std::uint64_t limit) {
   estimate_memory(cfg, w, scalar_bytes);  // overflow checks of every size product
   const auto plan = plan_memory(cfg, w, scalar_bytes);
   const bool from_flag = limit > 0;
-  if (!from_flag) limit = physical_memory_bytes();
+  const auto cap = memory_space_capacity();
+  if (!from_flag) limit = cap.bytes;
   if (limit == 0 || plan.total() <= double(limit)) return;
   throw Error("this configuration needs about " + format_bytes(std::uint64_t(plan.total())) + " of memory (" +
               plan.engine + ", peak at the " + plan.phase + "), more than " +
-              (from_flag ? "--max-memory " : "the machine's physical memory ") + format_bytes(limit) +
+              (from_flag ? std::string("--max-memory ") : cap.what + " ") + format_bytes(limit) +
               ": reduce data.batch, data.seq_len or the model sizes, or see `ash plan` (run.storage, "
               "grad.layer_checkpoint, grad.token_block)\n" + plan.table("  "));
 }

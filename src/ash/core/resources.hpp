@@ -66,6 +66,15 @@ std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers);
 // Physical memory of the machine (sysconf), 0 when unknown.
 std::uint64_t physical_memory_bytes();
 
+// What the engines' memory space holds, which check_memory and `ash plan`
+// compare a plan with: physical memory on a host backend, the GPU's global
+// memory on CUDA (0 when unknown). `what` names it for messages.
+struct MemoryCapacity {
+  std::uint64_t bytes = 0;
+  std::string what;
+};
+MemoryCapacity memory_space_capacity();
+
 // Throws ash::Error when the estimate exceeds `limit` (0: physical memory),
 // quoting the estimate.
 void check_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, std::uint64_t limit = 0);

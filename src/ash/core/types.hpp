@@ -13,6 +13,9 @@ namespace kmath = Kokkos::Experimental;
 
 using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
+// True for host backends (Serial, OpenMP, Threads); false for a GPU (CUDA).
+// Kernels pick their thread shape and row blocks by it (kernels/state_tile.hpp).
+constexpr bool host_backend = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
 // 64-bit index: T*P*N passes 2^31 at long contexts.
 using index_t = std::int64_t;
 using token_t = std::int32_t;

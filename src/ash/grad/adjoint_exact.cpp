@@ -1,5 +1,6 @@
 #include "ash/grad/adjoint_exact.hpp"
 
+#include <algorithm>
 #include <utility>
 
 #include "ash/core/error.hpp"
@@ -26,10 +27,11 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   const bool next = carry.valid;
   auto An = carry.A;
   Kokkos::parallel_for(
-      "ash::e3::chunk_scan_mu", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
+      "ash::e3::chunk_scan_mu", Range(exec, 0, Bt * nc * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
+        const index_t bc = bcq / P, q = bcq % P, b = bc / nc, c = bc % nc;
         const index_t t0 = ch.start(c), t1 = ch.end(c);
-        for (index_t n0 = 0; n0 < N; n0 += NT) {
+        {
           S mu[NT], pr[NT], av[NT];
           for (int j = 0; j < NT; ++j) {
             mu[j] = 0;
@@ -63,7 +65,7 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   const index_t P = Ms.extent(1), N = Ms.extent(2), nc = ch.nc;
   const bool next = carry.valid;
   auto Mn = carry.mu;
-  ASH_WITH_STATE_TILE(N, chunk_local_adjoints<NT>(L, ch, Bt, Ms, G, carry, exec));
+  ASH_WITH_LANE_TILE(N, chunk_local_adjoints<NT>(L, ch, Bt, Ms, G, carry, exec));
   Kokkos::parallel_for(
       "ash::e3::carry_mu", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
@@ -76,7 +78,7 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
 }
 
 // One wave of tokens [w0, w0+W) of every sequence, per (sequence, chunk,
-// channel): the forward replay from the boundary state before the chunk
+// channel, state tile): the forward replay from the boundary state before the chunk
 // (h0 before the first; zero when empty) stores h^{t-1} and A^t of the wave's
 // rows; in exact mode (`mu_too`, chunk-aligned waves) the same thread then runs
 // the reverse scan of μ over its chunk from the carry A^{start_{c+1}}
@@ -92,10 +94,11 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
   auto An = carry.A;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
   Kokkos::parallel_for(
-      "ash::e3::wave_scans", Range(exec, 0, Bt * ncw * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / P, q = i % P, b = bc / ncw, c = c_lo + bc % ncw;
+      "ash::e3::wave_scans", Range(exec, 0, Bt * ncw * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
+        const index_t bc = bcq / P, q = bcq % P, b = bc / ncw, c = c_lo + bc % ncw;
         const index_t t0 = ch.start(c), t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
-        for (index_t n0 = 0; n0 < N; n0 += NT) {
+        do {
           S h[NT], av[NT];
           for (int j = 0; j < NT; ++j) {
             h[j] = c > 0 ? Hb(b * nc + c - 1, q, n0 + j) : (has_h0 ? h0(b * P + q, n0 + j) : S(0));
@@ -113,7 +116,7 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
               }
             for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
           }
-          if (!mu_too) continue;
+          if (!mu_too) break;
           S cy[NT];  // A^{t+1} μ^{t+1}
           const index_t te = ch.end(c);
           for (int j = 0; j < NT; ++j)
@@ -128,7 +131,7 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
               cy[j] = Abuf(r, q, n0 + j) * mu;
             }
           }
-        }
+        } while (false);
       });
 }
 
@@ -190,17 +193,22 @@ void take_carry(const ScanView<S>& L, index_t Bt, index_t nc, const View3<S>& Ms
 
 }  // namespace
 
-index_t e3_wave_length(const EngineOptions& opts, index_t T) {
+index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token) {
   const bool window = opts.truncate > 0 && opts.truncate < T;
   const index_t unit = window ? opts.truncate : (opts.chunk < T ? opts.chunk : T);
-  return unit * (opts.wave / unit > 0 ? opts.wave / unit : 1);
+  constexpr index_t device_wave_state = index_t(1) << 24;
+  const index_t per_token = state_per_token > 0 ? state_per_token : 1;
+  const index_t wave = opts.wave > 0 ? opts.wave
+                       : host_backend ? 1024
+                                      : std::min(T, std::max<index_t>(1024, device_wave_state / per_token));
+  return unit * (wave / unit > 0 ? wave / unit : 1);
 }
 
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
           "adjoint-exact: a window (--truncate) needs --detach-inputs; a window on the exact gradient is undefined");
-  require(opts.chunk >= 1 && opts.wave >= 1, "adjoint-exact: chunk and wave must be >= 1");
+  require(opts.chunk >= 1 && opts.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
 }
 
 template <class S>
@@ -294,7 +302,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const index_t Tbar = window ? opts_.truncate : T;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks{C, (T + C - 1) / C, T};
-  const index_t W = e3_wave_length(opts_, T);
+  const index_t W = e3_wave_length(opts_, T, Bt * P * N);
   const index_t Wbuf = W < T ? W : T;
   ModelDims d;
   d.width = P;
@@ -333,7 +341,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
   for (index_t w0 = 0; w0 < T; w0 += W) {
     const index_t Ww = (w0 + W < T) ? W : T - w0;
-    ASH_WITH_STATE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
+    ASH_WITH_LANE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
     if (window) wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
     // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
     // only rows of this wave or later ones, and the carries were taken first.

@@ -34,7 +34,11 @@ struct ExactCarry {
 // W, the tokens per sequence of one E3 wave over a window of T tokens: whole
 // chunks (exact, detached) or whole blocks of T̄ (a window), about grad.wave
 // of them. The buffers hold min(W, T) rows per sequence.
-index_t e3_wave_length(const EngineOptions& opts, index_t T);
+// grad.wave = 0 (auto) asks for 1024 tokens on a host backend (the wave's h,
+// A and μ stay in cache) and, on a GPU, for enough tokens that a wave holds
+// 2^24 state numbers (Bt·W·P·N; 64 MiB per buffer in float), so its kernels
+// fill the device. `state_per_token` is Bt·P·N.
+index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token);
 
 template <class S>
 class AdjointExactLayer final : public LayerAdjoint<S> {

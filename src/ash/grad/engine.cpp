@@ -28,7 +28,7 @@ template <class S>
 std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
   require(opts.truncate >= 0, "--truncate must be >= 0");
   require(opts.chunk >= 1, "--chunk must be >= 1");
-  require(opts.wave >= 1 && opts.head_chunk >= 1, "grad.wave and grad.head_chunk must be >= 1");
+  require(opts.wave >= 0 && opts.head_chunk >= 0, "grad.wave and grad.head_chunk must be >= 0 (0: auto)");
   if (opts.engine == "backprop") return std::make_unique<BackpropLayer<S>>(opts);
   if (opts.engine == "adjoint") return std::make_unique<AdjointLayer<S>>(opts);
   if (opts.engine == "adjoint-exact") return std::make_unique<AdjointExactLayer<S>>(opts);

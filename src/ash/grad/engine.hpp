@@ -22,8 +22,8 @@ struct EngineOptions {
   index_t truncate = 0;             // T̄; 0 = the full window T
   bool detach_inputs = false;       // stop-gradient on every layer input
   index_t chunk = 64;               // E3 chunk length C
-  index_t wave = 1024;              // E3: tokens whose A, h, μ are recomputed at once
-  index_t head_chunk = 1024;        // tokens per head chunk (T×V logits never whole)
+  index_t wave = 0;                 // E3: tokens whose A, h, μ are recomputed at once; 0: auto (e3_wave_length)
+  index_t head_chunk = 0;           // tokens per head chunk (T×V logits never whole); 0: auto (head_chunk_rows)
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
   // LowMemoryEngine of ash/grad/low_memory_engine.hpp):
   Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)

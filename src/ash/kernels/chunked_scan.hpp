@@ -2,7 +2,8 @@
 // Chunked scans of the diagonal recurrence h^t = A^t ⊙ h^{t-1} + u^t
 // (docs/design.md §2): chunk-local scans in parallel, then a short carry pass
 // over chunks. Shared by the forward and E3. One thread owns a (sequence,
-// chunk, channel) and keeps a tile of NT states in registers (state_tile.hpp).
+// chunk, channel, state tile) and keeps its NT states in registers
+// (lane_tile in state_tile.hpp).
 #include "ash/kernels/state_tile.hpp"
 
 namespace ash::impl {
@@ -36,9 +37,10 @@ void chunk_local_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const
                         const ExecSpace& exec) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
   Kokkos::parallel_for(
-        "ash::chunk_scan_h", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
-          const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
-          for (index_t n0 = 0; n0 < N; n0 += NT) {
+        "ash::chunk_scan_h", Range(exec, 0, Bt * nc * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
+          const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
+          const index_t bc = bcq / P, q = bcq % P, b = bc / nc, c = bc % nc;
+          {
             S h[NT], pr[NT], av[NT];
             for (int j = 0; j < NT; ++j) {
               h[j] = 0;
@@ -67,7 +69,7 @@ void boundary_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const Vi
                      const View2<S>& h0 = View2<S>(), const ExecSpace& exec = ExecSpace()) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), nc = ch.nc;
   const bool has_h0 = h0.extent(0) > 0;
-  ASH_WITH_STATE_TILE(N, chunk_local_states<NT>(L, ch, Bt, Hb, PA, exec));
+  ASH_WITH_LANE_TILE(N, chunk_local_states<NT>(L, ch, Bt, Hb, PA, exec));
   Kokkos::parallel_for(
       "ash::carry_h", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;

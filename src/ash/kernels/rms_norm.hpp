@@ -7,7 +7,9 @@ namespace ash::impl {
 constexpr double rms_eps = 1e-5;
 // Rows per partial sum of a reduction over rows (two-level sums: the whole
 // device works on the first level, and the order of additions is fixed).
-constexpr index_t reduce_rows = 128;
+// Fewer on a GPU, where a thread per (row block, channel) must still fill the
+// device at one wave of tokens.
+constexpr index_t reduce_rows = host_backend ? 128 : 16;
 // Blocks of reduce_rows covering R rows (the first level's partial sums).
 KOKKOS_INLINE_FUNCTION index_t row_blocks(index_t R) { return (R + reduce_rows - 1) / reduce_rows; }
 

@@ -13,10 +13,17 @@ namespace ash::impl {
 
 inline int state_tile(index_t N) { return N % 16 == 0 ? 16 : N % 8 == 0 ? 8 : N % 4 == 0 ? 4 : N % 2 == 0 ? 2 : 1; }
 
+// Kernels whose tiles are independent (no sum over n) give each tile its own
+// thread, tile index fastest. On the host the tile stays state_tile(N) (one
+// thread per channel, SIMD lanes over n); on a GPU it is 1, so a warp's
+// threads are 32 consecutive states: coalesced loads and Bt·T/C·P·N threads
+// instead of Bt·T/C·P, which leaves most of an H100 idle.
+inline int lane_tile(index_t N) { return host_backend ? state_tile(N) : 1; }
+
 // Runs CALL with the constexpr int NT = state_tile(N) in scope. A switch, not
 // a generic lambda: nvcc does not allow device lambdas inside generic lambdas.
-#define ASH_WITH_STATE_TILE(N, CALL)  \
-  switch (::ash::impl::state_tile(N)) { \
+#define ASH_WITH_TILE(TILE, CALL)     \
+  switch (TILE) {                      \
     case 16: {                         \
       constexpr int NT = 16;           \
       CALL;                            \
@@ -43,6 +50,9 @@ inline int state_tile(index_t N) { return N % 16 == 0 ? 16 : N % 8 == 0 ? 8 : N 
       break;                           \
     }                                  \
   }
+
+#define ASH_WITH_STATE_TILE(N, CALL) ASH_WITH_TILE(::ash::impl::state_tile(N), CALL)
+#define ASH_WITH_LANE_TILE(N, CALL) ASH_WITH_TILE(::ash::impl::lane_tile(N), CALL)
 
 // exp(x) without a library call, so loops over n vectorise (glibc's expf is
 // scalar unless a whole translation unit is built with -ffast-math, which

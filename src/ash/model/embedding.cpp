@@ -16,12 +16,16 @@ void embedding_forward(const Unmanaged2<S>& E, const TokenView& x, const View2<S
 // channel p over the rows in order (deterministic, no atomics); to use a wide
 // device when P is small, the rows are split into `seg` segments summed into
 // private copies of gE and then added in a fixed order (seg is 1 on a CPU).
+index_t embedding_backward_segments(index_t concurrency, index_t M, index_t V, index_t P) {
+  const index_t want = concurrency / (P > 0 ? P : 1);
+  const index_t cap = std::max<index_t>(1, (index_t(1) << 24) / std::max<index_t>(1, V * P));  // ≤ 16M numbers
+  return std::max<index_t>(1, std::min({want, cap, M, index_t(64)}));
+}
+
 template <class S>
 void embedding_backward(const TokenView& x, const View2<S>& g, const Unmanaged2<S>& gE, const ExecSpace& exec) {
   const index_t T = x.extent(1), M = g.extent(0), V = gE.extent(0), P = gE.extent(1);
-  const index_t want = index_t(exec.concurrency()) / (P > 0 ? P : 1);
-  const index_t cap = std::max<index_t>(1, (index_t(1) << 24) / std::max<index_t>(1, V * P));  // ≤ 16M numbers
-  const index_t seg = std::max<index_t>(1, std::min({want, cap, M, index_t(64)}));
+  const index_t seg = embedding_backward_segments(index_t(exec.concurrency()), M, V, P);
   if (seg == 1) {
     Kokkos::parallel_for(
         "ash::embedding_backward", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t p) {

@@ -5,6 +5,13 @@
 
 namespace ash {
 
+index_t head_chunk_rows(index_t requested, index_t V) {
+  if (requested > 0) return requested;
+  if (host_backend) return 1024;
+  const index_t per = (index_t(1) << 24) / (V > 0 ? V : 1);
+  return per > 1024 ? per : 1024;
+}
+
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,
                  const GlobalParams<S>* grad, index_t chunk_rows, index_t targets, const ExecSpace& exec) {
@@ -14,7 +21,8 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
   const index_t T = M / index_t(x.extent(0));
   const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (Tx - 1);
   const bool want_g = index_t(g.extent(0)) == M;
-  const index_t C = chunk_rows < M ? chunk_rows : M;
+  const index_t rows = head_chunk_rows(chunk_rows, V);
+  const index_t C = rows < M ? rows : M;
   View1<S> rstd("ash::head::rstd", C);
   View2<S> yhat("ash::head::yhat", C, P);
   View2<S> logits("ash::head::logits", C, V);

@@ -285,7 +285,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
           "ssm_layer_backward_rows: buffers smaller than the row block");
   const impl::BlockRows map{W, T, t0};
   ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, p.D, map, R, mu, hprev, Av, cot, exec));
-  ASH_WITH_STATE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
+  ASH_WITH_LANE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
   // Sums over row blocks, in a fixed order.
   auto gAlog = grad.A_log;
   auto gD = grad.D;
