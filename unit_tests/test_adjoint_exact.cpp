@@ -5,8 +5,11 @@ namespace ash::test {
 
 namespace {
 
-EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0) {
+// chunked_h: E3's h replay from chunk-boundary states (a GPU's default form)
+// or sequential through the waves (a host's); both run on every backend here.
+EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0, bool chunked_h = !host_backend) {
   EngineOptions o;
+  o.e3_chunked_h = chunked_h;
   o.engine = "adjoint-exact";
   o.chunk = C;
   o.wave = wave;
@@ -27,12 +30,14 @@ TEST(AdjointExact, EqualsBackpropForAnyDepthChunkAndWave) {
     const auto x = random_tokens(2, T, d.vocab, 90 + K);
     double l1 = 0, l3 = 0;
     const auto e1 = grad_of(engine_options("backprop"), ps, x, &l1);
-    for (auto cw : {std::pair<index_t, index_t>{4, 8}, {4, 1024}, {1, 3}, {7, 7}, {29, 29}, {64, 64}}) {
-      const auto g3 = grad_of(e3(cw.first, cw.second), ps, x, &l3);
-      EXPECT_EQ(l1, l3);
-      expect_close(g3, e1, d, 1e-10,
-                   "K=" + std::to_string(K) + " C=" + std::to_string(cw.first) + " wave=" + std::to_string(cw.second));
-    }
+    for (const bool chunked_h : {false, true})
+      for (auto cw : {std::pair<index_t, index_t>{4, 8}, {4, 1024}, {1, 3}, {7, 7}, {29, 29}, {64, 64}}) {
+        const auto g3 = grad_of(e3(cw.first, cw.second, false, 0, chunked_h), ps, x, &l3);
+        EXPECT_EQ(l1, l3);
+        expect_close(g3, e1, d, 1e-10,
+                     "K=" + std::to_string(K) + " C=" + std::to_string(cw.first) + " wave=" +
+                         std::to_string(cw.second) + (chunked_h ? " chunked h" : " sequential h"));
+      }
   }
 }
 
@@ -41,7 +46,9 @@ TEST(AdjointExact, DetachedEqualsFullAdjointSharding) {
     const auto d = tiny_dims(K);
     auto ps = random_model<double>(d, 100 + K);
     const auto x = random_tokens(3, 29, d.vocab, 110 + K);
-    expect_close(grad_of(e3(4, 8, true), ps, x), grad_of(engine_options("adjoint"), ps, x), d, 1e-10, "K=" + std::to_string(K));
+    for (const bool chunked_h : {false, true})
+      expect_close(grad_of(e3(4, 8, true, 0, chunked_h), ps, x), grad_of(engine_options("adjoint"), ps, x), d, 1e-10,
+                   "K=" + std::to_string(K));
   }
 }
 
@@ -52,9 +59,11 @@ TEST(AdjointExact, WindowEqualsTruncatedAdjointSharding) {
   const auto x = random_tokens(2, T, d.vocab, 122);
   for (index_t Tbar : {index_t(1), index_t(3), C - 1, C, C + 1, index_t(10), T}) {
     const auto e2 = grad_of(engine_options("adjoint", Tbar), ps, x);
-    for (index_t wave : {index_t(1), index_t(8), index_t(1024)})
-      expect_close(grad_of(e3(C, wave, true, Tbar), ps, x), e2, d, 1e-10,
-                   "T-bar=" + std::to_string(Tbar) + " wave=" + std::to_string(wave));
+    for (const bool chunked_h : {false, true})
+      for (index_t wave : {index_t(1), index_t(8), index_t(1024)})
+        expect_close(grad_of(e3(C, wave, true, Tbar, chunked_h), ps, x), e2, d, 1e-10,
+                     "T-bar=" + std::to_string(Tbar) + " wave=" + std::to_string(wave) +
+                         (chunked_h ? " chunked h" : " sequential h"));
   }
 }
 
@@ -72,7 +81,9 @@ TYPED_TEST(AdjointExactTyped, AgreesWithDoubleBackprop) {
   auto ref = random_model<double>(d, 131);
   const auto ps = cast_model<S>(ref);
   const auto x = random_tokens(2, 37, d.vocab, 132);
-  expect_close(grad_of(e3(5, 10), ps, x), grad_of(engine_options("backprop"), ref, x), d, Tol<S>::grad_vs_double, "exact");
+  for (const bool chunked_h : {false, true})
+    expect_close(grad_of(e3(5, 10, false, 0, chunked_h), ps, x), grad_of(engine_options("backprop"), ref, x), d,
+                 Tol<S>::grad_vs_double, chunked_h ? "exact, chunked h" : "exact, sequential h");
   expect_close(grad_of(e3(5, 10, true, 6), ps, x), grad_of(engine_options("adjoint", 6), ref, x), d, Tol<S>::grad_vs_double,
                "window");
 }

@@ -173,7 +173,10 @@ MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_bytes, 
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
     const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
-    const double bound = (window ? 2 : 3) * Bt * double(nc) * P * N * S;  // h, products (and μ) at chunk starts
+    // h, products (and μ) at chunk starts; the sequential h form keeps no h or
+    // products for h, only μ and its products in exact mode, plus a running h
+    const double nchunk_bufs = o.e3_chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
+    const double bound = nchunk_bufs * Bt * double(nc) * P * N * S + (o.e3_chunked_h ? 0.0 : Bt * P * N * S);
     return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);                // one wave of h, A, μ; cotangents
   };
 

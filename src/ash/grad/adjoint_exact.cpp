@@ -135,6 +135,62 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
       });
 }
 
+// The host's form of wave_scans: per (sequence, channel, state tile), h runs
+// through the wave's tokens from the running state hrun (h0, or zero, at the
+// first wave; waves come in order), so no chunk-boundary states are needed and
+// h is the forward's own sequential replay, bit for bit. In exact mode each
+// chunk's μ follows as in wave_scans. Bt·P·N/NT threads: enough for a CPU.
+template <int NT, class S>
+void wave_scans_sequential(const ScanView<S>& L, const Chunks ch, index_t Bt, const View2<S>& hrun,
+                           const View2<S>& h0, const View3<S>& Ms, const ExactCarry<S>& carry, bool mu_too, index_t w0,
+                           index_t W, const View3<S>& hbuf, const View3<S>& Abuf, const View3<S>& mubuf,
+                           const ExecSpace& exec) {
+  const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.nc;
+  const bool has_h0 = h0.extent(0) > 0, next = carry.valid, first = w0 == 0;
+  auto Mn = carry.mu;
+  auto An = carry.A;
+  const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C;
+  Kokkos::parallel_for(
+      "ash::e3::wave_scans_sequential", Range(exec, 0, Bt * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t ntile = N / NT, bq = i / ntile, n0 = (i % ntile) * NT, b = bq / P, q = bq % P;
+        S h[NT], av[NT];
+        for (int j = 0; j < NT; ++j) {
+          h[j] = first ? (has_h0 ? h0(bq, n0 + j) : S(0)) : hrun(bq, n0 + j);
+          av[j] = L.a(q, n0 + j);
+        }
+        for (index_t c = c_lo; c <= c_hi; ++c) {
+          const index_t t0 = ch.start(c) > w0 ? ch.start(c) : w0, t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
+          for (index_t t = t0; t < t1; ++t) {
+            const index_t m = b * T + t, r = b * W + t - w0;
+            const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+            S A[NT];
+            for (int j = 0; j < NT; ++j) A[j] = impl::exp_fast(dq * av[j]);
+            for (int j = 0; j < NT; ++j) {
+              hbuf(r, q, n0 + j) = h[j];
+              Abuf(r, q, n0 + j) = A[j];
+            }
+            for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
+          }
+          if (!mu_too) continue;
+          S cy[NT];  // A^{t+1} μ^{t+1}
+          const index_t te = ch.end(c);
+          for (int j = 0; j < NT; ++j)
+            cy[j] = c + 1 < nc ? L.A(b * T + te, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
+                               : (next ? An(b, q, n0 + j) * Mn(b, q, n0 + j) : S(0));
+          for (index_t t = te - 1; t >= t0; --t) {
+            const index_t m = b * T + t, r = b * W + t - w0;
+            const S g = L.gy(m, q);
+            for (int j = 0; j < NT; ++j) {
+              const S mu = g * L.gamma(m, n0 + j) + cy[j];
+              mubuf(r, q, n0 + j) = mu;
+              cy[j] = Abuf(r, q, n0 + j) * mu;
+            }
+          }
+        }
+        for (int j = 0; j < NT; ++j) hrun(bq, n0 + j) = h[j];
+      });
+}
+
 // Windowed μ_T̄ for a wave of whole blocks of T̄ tokens (docs/design.md §2):
 //   μ_T̄^i = S^i + R^i F^{min(T, i+T̄-1)}
 // Per (sequence, block b, channel): first the prefix scan F over block b+1,
@@ -316,8 +372,19 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     v = zero ? View3<S>(std::string(label), rows, P_, N_)
              : View3<S>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, P_, N_);
   };
-  ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.nc, P, N, true);
-  ensure(w.scratch, "ash::e3::chunk_products", Bt * chunks.nc, P, N, true);
+  const bool chunked_h = opts_.e3_chunked_h;
+  if (chunked_h) {
+    ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.nc, P, N, true);
+    w.hrun = View2<S>();
+  } else {
+    w.Hb = View3<S>();
+    if (index_t(w.hrun.extent(0)) != Bt * P || index_t(w.hrun.extent(1)) != N)
+      w.hrun = View2<S>(Kokkos::view_alloc(std::string("ash::e3::h_running"), Kokkos::WithoutInitializing), Bt * P, N);
+  }
+  if (chunked_h || !window)  // boundary products (chunked h); μ's chunk products G (exact mode)
+    ensure(w.scratch, "ash::e3::chunk_products", Bt * chunks.nc, P, N, true);
+  else
+    w.scratch = View3<S>();
   if (!window)
     ensure(w.Ms, "ash::e3::mu_chunk_start", Bt * chunks.nc, P, N, true);
   else
@@ -331,17 +398,23 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     w.cot = std::make_unique<LayerCotangents<S>>(Bt * Wbuf, d);
   }
   const View3<S> Hb = w.Hb, scratch = w.scratch, Ms = w.Ms, hbuf = w.hbuf, Abuf = w.Abuf, mubuf = w.mubuf;
+  const View2<S> hrun = w.hrun;
   const LayerCotangents<S>& cot = *w.cot;
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
 
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T};
   const ExecSpace& exec = this->exec_;
-  boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
+  if (chunked_h) boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
   if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
-  for (index_t w0 = 0; w0 < T; w0 += W) {
+  for (index_t w0 = 0; w0 < T; w0 += W) {  // in order: the sequential form carries h from wave to wave
     const index_t Ww = (w0 + W < T) ? W : T - w0;
-    ASH_WITH_LANE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
+    if (chunked_h) {
+      ASH_WITH_LANE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
+    } else {
+      ASH_WITH_LANE_TILE(N, wave_scans_sequential<NT>(L, chunks, Bt, hrun, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf,
+                                                      mubuf, exec));
+    }
     if (window) wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
     // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
     // only rows of this wave or later ones, and the carries were taken first.

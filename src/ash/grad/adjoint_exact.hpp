@@ -80,6 +80,7 @@ class AdjointExactLayer final : public LayerAdjoint<S> {
   // pass while their sizes stay the same; freed by release().
   struct Work {
     View3<S> Hb, scratch, Ms, hbuf, Abuf, mubuf;
+    View2<S> hrun;  // the sequential form's running state [Bt·P, N]
     std::unique_ptr<LayerCotangents<S>> cot;
   };
   Work work_;

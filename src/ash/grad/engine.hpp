@@ -24,6 +24,11 @@ struct EngineOptions {
   index_t chunk = 64;               // E3 chunk length C
   index_t wave = 0;                 // E3: tokens whose A, h, μ are recomputed at once; 0: auto (e3_wave_length)
   index_t head_chunk = 0;           // tokens per head chunk (T×V logits never whole); 0: auto (head_chunk_rows)
+  // E3's h replay (C++ API only; docs/design.md §6): chunk-parallel from the
+  // chunk-boundary states (a GPU's form), or sequential through each
+  // sequence's waves from a running state (a host's form: no boundary pass).
+  // Defaults to the backend's form; tests run the other one too.
+  bool e3_chunked_h = !host_backend;
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
   // LowMemoryEngine of ash/grad/low_memory_engine.hpp):
   Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)
