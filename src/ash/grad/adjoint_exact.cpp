@@ -77,6 +77,32 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
       });
 }
 
+// μ over chunk c's tokens [t0, end(c)) of one (sequence b, channel q, state
+// tile n0) in a wave starting at w0: the reverse scan from the carry
+// A^{start_{c+1}} μ^{start_{c+1}} (the last chunk's from the later block, if
+// any), reading the wave's A back from Abuf. Shared by both wave forms.
+template <int NT, class S>
+KOKKOS_INLINE_FUNCTION void chunk_mu_reverse(const ScanView<S>& L, const Chunks& ch, const View3<S>& Ms,
+                                             const ExactCarry<S>& carry, index_t b, index_t c, index_t q, index_t n0,
+                                             index_t t0, index_t w0, index_t W, const View3<S>& Abuf,
+                                             const View3<S>& mubuf) {
+  const index_t T = L.T, nc = ch.nc;
+  S cy[NT];  // A^{t+1} μ^{t+1}
+  const index_t te = ch.end(c);
+  for (int j = 0; j < NT; ++j)
+    cy[j] = c + 1 < nc ? L.A(b * T + te, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
+                       : (carry.valid ? carry.A(b, q, n0 + j) * carry.mu(b, q, n0 + j) : S(0));
+  for (index_t t = te - 1; t >= t0; --t) {
+    const index_t m = b * T + t, r = b * W + t - w0;
+    const S g = L.gy(m, q);
+    for (int j = 0; j < NT; ++j) {
+      const S mu = g * L.gamma(m, n0 + j) + cy[j];
+      mubuf(r, q, n0 + j) = mu;
+      cy[j] = Abuf(r, q, n0 + j) * mu;
+    }
+  }
+}
+
 // One wave of tokens [w0, w0+W) of every sequence, per (sequence, chunk,
 // channel, state tile): the forward replay from the boundary state before the chunk
 // (h0 before the first; zero when empty) stores h^{t-1} and A^t of the wave's
@@ -89,9 +115,7 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
                 const View3<S>& Ms, const ExactCarry<S>& carry, bool mu_too, index_t w0, index_t W,
                 const View3<S>& hbuf, const View3<S>& Abuf, const View3<S>& mubuf, const ExecSpace& exec) {
   const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
-  const bool has_h0 = h0.extent(0) > 0, next = carry.valid;
-  auto Mn = carry.mu;
-  auto An = carry.A;
+  const bool has_h0 = h0.extent(0) > 0;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
   Kokkos::parallel_for(
       "ash::e3::wave_scans", Range(exec, 0, Bt * ncw * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
@@ -117,20 +141,7 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
             for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
           }
           if (!mu_too) break;
-          S cy[NT];  // A^{t+1} μ^{t+1}
-          const index_t te = ch.end(c);
-          for (int j = 0; j < NT; ++j)
-            cy[j] = c + 1 < nc ? L.A(b * T + te, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
-                               : (next ? An(b, q, n0 + j) * Mn(b, q, n0 + j) : S(0));
-          for (index_t t = te - 1; t >= t0; --t) {
-            const index_t m = b * T + t, r = b * W + t - w0;
-            const S g = L.gy(m, q);
-            for (int j = 0; j < NT; ++j) {
-              const S mu = g * L.gamma(m, n0 + j) + cy[j];
-              mubuf(r, q, n0 + j) = mu;
-              cy[j] = Abuf(r, q, n0 + j) * mu;
-            }
-          }
+          chunk_mu_reverse<NT>(L, ch, Ms, carry, b, c, q, n0, t0, w0, W, Abuf, mubuf);
         } while (false);
       });
 }
@@ -146,9 +157,7 @@ void wave_scans_sequential(const ScanView<S>& L, const Chunks ch, index_t Bt, co
                            index_t W, const View3<S>& hbuf, const View3<S>& Abuf, const View3<S>& mubuf,
                            const ExecSpace& exec) {
   const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.nc;
-  const bool has_h0 = h0.extent(0) > 0, next = carry.valid, first = w0 == 0;
-  auto Mn = carry.mu;
-  auto An = carry.A;
+  const bool has_h0 = h0.extent(0) > 0, first = w0 == 0;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C;
   Kokkos::parallel_for(
       "ash::e3::wave_scans_sequential", Range(exec, 0, Bt * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
@@ -172,20 +181,7 @@ void wave_scans_sequential(const ScanView<S>& L, const Chunks ch, index_t Bt, co
             for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
           }
           if (!mu_too) continue;
-          S cy[NT];  // A^{t+1} μ^{t+1}
-          const index_t te = ch.end(c);
-          for (int j = 0; j < NT; ++j)
-            cy[j] = c + 1 < nc ? L.A(b * T + te, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
-                               : (next ? An(b, q, n0 + j) * Mn(b, q, n0 + j) : S(0));
-          for (index_t t = te - 1; t >= t0; --t) {
-            const index_t m = b * T + t, r = b * W + t - w0;
-            const S g = L.gy(m, q);
-            for (int j = 0; j < NT; ++j) {
-              const S mu = g * L.gamma(m, n0 + j) + cy[j];
-              mubuf(r, q, n0 + j) = mu;
-              cy[j] = Abuf(r, q, n0 + j) * mu;
-            }
-          }
+          chunk_mu_reverse<NT>(L, ch, Ms, carry, b, c, q, n0, t0, w0, W, Abuf, mubuf);
         }
         for (int j = 0; j < NT; ++j) hrun(bq, n0 + j) = h[j];
       });
