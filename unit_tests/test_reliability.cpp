@@ -161,6 +161,12 @@ TEST(Reliability, AllocationFailureIsAClearError) {
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("out of memory"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp_path("big.h5")));
+  if (!host_backend) {  // the address-space limit stops the backend itself: a clear error too
+    const auto [c2, o2] = run_shell("bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) + " init --out " +
+                                    tmp_path("small.h5") + "'");
+    EXPECT_EQ(c2, 2) << o2;
+    EXPECT_NE(o2.find("cannot start Kokkos"), std::string::npos) << o2;
+  }
 }
 
 // ---- 8. every flag and config value validated ------------------------------

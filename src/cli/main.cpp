@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -381,7 +382,14 @@ int main(int argc, char* argv[]) {
   ash::dist::Session mpi(&argc, &argv);  // MPI first: under mpiexec or as a singleton
   if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
 #endif
-  Kokkos::ScopeGuard kokkos(argc, argv);
+  // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
+  // address-space limit) is a clear error, not an uncaught exception.
+  std::unique_ptr<Kokkos::ScopeGuard> kokkos;
+  try {
+    kokkos = std::make_unique<Kokkos::ScopeGuard>(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(std::string("cannot start Kokkos (") + Kokkos::DefaultExecutionSpace::name() + "): " + e.what(), 2);
+  }
   ash::MemoryTracker::install();
 
   CLI::App app{"ash: adjoint-sharding training and gradients for SSM language models"};

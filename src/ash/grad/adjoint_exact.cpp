@@ -156,7 +156,7 @@ void wave_scans_sequential(const ScanView<S>& L, const Chunks ch, index_t Bt, co
                            const View2<S>& h0, const View3<S>& Ms, const ExactCarry<S>& carry, bool mu_too, index_t w0,
                            index_t W, const View3<S>& hbuf, const View3<S>& Abuf, const View3<S>& mubuf,
                            const ExecSpace& exec) {
-  const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.nc;
+  const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T;
   const bool has_h0 = h0.extent(0) > 0, first = w0 == 0;
   const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C;
   Kokkos::parallel_for(
