@@ -21,11 +21,14 @@ EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0,
 }  // namespace
 
 // T = 29 is not a multiple of any chunk below; waves smaller than T make the
-// recompute run in several pieces.
+// recompute run in several pieces. N = 4 is one state tile; N = 12 is three
+// tiles of 4 and N = 5 five tiles of 1 on the host (state_tile.hpp), so the
+// kernels' loops over tiles run too.
 TEST(AdjointExact, EqualsBackpropForAnyDepthChunkAndWave) {
   const index_t T = 29;
-  for (int K : {1, 2, 3}) {
-    const auto d = tiny_dims(K);
+  for (auto KN : {std::pair<int, index_t>{1, 4}, {2, 4}, {3, 4}, {2, 12}, {2, 5}}) {
+    const int K = KN.first;
+    const auto d = tiny_dims(K, 17, 8, KN.second);
     auto ps = random_model<double>(d, 80 + K);
     const auto x = random_tokens(2, T, d.vocab, 90 + K);
     double l1 = 0, l3 = 0;
@@ -35,7 +38,7 @@ TEST(AdjointExact, EqualsBackpropForAnyDepthChunkAndWave) {
         const auto g3 = grad_of(e3(cw.first, cw.second, false, 0, chunked_h), ps, x, &l3);
         EXPECT_EQ(l1, l3);
         expect_close(g3, e1, d, 1e-10,
-                     "K=" + std::to_string(K) + " C=" + std::to_string(cw.first) + " wave=" +
+                     "K=" + std::to_string(K) + " N=" + std::to_string(d.state) + " C=" + std::to_string(cw.first) + " wave=" +
                          std::to_string(cw.second) + (chunked_h ? " chunked h" : " sequential h"));
       }
   }

@@ -129,8 +129,12 @@ TEST(Half, KernelConversionMatchesHost) {
 
 namespace {
 
-EngineOptions lowmem(Storage st, index_t m, index_t block, bool detach = false, index_t Tbar = 0) {
+// chunked_h: E3's two h-replay forms (see test_adjoint_exact); the block-wise
+// engine starts each block from a carried state, which both must honour.
+EngineOptions lowmem(Storage st, index_t m, index_t block, bool detach = false, index_t Tbar = 0,
+                     bool chunked_h = !host_backend) {
   EngineOptions o;
+  o.e3_chunked_h = chunked_h;
   o.engine = "adjoint-exact";
   o.chunk = 8;
   o.wave = 16;
@@ -169,19 +173,20 @@ TYPED_TEST(LowMemoryTyped, CheckpointingIsBitwiseAndMatchesE3) {
     const auto ps = cast_model<S>(random_model<double>(d, 300 + K));
     const auto x = random_tokens(2, T, d.vocab, 310 + K);
     double l1 = 0, lm = 0, le = 0;
-    const auto g1 = grad_of(lowmem(Storage::full, 1, 16), ps, x, &l1);
-    for (index_t m : {2, 3, 5, 6}) {
-      const auto gm = grad_of(lowmem(Storage::full, m, 16), ps, x, &lm);
-      EXPECT_EQ(lm, l1) << "K=" << K << " m=" << m;
-      EXPECT_EQ(gm, g1) << "K=" << K << " m=" << m;  // bitwise
+    for (const bool chunked_h : {false, true}) {
+      const std::string form = chunked_h ? " chunked h" : " sequential h";
+      const auto g1 = grad_of(lowmem(Storage::full, 1, 16, false, 0, chunked_h), ps, x, &l1);
+      for (index_t m : {2, 3, 5, 6}) {
+        const auto gm = grad_of(lowmem(Storage::full, m, 16, false, 0, chunked_h), ps, x, &lm);
+        EXPECT_EQ(lm, l1) << "K=" << K << " m=" << m << form;
+        EXPECT_EQ(gm, g1) << "K=" << K << " m=" << m << form;  // bitwise
+      }
+      EngineOptions plain = lowmem(Storage::full, 1, 0, false, 0, chunked_h);
+      plain.token_block = 0;
+      const auto gp = grad_of(plain, ps, x, &le);
+      EXPECT_NEAR(l1, le, 10 * Tol<S>::forward * std::fabs(le));
+      expect_close(g1, gp, d, sizeof(S) == 8 ? 1e-11 : 2e-5, "blocks vs whole window, K=" + std::to_string(K) + form);
     }
-    EngineOptions plain;
-    plain.engine = "adjoint-exact";
-    plain.chunk = 8;
-    plain.wave = 16;
-    const auto gp = grad_of(plain, ps, x, &le);
-    EXPECT_NEAR(l1, le, 10 * Tol<S>::forward * std::fabs(le));
-    expect_close(g1, gp, d, sizeof(S) == 8 ? 1e-11 : 2e-5, "blocks vs whole window, K=" + std::to_string(K));
   }
 }
 
@@ -251,38 +256,43 @@ TEST(LowMemory, CarriedStateGradientMatchesFiniteDifferences) {
     auto st = copy_state(h0);
     return forward_loss(p, x, 1024, st, x, 0);
   };
-  auto state = copy_state(h0);
-  auto eng = make_engine<double>(lowmem(Storage::full, 1, 8));
-  eng->set_carried_state(&state);
-  ParamSet<double> g(d);
-  const double loss = eng->compute(ps, x, g);
-  EXPECT_NEAR(loss, loss_at(ps), 1e-12);
-  const auto gv = to_host(g);
-  auto pv = to_host(ps);
-  // every tensor, a few entries each
-  ParamSet<double> q(d);
-  for (const auto& t : param_layout(d))
-    for (index_t j : {index_t(0), t.size() / 2, t.size() - 1}) {
-      const std::size_t i = t.offset + j;
-      const double e = 1e-5;
-      auto v = pv;
-      v[i] += e;
-      from_host(q, v);
-      const double lp = loss_at(q);
-      v[i] -= 2 * e;
-      from_host(q, v);
-      const double lm = loss_at(q);
-      const double fd = (lp - lm) / (2 * e);
-      EXPECT_NEAR(gv[i], fd, 1e-7 + 1e-6 * std::fabs(fd)) << t.name << "[" << j << "]";
+  // Both h-replay forms must start every block from the carried state.
+  std::vector<double> gv;
+  for (const bool chunked_h : {false, true}) {
+    SCOPED_TRACE(chunked_h ? "chunked h" : "sequential h");
+    auto state = copy_state(h0);
+    auto eng = make_engine<double>(lowmem(Storage::full, 1, 8, false, 0, chunked_h));
+    eng->set_carried_state(&state);
+    ParamSet<double> g(d);
+    const double loss = eng->compute(ps, x, g);
+    EXPECT_NEAR(loss, loss_at(ps), 1e-12);
+    gv = to_host(g);
+    auto pv = to_host(ps);
+    // every tensor, a few entries each
+    ParamSet<double> q(d);
+    for (const auto& t : param_layout(d))
+      for (index_t j : {index_t(0), t.size() / 2, t.size() - 1}) {
+        const std::size_t i = t.offset + j;
+        const double e = 1e-5;
+        auto v = pv;
+        v[i] += e;
+        from_host(q, v);
+        const double lp = loss_at(q);
+        v[i] -= 2 * e;
+        from_host(q, v);
+        const double lm = loss_at(q);
+        const double fd = (lp - lm) / (2 * e);
+        EXPECT_NEAR(gv[i], fd, 1e-7 + 1e-6 * std::fabs(fd)) << t.name << "[" << j << "]";
+      }
+    // The state it leaves is the forward's state after the window.
+    auto fwd = copy_state(h0);
+    forward_loss(ps, x, 1024, fwd, x, 0);
+    for (int k = 0; k < d.layers; ++k) {
+      auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state[k]);
+      auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), fwd[k]);
+      for (index_t i = 0; i < a.extent(0); ++i)
+        for (index_t n = 0; n < a.extent(1); ++n) EXPECT_NEAR(a(i, n), b(i, n), 1e-12);
     }
-  // The state it leaves is the forward's state after the window.
-  auto fwd = copy_state(h0);
-  forward_loss(ps, x, 1024, fwd, x, 0);
-  for (int k = 0; k < d.layers; ++k) {
-    auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), state[k]);
-    auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), fwd[k]);
-    for (index_t i = 0; i < a.extent(0); ++i)
-      for (index_t n = 0; n < a.extent(1); ++n) EXPECT_NEAR(a(i, n), b(i, n), 1e-12);
   }
   // And the state matters: without it the gradient differs.
   ParamSet<double> g0(d);

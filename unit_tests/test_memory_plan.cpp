@@ -66,6 +66,12 @@ TEST(MemoryPlan, GradPeakWithinTenPercentForEveryEngineAndLever) {
        "grad.layer_checkpoint=auto", "grad.token_block=1024"},
       {"grad.engine=adjoint-exact", "model.layers=3", "data.seq_len=2048", "data.batch=2", "run.storage=float",
        "grad.layer_checkpoint=3", "grad.token_block=256", "grad.detach_inputs=true"},
+      // the paper's truncated mode in O(T): waves are whole blocks of T-bar
+      {"grad.engine=adjoint-exact", "model.layers=2", "data.seq_len=1000", "data.batch=2", "grad.detach_inputs=true",
+       "grad.truncate=48"},
+      // automatic wave and head chunk (the backend's defaults)
+      {"grad.engine=adjoint-exact", "model.layers=2", "data.seq_len=3000", "data.batch=2", "grad.wave=0",
+       "grad.head_chunk=0"},
   };
   for (const auto& c : configs) {
     auto sets = model;

@@ -147,7 +147,7 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
 
 // An allocation that fails despite the estimate is exit 2 with a message, not
 // an internal error. Host backends: an address-space limit. A GPU: a model
-// larger than the device (P = 160000: 102 GB of W_delta) let through by a
+// larger than the device (P = 160000: 102 GB of W_delta in float) let through by a
 // --max-memory above the GPU's memory (a CUDA runtime does not start under
 // an address-space limit at all).
 TEST(Reliability, AllocationFailureIsAClearError) {

@@ -70,7 +70,7 @@ MemoryEstimate estimate_memory(const Config& cfg, Workload w, std::size_t scalar
   const auto T = (cfg.get<std::int64_t>("data.seq_len") + Sq - 1) / Sq;
   const auto BT = checked_mul(B, T, "data.batch x data.seq_len");
   // The head forms logits and their gradient grad.head_chunk tokens at a time; token ids.
-  const auto head_chunk = std::max<std::int64_t>(1, cfg.get<std::int64_t>("grad.head_chunk"));
+  const auto head_chunk = std::int64_t(head_chunk_rows(cfg.get<std::int64_t>("grad.head_chunk"), V));
   auto act = checked_mul(checked_mul(std::min<std::int64_t>(BT, head_chunk), V, "head chunk x vocab"), 2 * S,
                          "logit bytes");
   act = checked_add(act, checked_mul(BT, 8, "token bytes"), "activation bytes");

@@ -15,7 +15,9 @@ using ExecSpace = Kokkos::DefaultExecutionSpace;
 using MemSpace = ExecSpace::memory_space;
 // True for host backends (Serial, OpenMP, Threads); false for a GPU (CUDA).
 // Kernels pick their thread shape and row blocks by it (kernels/state_tile.hpp).
-constexpr bool host_backend = Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemSpace>::accessible;
+// Asked of the execution space, not the memory space: CUDA UVM memory is
+// host-accessible, but its kernels still run on the GPU.
+constexpr bool host_backend = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
 // 64-bit index: T*P*N passes 2^31 at long contexts.
 using index_t = std::int64_t;
 using token_t = std::int32_t;
