@@ -1,4 +1,7 @@
 // The Kokkos forward against the independent host loop of docs/design.md §1.
+#include <random>
+
+#include "ash/kernels/chunked_scan.hpp"
 #include "reference_model.hpp"
 #include "test_helpers.hpp"
 
@@ -30,6 +33,70 @@ TYPED_TEST(Forward, HeadChunkingDoesNotChangeTheLoss) {
   const double whole = forward_loss(ps, x, 1 << 20);
   for (index_t c : {1, 7, 29, 30})
     EXPECT_NEAR(forward_loss(ps, x, c), whole, Tol<S>::forward * whole) << "chunk " << c;
+}
+
+// The carry pass over chunks (forward's h, E3's μ) against a host loop, in
+// both directions, with and without an initial state, plain and in groups of
+// every size from 1 to past nc (a GPU takes groups of ⌈√nc⌉ from nc = 512,
+// so here every backend runs the grouped form). Decays in (0.5, 1] keep
+// values O(1), so the tolerance is rounding only.
+TYPED_TEST(Forward, ChunkCarryMatchesSequentialLoop) {
+  using S = TypeParam;
+  const index_t Bt = 2, P = 3, N = 5, nc = 23;
+  std::mt19937_64 gen(17);
+  std::uniform_real_distribution<double> ux(-1.0, 1.0), uf(0.5, 1.0);
+  View3<S> X0("X0", Bt * nc, P, N), F("F", Bt * nc, P, N);
+  View2<S> init("init", Bt * P, N);
+  auto hx = Kokkos::create_mirror_view(X0);
+  auto hf = Kokkos::create_mirror_view(F);
+  auto hi = Kokkos::create_mirror_view(init);
+  for (index_t r = 0; r < Bt * nc; ++r)
+    for (index_t q = 0; q < P; ++q)
+      for (index_t n = 0; n < N; ++n) {
+        hx(r, q, n) = S(ux(gen));
+        hf(r, q, n) = S(uf(gen));
+      }
+  for (index_t i = 0; i < Bt * P; ++i)
+    for (index_t n = 0; n < N; ++n) hi(i, n) = S(ux(gen));
+  Kokkos::deep_copy(X0, hx);
+  Kokkos::deep_copy(F, hf);
+  Kokkos::deep_copy(init, hi);
+  for (const bool reverse : {false, true})
+    for (const bool with_init : {false, true}) {
+      // the loop: X_c <- X_c + F_c X_prev in scan order, in double
+      std::vector<double> want(std::size_t(Bt * nc * P * N));
+      for (index_t b = 0; b < Bt; ++b)
+        for (index_t q = 0; q < P; ++q)
+          for (index_t n = 0; n < N; ++n) {
+            double x = with_init ? double(hi(b * P + q, n)) : 0.0;
+            for (index_t k = 0; k < nc; ++k) {
+              const index_t r = b * nc + (reverse ? nc - 1 - k : k);
+              x = double(hx(r, q, n)) + double(hf(r, q, n)) * x;
+              want[std::size_t((r * P + q) * N + n)] = x;
+            }
+          }
+      for (const index_t group : {index_t(0), index_t(1), index_t(2), index_t(4), index_t(5), index_t(22),
+                                  nc, nc + 3}) {
+        View3<S> X("X", Bt * nc, P, N);
+        Kokkos::deep_copy(X, X0);
+        impl::carry_chunks("test::carry", X, F, Bt, nc, with_init ? init : View2<S>(), reverse, group, ExecSpace());
+        auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), X);
+        auto fl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), F);
+        double worst = 0;
+        for (index_t r = 0; r < Bt * nc; ++r)
+          for (index_t q = 0; q < P; ++q)
+            for (index_t n = 0; n < N; ++n) {
+              const double w = want[std::size_t((r * P + q) * N + n)];
+              worst = std::max(worst, std::fabs(double(got(r, q, n)) - w) / (1.0 + std::fabs(w)));
+              ASSERT_EQ(fl(r, q, n), hf(r, q, n)) << "F must be left as it was";
+            }
+        EXPECT_LE(worst, sizeof(S) == 8 ? 1e-13 : 2e-6) << "group " << group << (reverse ? " reverse" : " forward")
+                                               << (with_init ? " with init" : "");
+      }
+    }
+  // A GPU groups long carries only; a host never does.
+  EXPECT_EQ(impl::carry_group(511), 0);
+  EXPECT_EQ(impl::carry_group(16384), host_backend ? 0 : 128);
 }
 
 TEST(Forward, LongerWindowUsesEveryToken) {

@@ -62,19 +62,11 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
 template <class S>
 void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
                           const View3<S>& G, const ExactCarry<S>& carry, const ExecSpace& exec) {
-  const index_t P = Ms.extent(1), N = Ms.extent(2), nc = ch.nc;
-  const bool next = carry.valid;
-  auto Mn = carry.mu;
+  const index_t P = Ms.extent(1), N = Ms.extent(2);
   ASH_WITH_LANE_TILE(N, chunk_local_adjoints<NT>(L, ch, Bt, Ms, G, carry, exec));
-  Kokkos::parallel_for(
-      "ash::e3::carry_mu", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-        S m = next ? Mn(b, q, n) : S(0);
-        for (index_t c = nc - 1; c >= 0; --c) {
-          m = Ms(b * nc + c, q, n) + G(b * nc + c, q, n) * m;
-          Ms(b * nc + c, q, n) = m;
-        }
-      });
+  // M_c = L_c + G_c M_{c+1} right to left, from the later block's μ (if any).
+  const View2<S> init = carry.valid ? View2<S>(carry.mu.data(), Bt * P, N) : View2<S>();
+  impl::carry_chunks("ash::e3::carry_mu", Ms, G, Bt, ch.nc, init, true, impl::carry_group(ch.nc), exec);
 }
 
 // μ over chunk c's tokens [t0, end(c)) of one (sequence b, channel q, state

@@ -4,6 +4,8 @@
 // over chunks. Shared by the forward and E3. One thread owns a (sequence,
 // chunk, channel, state tile) and keeps its NT states in registers
 // (lane_tile in state_tile.hpp).
+#include <string>
+
 #include "ash/kernels/state_tile.hpp"
 
 namespace ash::impl {
@@ -64,21 +66,100 @@ void chunk_local_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const
         });
 }
 
+// How many chunks one thread of carry_chunks' first pass takes (0: the plain
+// pass). A host runs the plain pass: its Bt·P·N threads already fill the cores
+// and each reads its chunks once. A GPU with Bt·P·N = 1024 threads walking
+// nc = 16384 chunks each (T = 2^20) is latency-bound (13 % of E3 on an H100),
+// so from nc = 512 it takes groups of ⌈√nc⌉ chunks: √nc steps per phase.
+inline index_t carry_group(index_t nc) {
+  if (host_backend || nc < 512) return 0;
+  index_t g = 1;
+  while (g * g < nc) ++g;
+  return g;
+}
+
+// The carry pass over chunks, X_c ← X_c + F_c X_prev in scan order (forward:
+// c = 0..nc-1, X_prev of c = 0 is init; reverse: c = nc-1..0, X_prev of nc-1
+// is init), per (sequence, channel, state); X, F are [Bt·nc, P, N], init
+// [Bt·P, N] or empty (zero). group = 0: one thread per (b, q, n) over all
+// chunks. group > 0: chunks in groups of `group` scanned locally in parallel
+// (the first group from init), a pass over groups that finishes each group's
+// last chunk, then every other chunk fixed up from its group's carry-in,
+// X_c += (Π F from the group start to c) · carry-in. F is left as it was.
+// `label` names the kernels (the plain pass, then /local, /groups, /fixup).
+struct ScanOrder {  // the row of (sequence b, scan position k)
+  index_t nc;
+  bool reverse;
+  KOKKOS_INLINE_FUNCTION index_t operator()(index_t b, index_t k) const { return b * nc + (reverse ? nc - 1 - k : k); }
+};
+
+template <class S>
+void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F, index_t Bt, index_t nc,
+                  const View2<S>& init, bool reverse, index_t group, const ExecSpace& exec) {
+  const index_t P = X.extent(1), N = X.extent(2);
+  const bool has_init = init.extent(0) > 0;
+  const ScanOrder row{nc, reverse};
+  const index_t G = group > 0 && group < nc ? group : nc, ng = (nc + G - 1) / G;
+  if (ng == 1) {
+    Kokkos::parallel_for(
+        label, Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+          const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+          S x = has_init ? init(b * P + q, n) : S(0);
+          for (index_t k = 0; k < nc; ++k) {
+            const index_t r = row(b, k);
+            x = X(r, q, n) + F(r, q, n) * x;
+            X(r, q, n) = x;
+          }
+        });
+    return;
+  }
+  // Per group: the product of its F, then (second pass) its carry-in.
+  View3<S> gb(Kokkos::view_alloc(std::string("ash::carry_groups"), Kokkos::WithoutInitializing), Bt * ng, P, N);
+  Kokkos::parallel_for(
+      label + "/local", Range(exec, 0, Bt * ng * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bg = i / (P * N), q = (i / N) % P, n = i % N, b = bg / ng, g = bg % ng;
+        const index_t k1 = (g + 1) * G < nc ? (g + 1) * G : nc;
+        S x = g == 0 && has_init ? init(b * P + q, n) : S(0), f = 1;
+        for (index_t k = g * G; k < k1; ++k) {
+          const index_t r = row(b, k);
+          x = X(r, q, n) + F(r, q, n) * x;
+          f *= F(r, q, n);
+          X(r, q, n) = x;
+        }
+        gb(bg, q, n) = f;
+      });
+  Kokkos::parallel_for(
+      label + "/groups", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
+        S x = X(row(b, G - 1), q, n);  // the first group's last chunk is final
+        for (index_t g = 1; g < ng; ++g) {
+          const index_t last = row(b, ((g + 1) * G < nc ? (g + 1) * G : nc) - 1);
+          const S f = gb(b * ng + g, q, n);
+          gb(b * ng + g, q, n) = x;
+          x = X(last, q, n) + f * x;
+          X(last, q, n) = x;
+        }
+      });
+  Kokkos::parallel_for(
+      label + "/fixup", Range(exec, 0, Bt * (ng - 1) * P * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t bg = i / (P * N), q = (i / N) % P, n = i % N, b = bg / (ng - 1), g = bg % (ng - 1) + 1;
+        const index_t k1 = ((g + 1) * G < nc ? (g + 1) * G : nc) - 1;  // the last chunk is done
+        const S x = gb(b * ng + g, q, n);
+        S f = 1;
+        for (index_t k = g * G; k < k1; ++k) {
+          const index_t r = row(b, k);
+          f *= F(r, q, n);
+          X(r, q, n) += f * x;
+        }
+      });
+}
+
 template <class S>
 void boundary_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View3<S>& PA,
                      const View2<S>& h0 = View2<S>(), const ExecSpace& exec = ExecSpace()) {
-  const index_t P = Hb.extent(1), N = Hb.extent(2), nc = ch.nc;
-  const bool has_h0 = h0.extent(0) > 0;
+  const index_t N = Hb.extent(2);
   ASH_WITH_LANE_TILE(N, chunk_local_states<NT>(L, ch, Bt, Hb, PA, exec));
-  Kokkos::parallel_for(
-      "ash::carry_h", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-        S H = has_h0 ? h0(b * P + q, n) : S(0);
-        for (index_t c = 0; c < nc; ++c) {
-          H = Hb(b * nc + c, q, n) + PA(b * nc + c, q, n) * H;
-          Hb(b * nc + c, q, n) = H;
-        }
-      });
+  carry_chunks("ash::carry_h", Hb, PA, Bt, ch.nc, h0, false, carry_group(ch.nc), exec);
 }
 
 // a = -exp(Alog) ([P, N]): the decay rates, once per layer and pass.
