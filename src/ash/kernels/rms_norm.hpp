@@ -13,6 +13,23 @@ constexpr index_t reduce_rows = host_backend ? 128 : 16;
 // Blocks of reduce_rows covering R rows (the first level's partial sums).
 KOKKOS_INLINE_FUNCTION index_t row_blocks(index_t R) { return (R + reduce_rows - 1) / reduce_rows; }
 
+// The second level: one team per output sums its column of partial sums.
+// A GPU gives each team 64 threads, since P or P·N outputs alone would leave
+// it idle while each walks thousands of blocks; a host a team of one, which
+// adds the blocks in order. For a fixed build and team size the order of
+// additions is fixed, so sums stay bitwise repeatable.
+constexpr int block_sum_team = host_backend ? 1 : 64;
+using BlockSumPolicy = Kokkos::TeamPolicy<ExecSpace>;
+using BlockSumMember = BlockSumPolicy::member_type;
+// Σ_{blk < nblk} part(blk) by the calling team.
+template <class S, class F>
+KOKKOS_INLINE_FUNCTION S team_block_sum(const BlockSumMember& team, index_t nblk, const F& part) {
+  S acc = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, nblk), [&](const index_t blk, S& a) { a += part(blk); }, acc);
+  return acc;
+}
+
 // Row r of a block buffer is token row map(r) of the full activations.
 struct IdentityRows {
   KOKKOS_INLINE_FUNCTION index_t operator()(index_t r) const { return r; }
@@ -59,10 +76,11 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
         part(blk, p) = acc;
       });
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_w_sum", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t p) {
-        S acc = 0;
-        for (index_t blk = 0; blk < nblk; ++blk) acc += part(blk, p);
-        gw(p) += acc;
+      "ash::rms_norm_backward_w_sum", BlockSumPolicy(exec, P, block_sum_team),
+      KOKKOS_LAMBDA(const BlockSumMember& team) {
+        const index_t p = team.league_rank();
+        const S acc = team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, p); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { gw(p) += acc; });
       });
   if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);

@@ -295,19 +295,18 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   auto d_part = cot.d_part;
   auto bd_part = cot.bd_part;
   Kokkos::parallel_for(
-      "ash::vjp_param_sums", Range(exec, 0, P * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t q = i / N, n = i % N;
-        S al = 0;
-        for (index_t blk = 0; blk < nblk; ++blk) al += alog_part(blk, q, n);
-        gAlog(q, n) += al * a(q, n);  // ∂a/∂Alog = a
+      "ash::vjp_param_sums", impl::BlockSumPolicy(exec, P * N, impl::block_sum_team),
+      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+        const index_t i = team.league_rank(), q = i / N, n = i % N;
+        const S al = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return alog_part(blk, q, n); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { gAlog(q, n) += al * a(q, n); });  // ∂a/∂Alog = a
         if (n == 0) {
-          S d = 0, bd = 0;
-          for (index_t blk = 0; blk < nblk; ++blk) {
-            d += d_part(blk, q);
-            bd += bd_part(blk, q);
-          }
-          gD(q) += d;
-          gbd(q) += bd;
+          const S d = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return d_part(blk, q); });
+          const S bd = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return bd_part(blk, q); });
+          Kokkos::single(Kokkos::PerTeam(team), [&]() {
+            gD(q) += d;
+            gbd(q) += bd;
+          });
         }
       });
 
