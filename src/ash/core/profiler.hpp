@@ -3,7 +3,8 @@
 // (docs/design.md §6): every parallel_for/reduce/scan by its label, and the
 // dense products as the region "ash::gemm". Kernels of one label add up.
 // On a GPU, Kokkos 4 fences at the end of each kernel while a tool is
-// active, so the times are kernel times there too (plus launch overhead).
+// active, and the profiler fences around its own regions (the cuBLAS calls),
+// so the times are kernel times there too (plus launch overhead).
 #include <cstdint>
 #include <string>
 #include <vector>
