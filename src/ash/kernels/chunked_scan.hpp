@@ -99,41 +99,33 @@ void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F
   const index_t P = X.extent(1), N = X.extent(2);
   const bool has_init = init.extent(0) > 0;
   const ScanOrder row{nc, reverse};
+  // Groups of scan positions, bounded like chunks of tokens: [start(g), end(g)).
   const index_t G = group > 0 && group < nc ? group : nc, ng = (nc + G - 1) / G;
-  if (ng == 1) {
-    Kokkos::parallel_for(
-        label, Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
-          const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-          S x = has_init ? init(b * P + q, n) : S(0);
-          for (index_t k = 0; k < nc; ++k) {
-            const index_t r = row(b, k);
-            x = X(r, q, n) + F(r, q, n) * x;
-            X(r, q, n) = x;
-          }
-        });
-    return;
-  }
-  // Per group: the product of its F, then (second pass) its carry-in.
-  View3<S> gb(Kokkos::view_alloc(std::string("ash::carry_groups"), Kokkos::WithoutInitializing), Bt * ng, P, N);
+  const Chunks groups{G, ng, nc};
+  // Per group: the product of its F, then (second pass) its carry-in. One
+  // group is the plain pass, which needs neither.
+  View3<S> gb;
+  if (ng > 1)
+    gb = View3<S>(Kokkos::view_alloc(std::string("ash::carry_groups"), Kokkos::WithoutInitializing), Bt * ng, P, N);
   Kokkos::parallel_for(
-      label + "/local", Range(exec, 0, Bt * ng * P * N), KOKKOS_LAMBDA(const index_t i) {
+      ng == 1 ? label : label + "/local", Range(exec, 0, Bt * ng * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bg = i / (P * N), q = (i / N) % P, n = i % N, b = bg / ng, g = bg % ng;
-        const index_t k1 = (g + 1) * G < nc ? (g + 1) * G : nc;
         S x = g == 0 && has_init ? init(b * P + q, n) : S(0), f = 1;
-        for (index_t k = g * G; k < k1; ++k) {
+        for (index_t k = groups.start(g); k < groups.end(g); ++k) {
           const index_t r = row(b, k);
           x = X(r, q, n) + F(r, q, n) * x;
           f *= F(r, q, n);
           X(r, q, n) = x;
         }
-        gb(bg, q, n) = f;
+        if (ng > 1) gb(bg, q, n) = f;
       });
+  if (ng == 1) return;
   Kokkos::parallel_for(
       label + "/groups", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
-        S x = X(row(b, G - 1), q, n);  // the first group's last chunk is final
+        S x = X(row(b, groups.end(0) - 1), q, n);  // the first group's last chunk is final
         for (index_t g = 1; g < ng; ++g) {
-          const index_t last = row(b, ((g + 1) * G < nc ? (g + 1) * G : nc) - 1);
+          const index_t last = row(b, groups.end(g) - 1);
           const S f = gb(b * ng + g, q, n);
           gb(b * ng + g, q, n) = x;
           x = X(last, q, n) + f * x;
@@ -143,10 +135,9 @@ void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F
   Kokkos::parallel_for(
       label + "/fixup", Range(exec, 0, Bt * (ng - 1) * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bg = i / (P * N), q = (i / N) % P, n = i % N, b = bg / (ng - 1), g = bg % (ng - 1) + 1;
-        const index_t k1 = ((g + 1) * G < nc ? (g + 1) * G : nc) - 1;  // the last chunk is done
         const S x = gb(b * ng + g, q, n);
         S f = 1;
-        for (index_t k = g * G; k < k1; ++k) {
+        for (index_t k = groups.start(g); k < groups.end(g) - 1; ++k) {  // the last chunk is done
           const index_t r = row(b, k);
           f *= F(r, q, n);
           X(r, q, n) += f * x;
