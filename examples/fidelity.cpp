@@ -80,8 +80,8 @@ int main(int argc, char* argv[]) {
       }
       const auto x = ash::make_windows(ids, batch, T, params.dims().vocab);
       ash::EngineOptions exact, paper;
-      exact.engine = "adjoint-exact";
-      paper.engine = "adjoint";
+      exact.method = ash::Method::adjoint_exact;
+      paper.method = ash::Method::adjoint;
       paper.truncate = truncate;
       ash::ParamSet<double> ge(params.dims()), gp(params.dims());
       ash::make_engine<double>(exact)->compute(params, x, ge);

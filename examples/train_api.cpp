@@ -29,7 +29,7 @@ int main(int argc, char* argv[]) {
     ash::ParamSet<float> params(d), grad(d);
     ash::initialize(params, d.seed);
     ash::EngineOptions eo;
-    eo.engine = "adjoint-exact";  // exact gradient in O(T) memory
+    eo.method = ash::Method::adjoint_exact;  // exact gradient in O(T) memory
     auto engine = ash::make_engine<float>(eo);
     ash::AdamW<float> opt(d, ash::AdamWOptions::from_config(cfg));
     const auto valid = data.valid_batch(4);

@@ -29,15 +29,14 @@ std::vector<long long> parse_list(const std::string& s) {
 }
 
 template <class S>
-nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, long long T, long long batch, int reps,
-                   bool profile) {
+nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fwd, long long T, long long batch,
+                   int reps, bool profile) {
   ash::ParamSet<S> params(d);
   ash::initialize(params, d.seed);
   std::vector<std::uint32_t> ids(std::size_t(batch * T));
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::uint32_t((i * 2654435761u) % std::uint64_t(d.vocab));
   const auto x = ash::make_windows(ids, batch, T, d.vocab);
   ash::ParamSet<S> grad(d);
-  const bool fwd = o.engine == "forward";
   std::unique_ptr<ash::GradientEngine<S>> engine;
   if (!fwd) engine = ash::make_engine<S>(o);
   const std::string space = ash::MemSpace::name();
@@ -106,22 +105,24 @@ int main(int argc, char* argv[]) {
   std::stringstream es(engines);
   for (std::string e; std::getline(es, e, ',');) {
     ash::EngineOptions o;
-    o.engine = e.substr(0, e.find(':'));
+    const std::string name = e.substr(0, e.find(':'));
+    const bool fwd = name == "forward";  // the forward alone, for the ratio engine / forward
+    if (!fwd) o.method = ash::parse_method(name);
     if (e.find(':') != std::string::npos) o.truncate = std::stoll(e.substr(e.find(':') + 1));
     o.chunk = chunk;
     o.wave = wave;
     for (long long T : parse_list(Ts)) {
       const double work = double(T) * double(o.truncate > 0 && o.truncate < T ? o.truncate : T) *
                           double(d.width * d.state * d.layers * batch);
-      if (o.engine == "adjoint" && work > max_work) {
+      if (!fwd && o.method == ash::Method::adjoint && work > max_work) {
         std::printf("%-28s %8lld  skipped: O(T*T-bar) work %.2g > --max-work %.2g\n", e.c_str(), T, work, max_work);
         continue;
       }
       try {
-        const auto row = precision == "float" ? run<float>(d, o, T, batch, reps, profile)
-                                              : run<double>(d, o, T, batch, reps, profile);
+        const auto row = precision == "float" ? run<float>(d, o, fwd, T, batch, reps, profile)
+                                              : run<double>(d, o, fwd, T, batch, reps, profile);
         const double peak = double(row["peak_bytes"].get<std::uint64_t>());
-        if (o.engine == "backprop") e1_peak[T] = peak;
+        if (!fwd && o.method == ash::Method::backprop) e1_peak[T] = peak;
         char ratio[32] = "-";
         if (e1_peak.count(T)) std::snprintf(ratio, sizeof ratio, "%.3f", peak / e1_peak[T]);
         std::printf("%-28s %8lld %12.4f %14.2f %14s %8s %10.4f\n", row["engine"].get<std::string>().c_str(), T,

@@ -96,9 +96,9 @@ void BM_h_scan(benchmark::State& st) {
   const ash::index_t T = st.range(0);
   Setup su(T);
   const ash::index_t P = su.d.width, N = su.d.state, C = 64;
-  const ash::impl::Chunks ch{C, (T + C - 1) / C, T};
+  const ash::impl::Chunks ch(C, T);
   const ash::impl::ScanView<S> L{su.act.delta, su.act.yhat, su.act.beta, su.act.gamma, ash::View2<S>(), su.act.a, T};
-  ash::View3<S> Hb("Hb", ch.nc, P, N), PA("PA", ch.nc, P, N);
+  ash::View3<S> Hb("Hb", ch.n, P, N), PA("PA", ch.n, P, N);
   for (auto _ : st) {
     ash::impl::boundary_states(L, ch, 1, Hb, PA);
     Kokkos::fence();
@@ -140,7 +140,7 @@ void BM_e3_layer(benchmark::State& st) {
   Setup su(T);
   const auto P = su.d.width, N = su.d.state;
   ash::EngineOptions o;
-  o.engine = "adjoint-exact";
+  o.method = ash::Method::adjoint_exact;
   ash::AdjointExactLayer<S> layer(o);
   ash::ActivationStore<S> store(su.s, su.d, 0, 1, layer.store(), false);
   Kokkos::deep_copy(store.input(0), su.y);
@@ -192,7 +192,7 @@ void BM_e2_window(benchmark::State& st) {
   Setup su(T, ash::LayerActivations<S>::with_hprev_and_A);
   const auto P = su.d.width, N = su.d.state;
   ash::EngineOptions o;
-  o.engine = "adjoint";
+  o.method = ash::Method::adjoint;
   o.truncate = Tbar;
   ash::AdjointLayer<S> layer(o);
   ash::ActivationStore<S> store(su.s, su.d, 0, 1, layer.store(), true);

@@ -10,7 +10,7 @@ namespace {
 EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0, bool chunked_h = !host_backend) {
   EngineOptions o;
   o.e3_chunked_h = chunked_h;
-  o.engine = "adjoint-exact";
+  o.method = Method::adjoint_exact;
   o.chunk = C;
   o.wave = wave;
   o.detach_inputs = detach;

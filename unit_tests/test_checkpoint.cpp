@@ -30,7 +30,7 @@ TYPED_TEST(Checkpoint, RoundTripIsBitwise) {
   EXPECT_EQ(info.step, 42);
   EXPECT_EQ(info.data_cursor, 1000);
   EXPECT_EQ(info.precision, sizeof(S) == 8 ? "double" : "float");
-  EXPECT_EQ(info.config.get<std::int64_t>("data.seq_len"), 77);
+  EXPECT_EQ(info.config.settings().data.seq_len, 77);
   EXPECT_TRUE(info.dims == d);
   const auto ins = inspect_checkpoint(path);
   ASSERT_EQ(ins.datasets.size(), ps.tensors().size());

@@ -20,7 +20,7 @@ TEST(Config, DefaultsAreValid) {
   Config c;
   EXPECT_NO_THROW(c.validate());
   EXPECT_EQ(c.model().vocab, 256);
-  EXPECT_EQ(c.get<std::string>("grad.engine"), "backprop");
+  EXPECT_EQ(c.settings().grad.method, Method::backprop);
 }
 
 TEST(Config, SetParsesValues) {
@@ -31,9 +31,9 @@ TEST(Config, SetParsesValues) {
   c.set("optim.lr=1e-4");
   c.set("optim.lr=1");  // an integer is fine for a float key
   EXPECT_EQ(c.model().width, 32);
-  EXPECT_EQ(c.get<std::string>("grad.engine"), "adjoint-exact");
-  EXPECT_TRUE(c.get<bool>("grad.detach_inputs"));
-  EXPECT_EQ(c.get<double>("optim.lr"), 1.0);
+  EXPECT_EQ(c.settings().grad.method, Method::adjoint_exact);
+  EXPECT_TRUE(c.settings().grad.detach_inputs);
+  EXPECT_EQ(c.settings().optim.lr, 1.0);
 }
 
 TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
@@ -47,7 +47,7 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
                 .find("unknown config key 'data.bogus'"),
             std::string::npos);
   // All-or-nothing: the failed merge did not apply seq_len.
-  EXPECT_EQ(c.get<std::int64_t>("data.seq_len"), Config().get<std::int64_t>("data.seq_len"));
+  EXPECT_EQ(c.settings().data.seq_len, Config().settings().data.seq_len);
 }
 
 TEST(Config, ValidateRejectsInconsistentSizes) {

@@ -55,7 +55,7 @@ ParamSet<S> shard_of(const ParamSet<S>& full, const LayerRange& r) {
 }
 
 std::string tag(const Lay& l, const EngineOptions& o, index_t blocks) {
-  return "R=" + std::to_string(l.R) + " S=" + std::to_string(l.S) + " D=" + std::to_string(l.D) + " " + o.engine +
+  return "R=" + std::to_string(l.R) + " S=" + std::to_string(l.S) + " D=" + std::to_string(l.D) + " " + method_name(o.method) +
          (o.detach_inputs ? " detached" : "") + " T-bar=" + std::to_string(o.truncate) +
          " blocks=" + std::to_string(blocks);
 }
@@ -266,7 +266,7 @@ TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {
   const auto d = tiny_dims(2);
   const dist::Grid grid(layout_config(d, 1, world_size() / 2, 4, 2));
   for (const auto& o : {engine_options("adjoint"), engine_options("backprop"), engine_options("adjoint-exact", 6, true)})
-    EXPECT_THROW(dist::DistributedEngine<double>(grid, o), Error) << o.engine;
+    EXPECT_THROW(dist::DistributedEngine<double>(grid, o), Error) << method_name(o.method);
   EXPECT_THROW(dist::Layout::from_config(layout_config(d, 1, 1, 4, 3), 0, 2), Error);  // 2 ranks, S = 3
   Config c = layout_config(d, 1, 1, 4, 4);
   c.set("data.seq_len=3");

@@ -81,7 +81,7 @@ ParamSet<S> cast_model(const ParamSet<double>& ref) {
 
 inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, bool detach = false) {
   EngineOptions o;
-  o.engine = name;
+  o.method = parse_method(name);
   o.truncate = Tbar;
   o.detach_inputs = detach;
   return o;

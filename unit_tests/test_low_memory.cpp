@@ -135,7 +135,7 @@ EngineOptions lowmem(Storage st, index_t m, index_t block, bool detach = false, 
                      bool chunked_h = !host_backend) {
   EngineOptions o;
   o.e3_chunked_h = chunked_h;
-  o.engine = "adjoint-exact";
+  o.method = Method::adjoint_exact;
   o.chunk = 8;
   o.wave = 16;
   o.storage = st;
@@ -321,7 +321,7 @@ TEST(LowMemory, ReusedEnginesMatchFreshOnes) {
 
 TEST(LowMemory, RejectsOtherEnginesAndBadKeys) {
   EngineOptions o = lowmem(Storage::bf16, 1, 0);
-  o.engine = "backprop";
+  o.method = Method::backprop;
   expect_error([&] { make_engine<float>(o); }, "need grad.engine = adjoint-exact");
   Config c;
   expect_error([&] { c.set("run.storage=half"); c.validate(); }, "run.storage must be float, bf16 or fp16");

@@ -28,7 +28,7 @@ double measured_grad_peak(const Config& cfg) {
     ParamSet<S> ps(d);
     initialize(ps, d.seed);
     ParamSet<S> g(d);
-    const auto x = random_tokens(cfg.get<index_t>("data.batch"), cfg.get<index_t>("data.seq_len"), d.vocab, 5);
+    const auto x = random_tokens(cfg.settings().data.batch, cfg.settings().data.seq_len, d.vocab, 5);
     make_engine<S>(EngineOptions::from_config(cfg))->compute(ps, x, g);
     Kokkos::fence();
   }
@@ -108,7 +108,7 @@ TEST(MemoryPlan, TrainPeakWithinTenPercent) {
     MemoryTracker::reset_peak();
     train(cfg, "", nullptr);
     const double measured = double(MemoryTracker::peak(sp) - base);
-    const auto data = TokenDataset::from_file(corpus, 256, cfg.get<index_t>("data.seq_len"), 0.3, 1, false);
+    const auto data = TokenDataset::from_file(corpus, 256, cfg.settings().data.seq_len, 0.3, 1, false);
     const auto nv = std::min<index_t>(16, data.valid_windows());
     expect_within(plan_memory(cfg, Workload::train, 4, nv).total(), measured, extra.front());
   }

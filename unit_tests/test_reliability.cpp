@@ -213,7 +213,7 @@ TEST(Reliability, ResumeAcceptsAnIntegerForAFloatKey) {
   EXPECT_CLEAR_ERROR(run("init --set model.layers=2.5 --out " + tmp_path("x.h5")), "model.layers");
   Config c;
   c.set("data.valid_fraction=0");
-  EXPECT_TRUE(c.at("data.valid_fraction").is_number_float());
+  EXPECT_TRUE(c.json()["data"]["valid_fraction"].is_number_float());
   EXPECT_NO_THROW(c.set("data.valid_fraction=0.05"));
 }
 

@@ -2,10 +2,11 @@
 // Umbrella header: everything a user of AdjointSharding needs.
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
-#include "ash/core/half.hpp"
+#include "ash/kernels/half_storage.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/core/profiler.hpp"
-#include "ash/core/resources.hpp"
+#include "ash/core/sizes.hpp"
+#include "ash/plan/memory_plan.hpp"
 #include "ash/core/types.hpp"
 #include "ash/grad/adjoint.hpp"
 #include "ash/grad/adjoint_exact.hpp"

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <csignal>
 #include <memory>
 #include <cstdio>
@@ -83,8 +84,16 @@ void run_grad_distributed(const GradArgs& a, const ash::Config& cfg, const ash::
   ash::dist::Grid grid(cfg);
   const auto d = cfg.model();
   const auto params = ash::load_checkpoint<S>(a.checkpoint, grid.range(d));
-  ash::dist::DistributedEngine<S> engine(grid, ash::EngineOptions::from_config(cfg),
-                                         cfg.get<ash::index_t>("dist.pipeline_blocks"));
+  const ash::Settings st = cfg.settings();
+  ash::dist::DistributedEngine<S> engine(grid, st.grad, st.dist.pipeline_blocks);
+  // Tests: ASH_DEBUG_FAIL_RANK=r makes world rank r fail before the backward,
+  // while its neighbours wait in MPI (docs/cli.md: one error, every rank ends).
+  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) {
+    const int bad = std::atoi(f), me = grid.layout().world_rank;
+    engine.set_before_backward([bad, me] {
+      ash::require(bad != me, "injected failure on rank " + std::to_string(me) + " (ASH_DEBUG_FAIL_RANK)");
+    });
+  }
   ash::ParamSet<S> grad(d, grid.range(d));
   ash::MemoryTracker::reset_peak();
   MPI_Barrier(grid.world());
@@ -136,17 +145,16 @@ void run_grad(const GradArgs& a) {
   if (a.truncate) cfg.set("grad.truncate=" + std::to_string(*a.truncate));
   if (a.chunk) cfg.set("grad.chunk=" + std::to_string(*a.chunk));
   if (a.detach) cfg.set("grad.detach_inputs=true");
-  cfg.validate();
-  ash::check_memory(cfg, ash::Workload::grad, sizeof(S), a.common.max_memory);
-  const auto opts = ash::EngineOptions::from_config(cfg);
-  auto engine = ash::make_engine<S>(opts);
-  const auto T = cfg.get<ash::index_t>("data.seq_len");
-  const auto B = cfg.get<ash::index_t>("data.batch");
+  const ash::Settings st = cfg.settings();
+  ash::check_memory(st, ash::Workload::grad, sizeof(S), a.common.max_memory);
+  auto engine = ash::make_engine<S>(st.grad);
+  const auto T = st.data.seq_len;
+  const auto B = st.data.batch;
   const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, cfg.model().vocab);
 #ifdef ASH_HAVE_MPI
-  if (world_size() > 1 || cfg.multi_rank()) return run_grad_distributed<S>(a, cfg, x);
+  if (world_size() > 1 || st.dist.multi_rank()) return run_grad_distributed<S>(a, cfg, x);
 #endif
-  ash::require(!cfg.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding");
+  ash::require(!st.dist.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding");
   const auto params = ash::load_checkpoint<S>(a.checkpoint);
   ash::ParamSet<S> grad(params.dims());
   ash::MemoryTracker::reset_peak();
@@ -171,18 +179,18 @@ int run_plan(const Common& c, const std::string& workload, const std::string& pr
   const ash::Config cfg = load_config(c);
   const bool train = workload == "train";
   const std::size_t sb = precision == "double" ? 8 : 4;
-  ash::estimate_memory(cfg, ash::Workload::train, sb);  // overflow checks
-  const auto plan = ash::plan_memory(cfg, train ? ash::Workload::train : ash::Workload::grad, sb);
-  const auto d = cfg.model();
+  const ash::Settings st = cfg.settings();  // overflow checks
+  const auto plan = ash::plan_memory(st, train ? ash::Workload::train : ash::Workload::grad, sb);
+  const auto& d = st.model;
   std::printf("plan for ash %s: V=%lld P=%lld N=%lld K=%lld, T=%lld, batch %lld, %s\n", workload.c_str(),
               (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers,
-              (long long)cfg.get<ash::index_t>("data.seq_len"), (long long)cfg.get<ash::index_t>("data.batch"),
+              (long long)st.data.seq_len, (long long)st.data.batch,
               precision.c_str());
   std::printf("engine: %s; peak at the %s\n", plan.engine.c_str(), plan.phase.c_str());
   std::printf("%s", plan.table("  ").c_str());
   const auto cap = ash::memory_space_capacity();
   const auto phys = c.max_memory > 0 ? c.max_memory : cap.bytes;
-  const double per_token = plan.total() / double(cfg.get<ash::index_t>("data.seq_len") * cfg.get<ash::index_t>("data.batch"));
+  const double per_token = plan.total() / double(st.data.seq_len * st.data.batch);
   std::printf("%.0f bytes per token (total / batch·T); %s %s: %s\n", per_token,
               c.max_memory > 0 ? "--max-memory" : cap.what.c_str(), ash::format_bytes(phys).c_str(),
               phys == 0 ? "unknown" : plan.total() <= double(phys) ? "fits" : "does NOT fit");
@@ -200,15 +208,15 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(common.sets);
   ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
-  cfg.validate();
-  ash::require(!cfg.multi_rank(), "ash eval runs in one process (dist.* asks for several ranks)");
+  const ash::Settings st = cfg.settings();
+  ash::require(!st.dist.multi_rank(), "ash eval runs in one process (dist.* asks for several ranks)");
   ash::Config sizing = cfg;  // the forward keeps one layer at a time: E3's estimate bounds it
   sizing.set("grad.engine=adjoint-exact");
   ash::check_memory(sizing, ash::Workload::grad, sizeof(S), common.max_memory);
   const auto params = ash::load_checkpoint<S>(ckpt);
   const auto ids = ash::load_tokens(tokens);
-  const auto T = cfg.get<ash::index_t>("data.seq_len"), B = cfg.get<ash::index_t>("data.batch");
-  const auto head_chunk = cfg.get<ash::index_t>("grad.head_chunk");
+  const auto T = st.data.seq_len, B = st.data.batch;
+  const auto head_chunk = st.grad.head_chunk;
   const auto n = ash::index_t(ids.size());
   ash::require(n >= 2, "token file '" + tokens + "' has " + std::to_string(n) + " token(s): nothing to predict");
   const ash::index_t full = n / T, rest = n % T;
@@ -288,8 +296,7 @@ int run_train(const Common& c, const std::string& resume, long long until) {
     merged.validate();
     cfg = merged;
   }
-  ash::check_memory(cfg, ash::Workload::train, cfg.get<std::string>("run.precision") == "double" ? 8 : 4,
-                    c.max_memory);
+  ash::check_memory(cfg, ash::Workload::train, cfg.settings().run.scalar_bytes(), c.max_memory);
   const auto s = ash::train(cfg, resume, stdout, until);
   if (s.signal != 0) {
     // §7: interrupted, checkpoint written; 128 + signal like a shell.
@@ -504,7 +511,7 @@ int main(int argc, char* argv[]) {
       run_generate(gen_ckpt, prompt, gen_n, temperature, gen_seed);
     } else if (*plan) {
       return run_plan(plan_common, plan_workload,
-                      plan_precision.empty() ? load_config(plan_common).get<std::string>("run.precision")
+                      plan_precision.empty() ? load_config(plan_common).settings().run.precision()
                                              : plan_precision);
     } else if (*inspect) {
       run_inspect(inspect_path);

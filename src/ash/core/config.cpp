@@ -6,8 +6,7 @@
 #include <sstream>
 
 #include "ash/core/error.hpp"
-#include "ash/core/half.hpp"
-#include "ash/core/resources.hpp"
+#include "ash/core/sizes.hpp"
 
 namespace ash {
 
@@ -160,60 +159,113 @@ ModelDims Config::model() const {
   return d;
 }
 
-void Config::validate() const {
-  const auto d = model();
+std::string method_name(Method m) {
+  return m == Method::adjoint ? "adjoint" : m == Method::adjoint_exact ? "adjoint-exact" : "backprop";
+}
+
+Method parse_method(const std::string& s) {
+  if (s == "backprop") return Method::backprop;
+  if (s == "adjoint") return Method::adjoint;
+  if (s == "adjoint-exact") return Method::adjoint_exact;
+  throw Error("grad.engine must be backprop, adjoint or adjoint-exact (got '" + s + "')");
+}
+
+Storage parse_storage(const std::string& s) {
+  if (s == "float") return Storage::full;
+  if (s == "bf16") return Storage::bf16;
+  if (s == "fp16") return Storage::fp16;
+  throw Error("run.storage must be float, bf16 or fp16 (got '" + s + "')");
+}
+
+std::string storage_name(Storage s) {
+  return s == Storage::bf16 ? "bf16" : s == Storage::fp16 ? "fp16" : "float";
+}
+
+EngineOptions EngineOptions::from_config(const Config& cfg) { return cfg.settings().grad; }
+AdamWOptions AdamWOptions::from_config(const Config& cfg) { return cfg.settings().optim; }
+
+Settings Config::settings() const {
+  Settings st;
+  const auto d = st.model = model();
   require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
   require(d.vocab <= (std::int64_t(1) << 31) - 1, "model.vocab must fit in int32");
   require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
   require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");
   require(d.layers >= 1, "model.layers must be >= 1 (got " + std::to_string(d.layers) + ")");
-  const auto T = get<std::int64_t>("data.seq_len");
-  require(T >= 2, "data.seq_len must be >= 2: a window of T tokens has T-1 targets (got " +
-                      std::to_string(T) + ")");
-  const auto B = get<std::int64_t>("data.batch");
-  require(B >= 1, "data.batch must be >= 1 (got " + std::to_string(B) + ")");
-  const auto vf = get<double>("data.valid_fraction");
-  require(vf >= 0.0 && vf < 1.0, "data.valid_fraction must be in [0, 1)");
-  const auto tr = get<std::int64_t>("grad.truncate");
-  require(tr >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
-  require(get<std::int64_t>("grad.chunk") >= 1, "grad.chunk must be >= 1");
-  require(get<std::int64_t>("grad.wave") >= 0, "grad.wave must be >= 1, or 0 / \"auto\" for the backend's default");
-  require(get<std::int64_t>("grad.head_chunk") >= 0, "grad.head_chunk must be >= 1, or 0 / \"auto\" for the backend's default");
-  const auto eng = get<std::string>("grad.engine");
-  require(eng == "backprop" || eng == "adjoint" || eng == "adjoint-exact",
-          "grad.engine must be backprop, adjoint or adjoint-exact (got '" + eng + "')");
-  parse_storage(get<std::string>("run.storage"));
-  require(get<std::int64_t>("grad.layer_checkpoint") >= 0,
-          "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
-  require(get<std::int64_t>("grad.token_block") >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
-  require(!get<bool>("data.carry_state") || get<bool>("data.sequential"),
+
+  auto& da = st.data;
+  da.train = get<std::string>("data.train");
+  da.valid_fraction = get<double>("data.valid_fraction");
+  da.seq_len = get<std::int64_t>("data.seq_len");
+  da.batch = get<std::int64_t>("data.batch");
+  da.sequential = get<bool>("data.sequential");
+  da.carry_state = get<bool>("data.carry_state");
+  require(da.seq_len >= 2, "data.seq_len must be >= 2: a window of T tokens has T-1 targets (got " +
+                               std::to_string(da.seq_len) + ")");
+  require(da.batch >= 1, "data.batch must be >= 1 (got " + std::to_string(da.batch) + ")");
+  require(da.valid_fraction >= 0.0 && da.valid_fraction < 1.0, "data.valid_fraction must be in [0, 1)");
+
+  auto& g = st.grad;
+  g.truncate = get<std::int64_t>("grad.truncate");
+  g.detach_inputs = get<bool>("grad.detach_inputs");
+  g.chunk = get<std::int64_t>("grad.chunk");
+  g.wave = get<std::int64_t>("grad.wave");
+  g.head_chunk = get<std::int64_t>("grad.head_chunk");
+  g.token_block = get<std::int64_t>("grad.token_block");
+  g.carry_state = da.carry_state;
+  require(g.truncate >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
+  require(g.chunk >= 1, "grad.chunk must be >= 1");
+  require(g.wave >= 0, "grad.wave must be >= 1, or 0 / \"auto\" for the backend's default");
+  require(g.head_chunk >= 0, "grad.head_chunk must be >= 1, or 0 / \"auto\" for the backend's default");
+  g.method = parse_method(get<std::string>("grad.engine"));
+  g.storage = parse_storage(get<std::string>("run.storage"));
+  const auto m = get<std::int64_t>("grad.layer_checkpoint");
+  require(m >= 0, "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
+  g.layer_checkpoint = resolve_layer_checkpoint(m, d.layers);
+  require(g.token_block >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
+  require(!da.carry_state || da.sequential,
           "data.carry_state needs data.sequential = true: a carried state continues the same stream");
+
+  auto& r = st.run;
   const auto prec = get<std::string>("run.precision");
   require(prec == "float" || prec == "double", "run.precision must be float or double (got '" + prec + "')");
-  require(get<std::int64_t>("optim.steps") >= 0 && get<std::int64_t>("optim.warmup") >= 0,
-          "optim.steps and optim.warmup must be >= 0");
-  require(get<double>("optim.lr") > 0, "optim.lr must be > 0");
-  require(get<double>("optim.beta1") >= 0 && get<double>("optim.beta1") < 1 && get<double>("optim.beta2") >= 0 &&
-              get<double>("optim.beta2") < 1,
-          "optim.beta1 and optim.beta2 must be in [0, 1)");
+  r.double_precision = prec == "double";
+  r.out_dir = get<std::string>("run.out_dir");
+  r.log_every = get<std::int64_t>("run.log_every");
+  r.eval_every = get<std::int64_t>("run.eval_every");
+  r.ckpt_every = get<std::int64_t>("run.ckpt_every");
+
+  auto& o = st.optim;
+  o.lr = get<double>("optim.lr");
+  o.weight_decay = get<double>("optim.weight_decay");
+  o.beta1 = get<double>("optim.beta1");
+  o.beta2 = get<double>("optim.beta2");
+  o.clip = get<double>("optim.clip");
+  o.warmup = get<std::int64_t>("optim.warmup");
+  o.steps = get<std::int64_t>("optim.steps");
+  require(o.steps >= 0 && o.warmup >= 0, "optim.steps and optim.warmup must be >= 0");
+  require(o.lr > 0, "optim.lr must be > 0");
+  require(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)");
   for (const char* k : {"run.log_every", "run.eval_every", "run.ckpt_every"})
-    require(get<std::int64_t>(k) >= 0, std::string(k) + " must be >= 0, got " +
-                                           std::to_string(get<std::int64_t>(k)));
-  require(get<double>("optim.clip") >= 0, "optim.clip must be >= 0 (0: no clipping)");
-  require(get<double>("optim.weight_decay") >= 0, "optim.weight_decay must be >= 0");
-  require(get<std::int64_t>("dist.layer_ranks") >= 1 && get<std::int64_t>("dist.seq_ranks") >= 1,
-          "dist.layer_ranks and dist.seq_ranks must be >= 1");
-  require(get<std::int64_t>("dist.data_ranks") >= 0,
-          "dist.data_ranks must be >= 0 (0: world size / (layer_ranks · seq_ranks))");
-  require(get<std::int64_t>("dist.pipeline_blocks") >= 0,
-          "dist.pipeline_blocks must be >= 0 (0: 4 token blocks per layer rank)");
-  require(get<std::int64_t>("dist.layer_ranks") <= d.layers,
-          "dist.layer_ranks (" + std::to_string(get<std::int64_t>("dist.layer_ranks")) +
-              ") must not exceed model.layers (" + std::to_string(d.layers) + ")");
+    require(get<std::int64_t>(k) >= 0, std::string(k) + " must be >= 0, got " + std::to_string(get<std::int64_t>(k)));
+  require(o.clip >= 0, "optim.clip must be >= 0 (0: no clipping)");
+  require(o.weight_decay >= 0, "optim.weight_decay must be >= 0");
+
+  auto& ds = st.dist;
+  ds.layer_ranks = get<std::int64_t>("dist.layer_ranks");
+  ds.seq_ranks = get<std::int64_t>("dist.seq_ranks");
+  ds.data_ranks = get<std::int64_t>("dist.data_ranks");
+  ds.pipeline_blocks = get<std::int64_t>("dist.pipeline_blocks");
+  require(ds.layer_ranks >= 1 && ds.seq_ranks >= 1, "dist.layer_ranks and dist.seq_ranks must be >= 1");
+  require(ds.data_ranks >= 0, "dist.data_ranks must be >= 0 (0: world size / (layer_ranks · seq_ranks))");
+  require(ds.pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0 (0: 4 token blocks per layer rank)");
+  require(ds.layer_ranks <= d.layers, "dist.layer_ranks (" + std::to_string(ds.layer_ranks) +
+                                          ") must not exceed model.layers (" + std::to_string(d.layers) + ")");
   // Every product of sizes the tool will form, overflow-checked before any
   // allocation (docs/design.md §7); the memory limit itself is checked by the
-  // caller, who knows the workload and precision.
-  estimate_memory(*this, Workload::train, 8);
+  // caller, who knows the workload and precision (ash/plan/memory_plan.hpp).
+  check_size_products(d, da.batch, da.seq_len);
+  return st;
 }
 
 }  // namespace ash

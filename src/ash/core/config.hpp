@@ -1,24 +1,18 @@
 #pragma once
 // JSON configuration with the canonical keys of docs/design.md §4.
 // Every key has a default; a key that is not in the defaults is an error,
-// and so is a value whose type differs from the default's.
+// and so is a value whose type differs from the default's. settings() parses
+// and validates the document into the typed structs of core/options.hpp,
+// which is all that code below the CLI reads.
 #include <nlohmann/json.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "ash/core/options.hpp"
+
 namespace ash {
 
-struct ModelDims {
-  std::int64_t vocab = 256;   // V
-  std::int64_t width = 64;    // P
-  std::int64_t state = 16;    // N
-  std::int64_t layers = 2;    // K
-  std::uint64_t seed = 1234;  // initialisation seed
-  bool operator==(const ModelDims& o) const {
-    return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers;
-  }
-};
 
 // JSON parse that rejects duplicate keys (nlohmann keeps the last silently);
 // throws ash::Error naming `origin`.
@@ -42,8 +36,11 @@ class Config {
   // stored rank layout describes the run that wrote it, not the next one.
   void reset_section(const std::string& section);
 
-  // Validates sizes (V >= 2, P, N, K >= 1, seq_len >= 2, batch >= 1, ...).
-  void validate() const;
+  // Every key parsed into its type and validated (V >= 2, P, N, K >= 1,
+  // seq_len >= 2, batch >= 1, ..., and every product of sizes the tool forms
+  // checked for overflow); throws ash::Error naming the key.
+  Settings settings() const;
+  void validate() const { (void)settings(); }
 
   ModelDims model() const;
   // True when dist.* asks for more than one rank (layer, sequence or data).
@@ -51,13 +48,12 @@ class Config {
   const nlohmann::json& json() const { return j_; }
   std::string dump() const { return j_.dump(2); }
 
+ private:
   template <class T>
   T get(const std::string& dotted) const {
     return at(dotted).get<T>();
   }
   const nlohmann::json& at(const std::string& dotted) const;
-
- private:
   nlohmann::json j_;
 };
 

@@ -1,5 +1,7 @@
 #include "ash/core/memory.hpp"
 
+#include <unistd.h>
+
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -144,6 +146,12 @@ std::string MemoryTracker::summary() {
   std::string out;
   for (const auto& u : usage()) out += u.space + " peak " + format_bytes(u.peak) + ", ";
   return out + "process HWM " + format_bytes(process_hwm_bytes());
+}
+
+std::uint64_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return std::uint64_t(pages) * std::uint64_t(page);
 }
 
 }  // namespace ash

@@ -38,4 +38,7 @@ class MemoryTracker {
 
 std::string format_bytes(std::uint64_t bytes);
 
+// Physical memory of the machine (sysconf), 0 when unknown.
+std::uint64_t physical_memory_bytes();
+
 }  // namespace ash

@@ -13,11 +13,12 @@ Layout Layout::from_config(const Config& cfg, int world_rank, int world_size) {
   Layout l;
   l.world_rank = world_rank;
   l.world_size = world_size;
-  const auto R = cfg.get<std::int64_t>("dist.layer_ranks");
-  const auto Dcfg = cfg.get<std::int64_t>("dist.data_ranks");
-  const auto Sq = cfg.get<std::int64_t>("dist.seq_ranks");
-  const auto K = cfg.model().layers;
-  const auto T = cfg.get<std::int64_t>("data.seq_len");
+  const Settings st = cfg.settings();
+  const auto R = st.dist.layer_ranks;
+  const auto Dcfg = st.dist.data_ranks;
+  const auto Sq = st.dist.seq_ranks;
+  const auto K = st.model.layers;
+  const auto T = st.data.seq_len;
   require(Sq >= 1 && Sq <= T, "dist.seq_ranks = " + std::to_string(Sq) + " would leave a token range empty (data.seq_len = " +
                                   std::to_string(T) + ")");
   require(R >= 1 && R <= K, "dist.layer_ranks = " + std::to_string(R) + " does not fit model.layers = " +
@@ -29,7 +30,7 @@ Layout Layout::from_config(const Config& cfg, int world_rank, int world_size) {
                                         " × " + std::to_string(Sq) + " × " + std::to_string(D) + " = " +
                                         std::to_string(R * Sq * D) + ", but the world has " +
                                         std::to_string(world_size) + " ranks");
-  const auto B = cfg.get<std::int64_t>("data.batch");
+  const auto B = st.data.batch;
   require(B >= D, "data.batch = " + std::to_string(B) + " windows cannot be shared by dist.data_ranks = " +
                       std::to_string(D) + " replicas (each needs at least one window)");
   l.R = int(R);

@@ -1,13 +1,9 @@
 #include "ash/dist/distributed_engine.hpp"
 
-#include "ash/io/tokens.hpp"
-
 #include <chrono>
-#include <cstdlib>
 #include <utility>
 
 #include "ash/core/error.hpp"
-#include "ash/grad/adjoint_exact.hpp"
 
 namespace ash::dist {
 
@@ -18,32 +14,32 @@ constexpr int tag_y = 11, tag_g = 12;
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Rows of token block [t0, t0+Tj) of every sequence: full row b·T + t <-> block row b·Tj + (t - t0).
-template <class S>
-void copy_block_rows(const View2<S>& full, const View2<S>& blk, index_t T, index_t t0, index_t Tj, bool to_block,
-                     const ExecSpace& exec) {
-  const index_t P = full.extent(1), rows = blk.extent(0);
-  Kokkos::parallel_for(
-      "ash::dist::block_rows", Range(exec, 0, rows * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t r = i / P, p = i % P, m = (r / Tj) * T + t0 + r % Tj;
-        if (to_block)
-          blk(r, p) = full(m, p);
-        else
-          full(m, p) = blk(r, p);
-      });
-}
-
-
 }  // namespace
+
+// What one compute() works on: this replica's windows and this sequence
+// rank's token range, the layers' inputs, g, and the states the backward reads.
+template <class S>
+struct DistributedEngine<S>::Pass {
+  TokenView x, x_head;     // this rank's tokens (x_head: one more, the last row's target, unless the window ends)
+  index_t T = 0, Bt = 0;   // tokens per sequence of this rank's range, sequences
+  index_t targets = 0;     // the whole batch's target count (the loss is its mean)
+  ActivationStore<S> store;
+  TokenBlocks blk;                             // the pipeline's token blocks (n = 1: whole ranges)
+  std::unique_ptr<BlockwiseForward<S>> fw;     // token blocks: the block-wise forward and its states
+  std::vector<View2<S>> h_range;               // [layer]: h before this sequence rank's range
+  View2<S> g;                                  // g_k, [Bt·T, P]
+  SeqShape shape() const { return SeqShape{Bt, T}; }
+};
 
 template <class S>
 DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks)
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
+  blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
   require(!opts.low_memory(),
           "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run in one process; "
           "they are not implemented for dist.* rank layouts yet");
-  require(grid.layout().S == 1 || (opts.engine == "adjoint-exact" && opts.truncate == 0),
+  require(grid.layout().S == 1 || (opts.exact_adjoint() && opts.truncate == 0),
           "dist.seq_ranks > 1 runs adjoint-exact without a window (exact or --detach-inputs): E1 and E2 keep whole "
           "windows, and a window T-bar's block method would need the next rank's T-bar tokens (not exchanged)");
 }
@@ -57,19 +53,15 @@ std::string DistributedEngine<S>::name() const {
 }
 
 template <class S>
-typename DistributedEngine<S>::Blocks DistributedEngine<S>::blocks_for(index_t T) const {
-  Blocks b;
-  b.len = T;
-  if (layer_->keeps_activations() || grid_.layout().S > 1) return b;  // E1, E2, sequence ranks: whole ranges
+TokenBlocks DistributedEngine<S>::blocks_for(index_t T) const {
+  if (layer_->keeps_activations() || grid_.layout().S > 1) return TokenBlocks(T, T);  // E1, E2, sequence ranks: whole ranges
   const index_t want = pipeline_blocks_ > 0 ? pipeline_blocks_ : 4 * grid_.layout().R;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   // Block length: a whole number of E3 chunks, so the block-wise exact pass
   // sees the same chunks' structure as a whole-window one.
   index_t len = (T + want - 1) / want;
   len = ((len + C - 1) / C) * C;
-  b.len = len < T ? len : T;
-  b.n = (T + b.len - 1) / b.len;
-  return b;
+  return TokenBlocks(len < T ? len : T, T);
 }
 
 template <class S>
@@ -112,6 +104,150 @@ void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationSt
 }
 
 template <class S>
+void DistributedEngine<S>::forward(const ParamSet<S>& params, Pass& ps) {
+  if (ps.blk.n > 1) return forward_blocks(params, ps);
+  const auto& lay = grid_.layout();
+  const MPI_Comm lc = grid_.layers();
+  const int k0 = ps.store.k0();
+  if (lay.first())
+    embedding_forward(params.global().embedding, ps.x, ps.store.input(k0), layer_->execution_space());
+  else
+    timed([&] { recv(ps.store.input(k0), lay.layer_rank - 1, tag_y, lc); });
+  forward_range(params, ps.store, ps.h_range);
+  if (!lay.last()) {
+    timed([&] { send(ps.store.output(), lay.layer_rank + 1, tag_y, lc); });
+    ps.store.release_output();
+  }
+}
+
+// Token blocks flow through the layer ranks: while rank r runs block j, rank
+// r-1 runs block j+1. Each layer's state is carried from block to block (kept
+// before every block in exact mode, for the reverse wavefront).
+template <class S>
+void DistributedEngine<S>::forward_blocks(const ParamSet<S>& params, Pass& ps) {
+  const auto& lay = grid_.layout();
+  const auto& d = params.dims();
+  const MPI_Comm lc = grid_.layers();
+  const ExecSpace& exec = layer_->execution_space();
+  const int k0 = ps.store.k0(), k1 = ps.store.k1();
+  const TokenBlocks& blk = ps.blk;
+  ps.fw = std::make_unique<BlockwiseForward<S>>(d, k0, k1, ps.Bt, blk, !layer_->detached());
+  View2<S> ya("ash::dist::y_block", ps.Bt * blk.len, d.width), yb("ash::dist::y_block_next", ps.Bt * blk.len, d.width);
+  const LayerActivations<S> act(SeqShape{ps.Bt, blk.len}, d, LayerActivations<S>::projections_only);
+  for (index_t j = 0; j < blk.n; ++j) {
+    const index_t rows = ps.fw->rows(j);
+    const BlockRows map{blk.size(j), ps.T, blk.start(j)};
+    View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
+    if (lay.first())
+      embedding_forward(params.global().embedding, token_block(ps.x, blk.start(j), blk.size(j)), y, exec);
+    else
+      timed([&] { recv(y, lay.layer_rank - 1, tag_y, lc); });
+    const auto act_j = first_rows(act, rows);
+    for (int k = k0; k < k1; ++k) {
+      copy_block_rows(ps.store.input(k), y, map, false, exec);
+      ps.fw->advance(params.layer(k), k, j, y, act_j, yo, exec);
+      std::swap(y, yo);
+    }
+    if (lay.last())
+      copy_block_rows(ps.store.output(), y, map, false, exec);
+    else
+      timed([&] { send(y, lay.layer_rank + 1, tag_y, lc); });
+  }
+  if (!lay.last()) ps.store.release_output();
+}
+
+// E3 on token ranges: per layer, μ's carry from the later ranges.
+template <class S>
+void DistributedEngine<S>::backward_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  require(blockwise_ != nullptr, "distributed engine: sequence ranks need adjoint-exact");
+  const auto& lay = grid_.layout();
+  const MPI_Comm lc = grid_.layers();
+  const bool tail = lay.seq_rank == lay.S - 1;
+  auto exchange = [&](const View3<S>& M, const View3<S>& v) {
+    timed([&] { exscan_affine(M, v, grid_.seq_reversed()); });  // the later ranges' maps, last first
+    return tail ? View3<S>() : v;                                 // composed maps applied to 0
+  };
+  if (!lay.last()) {
+    ps.g = View2<S>("ash::g", ps.shape().rows(), params.dims().width);
+    if (layer_->detached())
+      timed([&] { broadcast(ps.g, lay.R - 1, lc); });
+    else
+      timed([&] { recv(ps.g, lay.layer_rank + 1, tag_g, lc); });
+  } else if (layer_->detached()) {
+    timed([&] { broadcast(ps.g, lay.R - 1, lc); });
+  }
+  for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
+    blockwise_->backward_range(params.layer(k), k, ps.store, ps.g, ps.h_range[k - ps.store.k0()], exchange,
+                               grad.layer(k));
+    ps.store.release(k);
+  }
+  if (!lay.first() && !layer_->detached()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
+}
+
+// Paper mode: one broadcast of g, then no communication.
+template <class S>
+void DistributedEngine<S>::backward_detached(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  if (!lay.last()) ps.g = View2<S>("ash::g", ps.shape().rows(), params.dims().width);
+  timed([&] { broadcast(ps.g, lay.R - 1, grid_.layers()); });
+  for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
+    layer_->backward(params.layer(k), k, ps.store, ps.g, grad.layer(k));
+    ps.store.release(k);
+  }
+}
+
+// E1 (or E3 in one block): g_k hands over once per rank.
+template <class S>
+void DistributedEngine<S>::backward_whole(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const MPI_Comm lc = grid_.layers();
+  if (!lay.last()) {
+    ps.g = View2<S>("ash::g", ps.shape().rows(), params.dims().width);
+    timed([&] { recv(ps.g, lay.layer_rank + 1, tag_g, lc); });
+  }
+  for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
+    layer_->backward(params.layer(k), k, ps.store, ps.g, grad.layer(k));
+    ps.store.release(k);
+  }
+  if (!lay.first()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
+}
+
+// E3 exact: the reverse wavefront over token blocks, last block first, each
+// layer from the state the forward kept before the block.
+template <class S>
+void DistributedEngine<S>::backward_wavefront(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  require(blockwise_ != nullptr, "distributed engine: token blocks need adjoint-exact");
+  const auto& lay = grid_.layout();
+  const MPI_Comm lc = grid_.layers();
+  const ExecSpace& exec = layer_->execution_space();
+  const index_t P = params.dims().width;
+  const int k0 = ps.store.k0(), k1 = ps.store.k1();
+  const TokenBlocks& blk = ps.blk;
+  if (lay.first() && !lay.last()) ps.g = View2<S>("ash::g", ps.shape().rows(), P);
+  View2<S> ga("ash::dist::g_block", ps.Bt * blk.len, P), yk("ash::dist::y_layer_block", ps.Bt * blk.len, P);
+  std::vector<ExactCarry<S>> carry(k1 - k0);
+  for (index_t j = blk.n - 1; j >= 0; --j) {
+    const index_t rows = ps.fw->rows(j);
+    const BlockRows map{blk.size(j), ps.T, blk.start(j)};
+    const View2<S> gj = first_rows(ga, rows), yj = first_rows(yk, rows);
+    if (lay.last())
+      copy_block_rows(ps.g, gj, map, true, exec);
+    else
+      timed([&] { recv(gj, lay.layer_rank + 1, tag_g, lc); });
+    for (int k = k1 - 1; k >= k0; --k) {
+      copy_block_rows(ps.store.input(k), yj, map, true, exec);
+      blockwise_->backward_block(params.layer(k), ps.fw->shape(j), yj, gj,
+                                 j > 0 ? ps.fw->state_before(k, j) : View2<S>(), &carry[k - k0], grad.layer(k));
+    }
+    if (lay.first())
+      copy_block_rows(ps.g, gj, map, false, exec);
+    else
+      timed([&] { send(gj, lay.layer_rank - 1, tag_g, lc); });
+  }
+  for (int k = k0; k < k1; ++k) ps.store.release(k);
+}
+
+template <class S>
 double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad) {
   const auto t_start = Clock::now();
   const std::uint64_t sent0 = bytes_sent();
@@ -121,166 +257,47 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange range = grid_.range(d);
   require(params.range() == range && grad.range() == range,
           "distributed engine: the parameters are not this rank's shard of the layout");
-  const MPI_Comm lc = grid_.layers();
-  const int prev = lay.layer_rank - 1, next = lay.layer_rank + 1;
-
   const ExecSpace& exec = layer_->execution_space();
-  // This replica's windows, then this sequence rank's token range [t_a, t_b)
-  // (x_head: one token more, the last row's target, unless the range ends the window).
+  // This replica's windows, then this sequence rank's token range [t_a, t_b).
+  Pass ps;
   const TokenView x_rows = my_windows(x_all);
   const index_t T_all = x_rows.extent(1);
   const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
-  const TokenView x = lay.S > 1 ? token_block(x_rows, t_a, t_b - t_a) : x_rows;
-  const TokenView x_head = lay.S > 1 ? token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a) : x_rows;
-  const index_t T = x.extent(1), Bt = x.extent(0), P = d.width;
-  const SeqShape s{Bt, T};
-  const index_t targets = index_t(x_all.extent(0)) * (T_all - 1);
-  const int k0 = range.k0, k1 = range.k1;
+  ps.x = lay.S > 1 ? token_block(x_rows, t_a, t_b - t_a) : x_rows;
+  ps.x_head = lay.S > 1 ? token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a) : x_rows;
+  ps.T = ps.x.extent(1);
+  ps.Bt = ps.x.extent(0);
+  ps.targets = index_t(x_all.extent(0)) * (T_all - 1);
   grad.fill_zero();
   const auto gglobal = grad.global();
-  ActivationStore<S> store(s, d, k0, k1, layer_->store(), layer_->keeps_activations());
-  const Blocks blk = blocks_for(T);
-  const bool exact_blocks = blk.n > 1 && !layer_->detached();
-  std::vector<std::vector<View2<S>>> h_start(k1 - k0);  // [layer][block]: h before the block (exact mode)
-  std::vector<View2<S>> h_range;                        // [layer]: h before this sequence rank's range
+  ps.store = ActivationStore<S>(ps.shape(), d, range.k0, range.k1, layer_->store(), layer_->keeps_activations());
+  ps.blk = blocks_for(ps.T);
 
-  // ---- forward ------------------------------------------------------------
-  if (blk.n == 1) {
-    if (lay.first())
-      embedding_forward(params.global().embedding, x, store.input(k0), exec);
-    else
-      timed([&] { recv(store.input(k0), prev, tag_y, lc); });
-    forward_range(params, store, h_range);
-    if (!lay.last()) {
-      timed([&] { send(store.output(), next, tag_y, lc); });
-      store.release_output();
-    }
-  } else {
-    View2<S> ya("ash::dist::y_block", Bt * blk.len, P), yb("ash::dist::y_block_next", Bt * blk.len, P);
-    const LayerActivations<S> act(SeqShape{Bt, blk.len}, d, LayerActivations<S>::projections_only);
-    std::vector<View2<S>> state;
-    for (int k = k0; k < k1; ++k) state.emplace_back("ash::dist::h_carry", Bt * P, d.state);
-    for (index_t j = 0; j < blk.n; ++j) {
-      const index_t t0 = j * blk.len, Tj = (t0 + blk.len < T) ? blk.len : T - t0, rows = Bt * Tj;
-      View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-      if (lay.first())
-        embedding_forward(params.global().embedding, token_block(x, t0, Tj), y, exec);
-      else
-        timed([&] { recv(y, prev, tag_y, lc); });
-      const auto act_j = first_rows(act, rows);
-      for (int k = k0; k < k1; ++k) {
-        copy_block_rows(store.input(k), y, T, t0, Tj, false, exec);
-        if (exact_blocks) {
-          View2<S> h0;
-          if (j > 0) {
-            h0 = View2<S>("ash::dist::h_block_start", Bt * P, d.state);
-            Kokkos::deep_copy(h0, state[k - k0]);
-          }
-          h_start[k - k0].push_back(h0);
-        }
-        ssm_layer_forward(params.layer(k), SeqShape{Bt, Tj}, y, act_j, yo, state[k - k0], exec);
-        std::swap(y, yo);
-      }
-      if (lay.last())
-        copy_block_rows(store.output(), y, T, t0, Tj, false, exec);
-      else
-        timed([&] { send(y, next, tag_y, lc); });
-    }
-    if (!lay.last()) store.release_output();
-  }
-
-  // ---- head -----------------------------------------------------------------
-  View2<S> g;
+  forward(params, ps);
   double loss = 0;
-  if (lay.last()) {
-    g = View2<S>("ash::g", s.rows(), P);
-    loss = head_loss<S>(params.global(), x_head, store.output(), g, &gglobal, opts_.head_chunk, targets, exec);
-    store.release_output();
+  if (lay.last()) {  // the head: L and g_K
+    ps.g = View2<S>("ash::g", ps.shape().rows(), d.width);
+    loss = head_loss<S>(params.global(), ps.x_head, ps.store.output(), ps.g, &gglobal, opts_.head_chunk, ps.targets,
+                        exec);
+    ps.store.release_output();
   }
-
-  // ---- backward -------------------------------------------------------------
-  // Fault injection for the tests of "an error on one rank ends every rank":
-  // ASH_DEBUG_FAIL_RANK=r makes world rank r fail here, while its neighbours wait in MPI.
-  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK"))
-    require(std::atoi(f) != lay.world_rank, "injected failure on rank " + std::to_string(lay.world_rank) +
-                                               " (ASH_DEBUG_FAIL_RANK)");
-  if (lay.S > 1) {  // E3 on token ranges: per layer, μ's carry from the later ranges
-    auto* exact = dynamic_cast<AdjointExactLayer<S>*>(layer_.get());
-    require(exact != nullptr, "distributed engine: sequence ranks need adjoint-exact");
-    const bool tail = lay.seq_rank == lay.S - 1;
-    auto exchange = [&](const View3<S>& M, const View3<S>& v) {
-      timed([&] { exscan_affine(M, v, grid_.seq_reversed()); });  // the later ranges' maps, last first
-      return tail ? View3<S>() : v;                                 // composed maps applied to 0
-    };
-    if (!lay.last()) {
-      g = View2<S>("ash::g", s.rows(), P);
-      if (layer_->detached())
-        timed([&] { broadcast(g, lay.R - 1, lc); });
-      else
-        timed([&] { recv(g, next, tag_g, lc); });
-    } else if (layer_->detached()) {
-      timed([&] { broadcast(g, lay.R - 1, lc); });
-    }
-    for (int k = k1 - 1; k >= k0; --k) {
-      exact->backward_range(params.layer(k), k, store, g, h_range[k - k0], exchange, grad.layer(k));
-      store.release(k);
-    }
-    if (!lay.first() && !layer_->detached()) timed([&] { send(g, prev, tag_g, lc); });
-  } else if (layer_->detached()) {  // paper mode: one broadcast, then no communication
-    if (!lay.last()) g = View2<S>("ash::g", s.rows(), P);
-    timed([&] { broadcast(g, lay.R - 1, lc); });
-    for (int k = k1 - 1; k >= k0; --k) {
-      layer_->backward(params.layer(k), k, store, g, grad.layer(k));
-      store.release(k);
-    }
-  } else if (!exact_blocks) {  // E1 (or E3 in one block): g_k hands over once per rank
-    if (!lay.last()) {
-      g = View2<S>("ash::g", s.rows(), P);
-      timed([&] { recv(g, next, tag_g, lc); });
-    }
-    for (int k = k1 - 1; k >= k0; --k) {
-      layer_->backward(params.layer(k), k, store, g, grad.layer(k));
-      store.release(k);
-    }
-    if (!lay.first()) timed([&] { send(g, prev, tag_g, lc); });
-  } else {  // E3 exact: reverse wavefront over token blocks
-    auto* exact = dynamic_cast<AdjointExactLayer<S>*>(layer_.get());
-    require(exact != nullptr, "distributed engine: token blocks need adjoint-exact");
-    if (lay.first() && !lay.last()) g = View2<S>("ash::g", s.rows(), P);
-    View2<S> ga("ash::dist::g_block", Bt * blk.len, P), yk("ash::dist::y_layer_block", Bt * blk.len, P);
-    std::vector<ExactCarry<S>> carry(k1 - k0);
-    for (index_t j = blk.n - 1; j >= 0; --j) {
-      const index_t t0 = j * blk.len, Tj = (t0 + blk.len < T) ? blk.len : T - t0, rows = Bt * Tj;
-      const SeqShape sb{Bt, Tj};
-      const View2<S> gj = first_rows(ga, rows), yj = first_rows(yk, rows);
-      if (lay.last())
-        copy_block_rows(g, gj, T, t0, Tj, true, exec);
-      else
-        timed([&] { recv(gj, next, tag_g, lc); });
-      for (int k = k1 - 1; k >= k0; --k) {
-        copy_block_rows(store.input(k), yj, T, t0, Tj, true, exec);
-        exact->backward_block(params.layer(k), sb, yj, gj, h_start[k - k0][j], &carry[k - k0], grad.layer(k));
-      }
-      if (lay.first())
-        copy_block_rows(g, gj, T, t0, Tj, false, exec);
-      else
-        timed([&] { send(gj, prev, tag_g, lc); });
-    }
-    for (int k = k0; k < k1; ++k) store.release(k);
-  }
+  if (before_backward_) before_backward_();
+  if (lay.S > 1)
+    backward_ranges(params, ps, grad);
+  else if (layer_->detached())
+    backward_detached(params, ps, grad);
+  else if (ps.blk.n == 1)
+    backward_whole(params, ps, grad);
+  else
+    backward_wavefront(params, ps, grad);
   layer_->release();
-  if (lay.first()) embedding_backward(x, g, gglobal.embedding, exec);  // the residual stream's g_0
-
-  // ---- replicas and the loss ------------------------------------------------
-  if (lay.D * lay.S > 1) {  // the ranks that own the same layers
-    timed([&] { allreduce_sum(grad.data(), grid_.replicas()); });
-    loss = allreduce_sum(loss, grid_.replicas());
-  }
-  MPI_Bcast(&loss, 1, MPI_DOUBLE, lay.R - 1, lc);
+  if (lay.first()) embedding_backward(ps.x, ps.g, gglobal.embedding, exec);  // the residual stream's g_0
+  loss = finish(loss, grad);
 
   Kokkos::fence();
   const double wall = seconds_since(t_start);
-  stats_.blocks = blk.n;
+  const MPI_Comm lc = grid_.layers();
+  stats_.blocks = ps.blk.n;
   stats_.bytes_sent = bytes_sent() - sent0;
   double sums[2] = {wall - comm_s_, 0};
   MPI_Allreduce(MPI_IN_PLACE, sums, 1, MPI_DOUBLE, MPI_SUM, lc);
@@ -289,6 +306,17 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   stats_.wall_s = wmax;
   stats_.busy_fraction = wmax > 0 ? sums[0] / (double(lay.R) * wmax) : 1.0;
   stats_.max_bytes_sent = allreduce_max(stats_.bytes_sent, grid_.world());
+  return loss;
+}
+
+template <class S>
+double DistributedEngine<S>::finish(double loss, const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  if (lay.D * lay.S > 1) {  // the ranks that own the same layers
+    timed([&] { allreduce_sum(grad.data(), grid_.replicas()); });
+    loss = allreduce_sum(loss, grid_.replicas());
+  }
+  MPI_Bcast(&loss, 1, MPI_DOUBLE, lay.R - 1, grid_.layers());
   return loss;
 }
 

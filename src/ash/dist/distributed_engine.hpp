@@ -22,10 +22,14 @@
 //            (data and sequence); the loss and g are already scaled by the
 //            whole batch's target count.
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "ash/dist/comm.hpp"
 #include "ash/grad/engine.hpp"
+#include "ash/kernels/blocks.hpp"
+#include "ash/model/blockwise_forward.hpp"
 
 namespace ash::dist {
 
@@ -50,17 +54,28 @@ class DistributedEngine final : public GradientEngine<S> {
   // Forward only: L on every rank (validation).
   double loss(const ParamSet<S>& params, const TokenView& x);
   const PipelineStats& stats() const { return stats_; }
+  // A test seam: fn runs on every rank between the head and the backward of
+  // compute() (the CLI's fault injection for "a failing rank ends every rank").
+  void set_before_backward(std::function<void()> fn) { before_backward_ = std::move(fn); }
 
  private:
-  struct Blocks {
-    index_t n = 1, len = 0;  // count, tokens per block (the last may be shorter)
-  };
-  Blocks blocks_for(index_t T) const;
+  struct Pass;  // one compute(): this rank's tokens, store, g and block states
+  TokenBlocks blocks_for(index_t T) const;
   TokenView my_windows(const TokenView& x) const;
   // Layers [k0, k1) on this rank's token range, store.input(k0) filled: with
   // sequence ranks, each layer's state before the range comes from an
   // exclusive scan of the ranges' state maps (kept in h_start for the backward).
   void forward_range(const ParamSet<S>& params, ActivationStore<S>& store, std::vector<View2<S>>& h_start);
+  // The forward over the layer ranks: whole ranges, or token blocks in a pipeline.
+  void forward(const ParamSet<S>& params, Pass& ps);
+  void forward_blocks(const ParamSet<S>& params, Pass& ps);
+  // The backward modes of docs/design.md §2 (E4).
+  void backward_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);     // sequence ranks (E3)
+  void backward_detached(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);   // paper mode
+  void backward_whole(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);      // g_k handed over once
+  void backward_wavefront(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);  // E3 exact, token blocks
+  // Replica sums of the gradient and loss, the loss on every rank, stats.
+  double finish(double loss, const ParamSet<S>& grad);
   template <class Fn>
   void timed(Fn&& fn) {  // time spent in MPI, for the busy fraction
     const auto t0 = std::chrono::steady_clock::now();
@@ -72,6 +87,8 @@ class DistributedEngine final : public GradientEngine<S> {
   EngineOptions opts_;
   index_t pipeline_blocks_;
   std::unique_ptr<LayerAdjoint<S>> layer_;
+  BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
+  std::function<void()> before_backward_;
   PipelineStats stats_;
   double comm_s_ = 0;  // time inside MPI calls during compute()
 };

@@ -23,7 +23,7 @@ using impl::boundary_states;
 template <int NT, class S>
 void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms, const View3<S>& G,
                           const ExactCarry<S>& carry, const ExecSpace& exec) {
-  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.nc;
+  const index_t P = Ms.extent(1), N = Ms.extent(2), T = L.T, nc = ch.n;
   const bool next = carry.valid;
   auto An = carry.A;
   Kokkos::parallel_for(
@@ -66,7 +66,7 @@ void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   ASH_WITH_LANE_TILE(N, chunk_local_adjoints<NT>(L, ch, Bt, Ms, G, carry, exec));
   // M_c = L_c + G_c M_{c+1} right to left, from the later block's μ (if any).
   const View2<S> init = carry.valid ? View2<S>(carry.mu.data(), Bt * P, N) : View2<S>();
-  impl::carry_chunks("ash::e3::carry_mu", Ms, G, Bt, ch.nc, init, true, impl::carry_group(ch.nc), exec);
+  impl::carry_chunks("ash::e3::carry_mu", Ms, G, Bt, ch.n, init, true, impl::carry_group(ch.n), exec);
 }
 
 // μ over chunk c's tokens [t0, end(c)) of one (sequence b, channel q, state
@@ -78,7 +78,7 @@ KOKKOS_INLINE_FUNCTION void chunk_mu_reverse(const ScanView<S>& L, const Chunks&
                                              const ExactCarry<S>& carry, index_t b, index_t c, index_t q, index_t n0,
                                              index_t t0, index_t w0, index_t W, const View3<S>& Abuf,
                                              const View3<S>& mubuf) {
-  const index_t T = L.T, nc = ch.nc;
+  const index_t T = L.T, nc = ch.n;
   S cy[NT];  // A^{t+1} μ^{t+1}
   const index_t te = ch.end(c);
   for (int j = 0; j < NT; ++j)
@@ -106,9 +106,9 @@ template <int NT, class S>
 void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& h0,
                 const View3<S>& Ms, const ExactCarry<S>& carry, bool mu_too, index_t w0, index_t W,
                 const View3<S>& hbuf, const View3<S>& Abuf, const View3<S>& mubuf, const ExecSpace& exec) {
-  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
+  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.n;
   const bool has_h0 = h0.extent(0) > 0;
-  const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C, ncw = c_hi - c_lo + 1;
+  const index_t c_lo = w0 / ch.len, c_hi = (w0 + W - 1) / ch.len, ncw = c_hi - c_lo + 1;
   Kokkos::parallel_for(
       "ash::e3::wave_scans", Range(exec, 0, Bt * ncw * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
         const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
@@ -150,7 +150,7 @@ void wave_scans_sequential(const ScanView<S>& L, const Chunks ch, index_t Bt, co
                            const ExecSpace& exec) {
   const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T;
   const bool has_h0 = h0.extent(0) > 0, first = w0 == 0;
-  const index_t c_lo = w0 / ch.C, c_hi = (w0 + W - 1) / ch.C;
+  const index_t c_lo = w0 / ch.len, c_hi = (w0 + W - 1) / ch.len;
   Kokkos::parallel_for(
       "ash::e3::wave_scans_sequential", Range(exec, 0, Bt * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
         const index_t ntile = N / NT, bq = i / ntile, n0 = (i % ntile) * NT, b = bq / P, q = bq % P;
@@ -287,7 +287,7 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
 template <class S>
 void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store,
                                           const View2<S>& g, const View2<S>& h0,
-                                          const std::function<View3<S>(const View3<S>&, const View3<S>&)>& exchange,
+                                          const typename BlockAdjoint<S>::Exchange& exchange,
                                           const LayerParams<S>& grad) {
   require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
   const auto& s = store.shape();
@@ -295,8 +295,8 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
   const auto& act = store.activations(p, k, exec);
   const index_t T = s.T, Bt = s.batch, P = p.W_delta.extent(0), N = p.W_B.extent(0);
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
-  const Chunks chunks{C, (T + C - 1) / C, T};
-  const index_t nc = chunks.nc;
+  const Chunks chunks(C, T);
+  const index_t nc = chunks.n;
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T};
   // μ at chunk starts with a zero carry from the later ranges, and (through a
   // carry of μ = 0, A = 1) the chunks' full products G_c, so the range's μ at
@@ -345,7 +345,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   require(!(window && carry), "adjoint-exact: a window runs on whole windows, not token blocks");
   const index_t Tbar = window ? opts_.truncate : T;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
-  const Chunks chunks{C, (T + C - 1) / C, T};
+  const Chunks chunks(C, T);
   const index_t W = e3_wave_length(opts_, T, Bt * P * N);
   const index_t Wbuf = W < T ? W : T;
   ModelDims d;
@@ -362,7 +362,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   };
   const bool chunked_h = opts_.e3_chunked_h;
   if (chunked_h) {
-    ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.nc, P, N, true);
+    ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.n, P, N, true);
     w.hrun = View2<S>();
   } else {
     w.Hb = View3<S>();
@@ -370,11 +370,11 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
       w.hrun = View2<S>(Kokkos::view_alloc(std::string("ash::e3::h_running"), Kokkos::WithoutInitializing), Bt * P, N);
   }
   if (chunked_h || !window)  // boundary products (chunked h); μ's chunk products G (exact mode)
-    ensure(w.scratch, "ash::e3::chunk_products", Bt * chunks.nc, P, N, true);
+    ensure(w.scratch, "ash::e3::chunk_products", Bt * chunks.n, P, N, true);
   else
     w.scratch = View3<S>();
   if (!window)
-    ensure(w.Ms, "ash::e3::mu_chunk_start", Bt * chunks.nc, P, N, true);
+    ensure(w.Ms, "ash::e3::mu_chunk_start", Bt * chunks.n, P, N, true);
   else
     w.Ms = View3<S>();
   ensure(w.hbuf, "ash::e3::wave_hprev", Bt * Wbuf, P, N, false);
@@ -409,7 +409,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, Abuf, cot, grad, g,
                             opts_.detach_inputs, exec);
   }
-  if (carry) take_carry(L, Bt, chunks.nc, Ms, *carry, exec);
+  if (carry) take_carry(L, Bt, chunks.n, Ms, *carry, exec);
 }
 
 template class AdjointExactLayer<float>;

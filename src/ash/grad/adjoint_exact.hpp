@@ -22,15 +22,6 @@
 
 namespace ash {
 
-// What the reverse pass over token blocks (the exact-mode pipeline of E4)
-// carries from one block into the one before it: μ and A at the first token
-// of the later block, per (sequence, channel, state), [Bt, P, N].
-template <class S>
-struct ExactCarry {
-  View3<S> mu, A;
-  bool valid = false;  // false: the later block does not exist (end of the window)
-};
-
 // W, the tokens per sequence of one E3 wave over a window of T tokens: whole
 // chunks (exact, detached) or whole blocks of T̄ (a window), about grad.wave
 // of them. The buffers hold min(W, T) rows per sequence.
@@ -41,7 +32,7 @@ struct ExactCarry {
 index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token);
 
 template <class S>
-class AdjointExactLayer final : public LayerAdjoint<S> {
+class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
  public:
   // Throws ash::Error for a window without detach_inputs.
   explicit AdjointExactLayer(const EngineOptions& opts);
@@ -52,24 +43,14 @@ class AdjointExactLayer final : public LayerAdjoint<S> {
   void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
                 const LayerParams<S>& grad) override;
   void release() override;
+  BlockAdjoint<S>* block_adjoint() override { return this; }
 
-  // Exact mode on one token block of every sequence, blocks taken from the
-  // last to the first: sb.T tokens per sequence (a multiple of the chunk but
-  // for the last block), y_blk and g_blk [Bt·sb.T, P] in block-row order
-  // (g_k in, g_{k-1} out), h0 [Bt·P, N] the state before the block's first
-  // token (empty: zero), carry in: from the block after, out: for the block before.
-  // Exact or detached mode; a window (T̄) needs the whole window as one block,
-  // with carry == nullptr (no block after or before).
+  // BlockAdjoint (layer_adjoint.hpp): a token block, a token range.
   void backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
-                      const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad);
-  // One token range of a longer window (context parallelism; exact or
-  // detached, no window): g (g_k of the range) in, g_{k-1} out; h0 the state
-  // before the range (empty: zero). `exchange` gets the range's carry map
-  // c_before = M ⊙ c_after + v ([Bt, P, N] each; c = A μ at a range's first
-  // token) and returns c_after, the carry from the later ranges (empty: zero).
+                      const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad) override;
   void backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                      const View2<S>& h0, const std::function<View3<S>(const View3<S>&, const View3<S>&)>& exchange,
-                      const LayerParams<S>& grad);
+                      const View2<S>& h0, const typename BlockAdjoint<S>::Exchange& exchange,
+                      const LayerParams<S>& grad) override;
 
  private:
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,

@@ -9,30 +9,17 @@
 
 namespace ash {
 
-EngineOptions EngineOptions::from_config(const Config& cfg) {
-  EngineOptions o;
-  o.engine = cfg.get<std::string>("grad.engine");
-  o.truncate = cfg.get<index_t>("grad.truncate");
-  o.detach_inputs = cfg.get<bool>("grad.detach_inputs");
-  o.chunk = cfg.get<index_t>("grad.chunk");
-  o.wave = cfg.get<index_t>("grad.wave");
-  o.head_chunk = cfg.get<index_t>("grad.head_chunk");
-  o.storage = parse_storage(cfg.get<std::string>("run.storage"));
-  o.layer_checkpoint = resolve_layer_checkpoint(cfg.get<index_t>("grad.layer_checkpoint"), cfg.model().layers);
-  o.token_block = cfg.get<index_t>("grad.token_block");
-  o.carry_state = cfg.get<bool>("data.carry_state");
-  return o;
-}
-
 template <class S>
 std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
   require(opts.truncate >= 0, "--truncate must be >= 0");
   require(opts.chunk >= 1, "--chunk must be >= 1");
   require(opts.wave >= 0 && opts.head_chunk >= 0, "grad.wave and grad.head_chunk must be >= 0 (0: auto)");
-  if (opts.engine == "backprop") return std::make_unique<BackpropLayer<S>>(opts);
-  if (opts.engine == "adjoint") return std::make_unique<AdjointLayer<S>>(opts);
-  if (opts.engine == "adjoint-exact") return std::make_unique<AdjointExactLayer<S>>(opts);
-  throw Error("unknown engine '" + opts.engine + "' (expected backprop, adjoint or adjoint-exact)");
+  switch (opts.method) {
+    case Method::backprop: return std::make_unique<BackpropLayer<S>>(opts);
+    case Method::adjoint: return std::make_unique<AdjointLayer<S>>(opts);
+    case Method::adjoint_exact: return std::make_unique<AdjointExactLayer<S>>(opts);
+  }
+  throw Error("unknown grad.engine (expected backprop, adjoint or adjoint-exact)");
 }
 
 template <class S>

@@ -9,38 +9,12 @@
 
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
-#include "ash/core/half.hpp"
-#include "ash/core/resources.hpp"
 #include "ash/grad/layer_adjoint.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/params.hpp"
 
 namespace ash {
 
-struct EngineOptions {
-  std::string engine = "backprop";  // backprop | adjoint | adjoint-exact
-  index_t truncate = 0;             // T̄; 0 = the full window T
-  bool detach_inputs = false;       // stop-gradient on every layer input
-  index_t chunk = 64;               // E3 chunk length C
-  index_t wave = 0;                 // E3: tokens whose A, h, μ are recomputed at once; 0: auto (e3_wave_length)
-  index_t head_chunk = 0;           // tokens per head chunk (T×V logits never whole); 0: auto (head_chunk_rows)
-  // E3's h replay (C++ API only; docs/design.md §6): chunk-parallel from the
-  // chunk-boundary states (a GPU's form), or sequential through each
-  // sequence's waves from a running state (a host's form: no boundary pass).
-  // Defaults to the backend's form; tests run the other one too.
-  bool e3_chunked_h = !host_backend;
-  // The memory levers of docs/design.md §8 (E3 only; any of them selects the
-  // LowMemoryEngine of ash/grad/low_memory_engine.hpp):
-  Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)
-  index_t layer_checkpoint = 1;     // keep every m-th layer input, recompute the rest (resolved: >= 1)
-  index_t token_block = 0;          // tokens per block of the block-wise pass (0: auto)
-  bool carry_state = false;         // windows start from the previous window's state (data.carry_state)
-
-  bool low_memory() const {
-    return storage != Storage::full || layer_checkpoint != 1 || token_block > 0 || carry_state;
-  }
-  static EngineOptions from_config(const Config& cfg);
-};
 
 template <class S>
 class GradientEngine {
@@ -73,7 +47,7 @@ class LocalEngine final : public GradientEngine<S> {
   std::unique_ptr<LayerAdjoint<S>> layer_;
 };
 
-// The local engine for opts.engine (the LowMemoryEngine when opts.low_memory()); throws ash::Error for an unknown engine or
+// The local engine for opts.method (the LowMemoryEngine when opts.low_memory()); throws ash::Error for
 // options it does not support.
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts);

@@ -5,6 +5,7 @@
 // detached, the paper's mode, where g is left as it is). Orchestrators (the
 // local engine, the MPI layer pipeline) decide the order of layers and ranks;
 // the methods E1, E2, E3 live behind this interface.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -13,6 +14,44 @@
 namespace ash {
 
 struct EngineOptions;
+
+// What the reverse pass over token blocks (the block-wise engine, the MPI
+// pipeline's reverse wavefront) carries from one block into the one before
+// it: μ and A at the first token of the later block, per (sequence, channel,
+// state), [Bt, P, N].
+template <class S>
+struct ExactCarry {
+  View3<S> mu, A;
+  bool valid = false;  // false: the later block does not exist (end of the window)
+};
+
+// The reverse mode of one layer on a piece of the window (E3 only:
+// docs/design.md §2, §8): a token block with the carry from the block after
+// it, or one sequence rank's token range with the carry exchanged between ranges.
+template <class S>
+class BlockAdjoint {
+ public:
+  virtual ~BlockAdjoint() = default;
+  // One token block of every sequence, blocks taken from the last to the
+  // first: sb.T tokens per sequence (a multiple of the chunk but for the last
+  // block), y_blk and g_blk [Bt·sb.T, P] in block-row order (g_k in, g_{k-1}
+  // out), h0 [Bt·P, N] the state before the block's first token (empty:
+  // zero), carry in: from the block after, out: for the block before. Exact
+  // or detached mode; a window (T̄) needs the whole window as one block, with
+  // carry == nullptr.
+  virtual void backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
+                              const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>* carry,
+                              const LayerParams<S>& grad) = 0;
+  // The carry between token ranges: given a range's map c_before = M ⊙ c_after + v
+  // ([Bt, P, N] each; c = A μ at a range's first token), returns c_after, the
+  // carry from the later ranges (empty: zero).
+  using Exchange = std::function<View3<S>(const View3<S>&, const View3<S>&)>;
+  // One token range of a longer window (context parallelism; exact or
+  // detached, no window): g (g_k of the range) in, g_{k-1} out; h0 the state
+  // before the range (empty: zero).
+  virtual void backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                              const View2<S>& h0, const Exchange& exchange, const LayerParams<S>& grad) = 0;
+};
 
 template <class S>
 class LayerAdjoint {
@@ -33,11 +72,9 @@ class LayerAdjoint {
                         const LayerParams<S>& grad) = 0;
   // Frees the scratch kept between layers (called at the end of a pass).
   virtual void release() {}
-  // The execution-space instance the layer's kernels run on (default: the
-  // default instance). An orchestrator may give the layer method its own
-  // instance so communication can overlap compute; it must then fence between
-  // the two (dense products stay on the default instance in Kokkos Kernels 3.4).
-  void set_execution_space(const ExecSpace& exec) { exec_ = exec; }
+  // The block and range forms, for methods that have them (E3); else nullptr.
+  virtual BlockAdjoint<S>* block_adjoint() { return nullptr; }
+  // The execution-space instance the layer's kernels run on (the default one).
   const ExecSpace& execution_space() const { return exec_; }
 
  protected:
@@ -65,8 +102,8 @@ struct WindowScratch {
   }
 };
 
-// E1 backprop, E2 adjoint or E3 adjoint-exact by opts.engine; throws
-// ash::Error for an unknown engine or options it does not support.
+// E1 backprop, E2 adjoint or E3 adjoint-exact by opts.method; throws
+// ash::Error for options it does not support.
 template <class S>
 std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts);
 

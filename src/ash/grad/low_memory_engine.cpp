@@ -3,15 +3,16 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
-#include "ash/io/tokens.hpp"
+#include "ash/kernels/half_storage.hpp"
+#include "ash/model/blockwise_forward.hpp"
 
 namespace ash {
 
 template <class S>
 LowMemoryEngine<S>::LowMemoryEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
-  require(opts.engine == "adjoint-exact",
+  require(opts.exact_adjoint(),
           "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state need grad.engine = "
-          "adjoint-exact (got '" + opts.engine + "')");
+          "adjoint-exact (got '" + method_name(opts.method) + "')");
   require(opts.layer_checkpoint >= 1, "grad.layer_checkpoint must be resolved to >= 1");
   require(opts.token_block >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
 }
@@ -39,7 +40,6 @@ double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   const index_t Bt = x.extent(0), T = x.extent(1), P = d.width, N = d.state;
   const int K = int(d.layers);
   const index_t m = opts_.layer_checkpoint;
-  const index_t blen = block_length(T), nb = (T + blen - 1) / blen;
   const ExecSpace& exec = layer_.execution_space();
   if (state_) {
     require(index_t(state_->size()) == K, "carried state: expected one state per layer");
@@ -53,33 +53,27 @@ double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   // Kept layer inputs y_k, k = m, 2m, ... <= K (y_0 is the embedding's, recomputed).
   std::vector<StoredRows<S>> kept(K + 1);
   for (int k = int(m); k <= K; k += int(m)) kept[k] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, Bt * T, P);
-  // State before each (layer, block): [nb, Bt·P, N] per layer; block 0's is
-  // the carried state (or zero).
-  std::vector<View3<S>> h_start;
-  for (int k = 0; k < K; ++k) h_start.emplace_back("ash::lowmem::h_block_start", nb, Bt * P, N);
-  auto h_before = [&](int k, index_t j) -> View2<S> {
-    return Kokkos::subview(h_start[k], j, Kokkos::ALL(), Kokkos::ALL());
-  };
+  // The state before each (layer, block); block 0's is the carried state (or zero).
+  BlockwiseForward<S> fw(d, 0, K, Bt, TokenBlocks(block_length(T), T), true);
+  const TokenBlocks& blk = fw.blocks();
+  const index_t blen = blk.len, nb = blk.n;
+  if (state_)
+    for (int k = 0; k < K; ++k) fw.start_from(k, (*state_)[k], exec);
   const LayerActivations<S> act(SeqShape{Bt, blen}, d, LayerActivations<S>::projections_only);
-  View2<S> h_run("ash::lowmem::h_run", Bt * P, N);  // the state a layer's scan advances
 
   // ---- forward: blocks in order, the state of every layer carried along -------
   {
     View2<S> ya("ash::lowmem::y_block", Bt * blen, P), yb("ash::lowmem::y_block_next", Bt * blen, P);
     for (index_t j = 0; j < nb; ++j) {
-      const index_t t0 = j * blen, Tj = t0 + blen < T ? blen : T - t0, rows = Bt * Tj;
+      const index_t rows = fw.rows(j);
       View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-      embedding_forward(params.global().embedding, token_block(x, t0, Tj), y, exec);
+      embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
       const auto act_j = first_rows(act, rows);
       for (int k = 0; k < K; ++k) {
-        // block 0: the carried state or zero (as allocated); block j > 0: set after block j-1
-        if (j == 0 && state_) Kokkos::deep_copy(exec, h_before(k, 0), (*state_)[k]);
-        Kokkos::deep_copy(exec, h_run, h_before(k, j));
-        ssm_layer_forward(params.layer(k), SeqShape{Bt, Tj}, y, act_j, yo, h_run, exec);
-        if (j + 1 < nb) Kokkos::deep_copy(exec, h_before(k, j + 1), h_run);
-        if (j + 1 == nb && state_) Kokkos::deep_copy(exec, (*state_)[k], h_run);
+        const View2<S> h = fw.advance(params.layer(k), k, j, y, act_j, yo, exec);
+        if (j + 1 == nb && state_) Kokkos::deep_copy(exec, (*state_)[k], h);
         std::swap(y, yo);
-        if (!kept[k + 1].empty()) kept[k + 1].put(y, T, t0, Tj, exec);
+        if (!kept[k + 1].empty()) kept[k + 1].put(y, T, blk.start(j), blk.size(j), exec);
       }
     }
   }
@@ -90,13 +84,12 @@ double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   for (index_t i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", Bt * blen, P);
   View2<S> gb("ash::lowmem::g_block", Bt * blen, P);
   std::vector<ExactCarry<S>> carry(K);
-  const bool blocks = nb > 1;
   const index_t targets = Bt * (T - 1);
   double loss = 0;
   const int c_top = int((K / m) * m);
   for (index_t j = nb - 1; j >= 0; --j) {
-    const index_t t0 = j * blen, Tj = t0 + blen < T ? blen : T - t0, rows = Bt * Tj;
-    const SeqShape sb{Bt, Tj};
+    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = fw.rows(j);
+    const SeqShape sb = fw.shape(j);
     const TokenView xb = token_block(x, t0, Tj);
     const auto act_j = first_rows(act, rows);
     const View2<S> g = first_rows(gb, rows);
@@ -107,20 +100,17 @@ double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
         embedding_forward(params.global().embedding, xb, y0, exec);
       else
         kept[c].get(y0, T, t0, Tj, exec);
-      for (int k = c; k < e; ++k) {  // y_{k+1} = layer k (y_k), from the state the forward saw
-        Kokkos::deep_copy(exec, h_run, h_before(k, j));
-        ssm_layer_forward(params.layer(k), sb, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows),
-                          h_run, exec);
-      }
+      for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw
+        fw.replay(params.layer(k), k, j, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows), exec);
       if (e == K) {  // the head on y_K's rows: the block's share of L and g_K
-        const TokenView xh = token_block(x, t0, (t0 + Tj < T ? t0 + Tj + 1 : T) - t0);
+        const TokenView xh = token_block(x, t0, (blk.end(j) < T ? blk.end(j) + 1 : T) - t0);
         loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,
                              targets, exec);
       }
       for (int k = (e < K ? e : K - 1); k >= c; --k) {
-        const View2<S> h0 = (j > 0 || state_) ? h_before(k, j) : View2<S>();
+        const View2<S> h0 = (j > 0 || state_) ? fw.state_before(k, j) : View2<S>();
         layer_.backward_block(params.layer(k), sb, first_rows(yseg[k - c], rows), g, h0,
-                              blocks ? &carry[k] : nullptr, grad.layer(k));
+                              nb > 1 ? &carry[k] : nullptr, grad.layer(k));
       }
     }
     embedding_backward(xb, g, gglobal.embedding, exec);

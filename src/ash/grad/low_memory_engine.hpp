@@ -34,7 +34,7 @@ index_t low_memory_block_length(const EngineOptions& opts, index_t T);
 template <class S>
 class LowMemoryEngine final : public GradientEngine<S> {
  public:
-  // Throws ash::Error unless opts.engine is adjoint-exact.
+  // Throws ash::Error unless opts.method is adjoint-exact.
   explicit LowMemoryEngine(const EngineOptions& opts);
   std::string name() const override;
   double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;

@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "ash/core/error.hpp"
-#include "ash/core/resources.hpp"
+#include "ash/core/sizes.hpp"
 
 namespace ash {
 
@@ -354,7 +354,7 @@ void write_header(hid_t file, const Config& cfg, const ModelDims& d, std::int64_
   // Batches are a pure function of (model.seed, step) and the cursor (see
   // TokenDataset), so this names the generator state rather than dumping one.
   write_attr_str(file, "rng_state", "splitmix64(seed=" + std::to_string(d.seed) + ", step=" + std::to_string(step) + ")");
-  write_attr_str(file, "engine", cfg.get<std::string>("grad.engine"));
+  write_attr_str(file, "engine", method_name(cfg.settings().grad.method));
   write_attr_str(file, "config", cfg.json().dump());
 }
 

@@ -5,7 +5,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
-#include "ash/core/resources.hpp"
+#include "ash/core/sizes.hpp"
 
 namespace ash {
 
@@ -65,12 +65,6 @@ TokenView make_windows(const std::vector<std::uint32_t>& tokens, index_t batch, 
     }
   Kokkos::deep_copy(x, h);
   return x;
-}
-
-TokenView token_block(const TokenView& x, index_t t0, index_t Tj) {
-  TokenView xb("ash::x_block", x.extent(0), Tj);
-  Kokkos::deep_copy(xb, Kokkos::subview(x, Kokkos::ALL(), Kokkos::make_pair(t0, t0 + Tj)));
-  return xb;
 }
 
 }  // namespace ash

@@ -16,8 +16,4 @@ std::vector<std::uint32_t> load_tokens(const std::string& path);
 TokenView make_windows(const std::vector<std::uint32_t>& tokens, index_t batch, index_t T, index_t vocab,
                        index_t first = 0);
 
-// Tokens [t0, t0+Tj) of every window of x, as a new [Bt, Tj] view (token
-// blocks of the block-wise engines and of context parallelism).
-TokenView token_block(const TokenView& x, index_t t0, index_t Tj);
-
 }  // namespace ash

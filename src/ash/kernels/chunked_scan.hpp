@@ -6,16 +6,13 @@
 // (lane_tile in state_tile.hpp).
 #include <string>
 
+#include "ash/kernels/blocks.hpp"
 #include "ash/kernels/state_tile.hpp"
 
 namespace ash::impl {
 
-// Chunk c of a sequence covers tokens [c·C, min(T, (c+1)·C)).
-struct Chunks {
-  index_t C, nc, T;
-  KOKKOS_INLINE_FUNCTION index_t start(index_t c) const { return c * C; }
-  KOKKOS_INLINE_FUNCTION index_t end(index_t c) const { return (c + 1) * C < T ? (c + 1) * C : T; }  // exclusive
-};
+// Chunk c of a sequence covers tokens [c·C, min(T, (c+1)·C)): len = C, n = nc.
+using Chunks = TokenBlocks;
 
 // What the scans of one layer read: its projections, the decay rates
 // a = -exp(Alog) ([P, N], computed once per layer) and (E3) the cotangent g_k;
@@ -37,7 +34,7 @@ struct ScanView {
 template <int NT, class S>
 void chunk_local_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View3<S>& PA,
                         const ExecSpace& exec) {
-  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.nc;
+  const index_t P = Hb.extent(1), N = Hb.extent(2), T = L.T, nc = ch.n;
   Kokkos::parallel_for(
         "ash::chunk_scan_h", Range(exec, 0, Bt * nc * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
           const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
@@ -101,7 +98,7 @@ void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F
   const ScanOrder row{nc, reverse};
   // Groups of scan positions, bounded like chunks of tokens: [start(g), end(g)).
   const index_t G = group > 0 && group < nc ? group : nc, ng = (nc + G - 1) / G;
-  const Chunks groups{G, ng, nc};
+  const Chunks groups(G, nc);
   // Per group: the product of its F, then (second pass) its carry-in. One
   // group is the plain pass, which needs neither.
   View3<S> gb;
@@ -150,7 +147,7 @@ void boundary_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const Vi
                      const View2<S>& h0 = View2<S>(), const ExecSpace& exec = ExecSpace()) {
   const index_t N = Hb.extent(2);
   ASH_WITH_LANE_TILE(N, chunk_local_states<NT>(L, ch, Bt, Hb, PA, exec));
-  carry_chunks("ash::carry_h", Hb, PA, Bt, ch.nc, h0, false, carry_group(ch.nc), exec);
+  carry_chunks("ash::carry_h", Hb, PA, Bt, ch.n, h0, false, carry_group(ch.n), exec);
 }
 
 // a = -exp(Alog) ([P, N]): the decay rates, once per layer and pass.

@@ -1,6 +1,7 @@
 #pragma once
 // RMSNorm of docs/design.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5.
 #include "ash/core/types.hpp"
+#include "ash/kernels/blocks.hpp"
 
 namespace ash::impl {
 
@@ -30,16 +31,6 @@ KOKKOS_INLINE_FUNCTION S team_block_sum(const BlockSumMember& team, index_t nblk
   return acc;
 }
 
-// Row r of a block buffer is token row map(r) of the full activations.
-struct IdentityRows {
-  KOKKOS_INLINE_FUNCTION index_t operator()(index_t r) const { return r; }
-};
-// Rows of a RowBlock (ssm_layer.hpp): tokens [t0, t0+W) of every sequence of T.
-struct BlockRows {
-  index_t W, T, t0;
-  KOKKOS_INLINE_FUNCTION index_t operator()(index_t r) const { return (r / W) * T + t0 + r % W; }
-};
-
 // rstd[m] = r(x[m, :]),  yhat[m, p] = w[p] x[m, p] r.
 template <class S, class X, class W, class R, class Y>
 void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, const ExecSpace& exec = ExecSpace()) {
@@ -58,7 +49,7 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, cons
 // gw[p] += Σ_r gyhat x r (two-level sum over blocks of reduce_rows rows), and
 // gx[m, :] (=, or += when accumulate) r (gw⊙gyhat - x̂ mean(gyhat⊙w⊙x̂)), x̂ = x r.
 // An empty gx skips the input VJP (stop-gradient on x).
-template <class S, class X, class W, class R, class G, class GW, class GX, class Map = IdentityRows>
+template <class S, class X, class W, class R, class G, class GW, class GX, class Map = ash::IdentityRows>
 void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, const GW& gw, const GX& gx,
                        bool accumulate_gx, const ExecSpace& exec = ExecSpace(), const Map map = Map()) {
   const index_t Rn = gyhat.extent(0), P = x.extent(1);

@@ -43,7 +43,7 @@ KOKKOS_INLINE_FUNCTION float softplus(float z) { return z > 20.0f ? z : kmath::l
 // chunks of 64 tokens otherwise (a GPU).
 impl::Chunks forward_chunks(index_t T, index_t Bt, index_t P, const ExecSpace& exec) {
   const index_t C = (Bt * P >= 8 * index_t(exec.concurrency()) || T <= forward_chunk) ? T : forward_chunk;
-  return impl::Chunks{C, (T + C - 1) / C, T};
+  return impl::Chunks(C, T);
 }
 
 // The forward replay: each (sequence, chunk, channel) scans its chunk from
@@ -55,7 +55,7 @@ template <int NT, class S>
 void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, const View3<S>& Hb,
                  const View2<S>& state_io, const Unmanaged1<S>& D, const View2<S>& y_in, const View2<S>& y_out,
                  const View3<S>& Hst, const View3<S>& Ast, const ExecSpace& exec) {
-  const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.nc;
+  const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.n;
   const bool store_h = Hst.extent(0) > 0, store_A = Ast.extent(0) > 0;
   const bool carry = state_io.extent(0) > 0;
   Kokkos::parallel_for(
@@ -230,7 +230,7 @@ void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& 
   // scans, then a carry pass; skipped with one chunk), then every (sequence,
   // chunk, channel) replays its chunk from the boundary state.
   const impl::Chunks ch = forward_chunks(T, Bt, P, exec);
-  const index_t nc = ch.nc;
+  const index_t nc = ch.n;
   const bool carry = state_io.extent(0) == std::size_t(Bt * P);
   const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T};
   View3<S> Hb;
@@ -255,8 +255,8 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
                          const View2<S>& prod, const View2<S>& h_local, const ExecSpace& exec) {
   const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = p.W_B.extent(0);
   const index_t C = forward_chunk < T ? forward_chunk : T;
-  const impl::Chunks ch{C, (T + C - 1) / C, T};
-  const index_t nc = ch.nc;
+  const impl::Chunks ch(C, T);
+  const index_t nc = ch.n;
   const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T};
   View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
   View3<S> PA("ash::fwd::chunk_products", Bt * nc, P, N);
@@ -283,7 +283,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
               index_t(cot.gyhat.extent(0)) >= R,
           "ssm_layer_backward_rows: buffers smaller than the row block");
-  const impl::BlockRows map{W, T, t0};
+  const BlockRows map{W, T, t0};
   ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, p.D, map, R, mu, hprev, Av, cot, exec));
   ASH_WITH_LANE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
   // Sums over row blocks, in a fixed order.

@@ -4,17 +4,6 @@
 
 namespace ash {
 
-AdamWOptions AdamWOptions::from_config(const Config& cfg) {
-  AdamWOptions o;
-  o.lr = cfg.get<double>("optim.lr");
-  o.weight_decay = cfg.get<double>("optim.weight_decay");
-  o.beta1 = cfg.get<double>("optim.beta1");
-  o.beta2 = cfg.get<double>("optim.beta2");
-  o.clip = cfg.get<double>("optim.clip");
-  o.warmup = cfg.get<std::int64_t>("optim.warmup");
-  o.steps = cfg.get<std::int64_t>("optim.steps");
-  return o;
-}
 
 double learning_rate(const AdamWOptions& o, std::int64_t step) {
   if (o.warmup > 0 && step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);

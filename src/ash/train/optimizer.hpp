@@ -10,16 +10,6 @@
 
 namespace ash {
 
-struct AdamWOptions {
-  double lr = 3e-3;
-  double weight_decay = 0.1;  // decoupled; matrices only (see decays())
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double clip = 1.0;          // max global L2 norm of the gradient; <= 0: off
-  std::int64_t warmup = 50;   // linear warm-up steps
-  std::int64_t steps = 1000;  // schedule length (cosine to min_lr_ratio·lr)
-  double min_lr_ratio = 0.1;
-  static AdamWOptions from_config(const Config& cfg);
-};
 
 // lr(step), step = 0, 1, ...: lr·(step+1)/warmup during warm-up, then cosine
 // from lr to min_lr_ratio·lr at `steps`, constant after.

@@ -145,7 +145,8 @@ struct Backend {
 
   index_t batch = 1;  // data.batch: the validation forward scores this many windows at a time
 
-  Backend(const Config& cfg, const ModelDims& d) : range(LayerRange::all(d)), batch(cfg.get<index_t>("data.batch")) {
+  Backend(const Config& cfg, const Settings& st) : range(LayerRange::all(st.model)), batch(st.data.batch) {
+    const ModelDims& d = st.model;
 #ifdef ASH_HAVE_MPI
     int inited = 0, world = 1, rank = 0;
     MPI_Initialized(&inited);
@@ -153,21 +154,21 @@ struct Backend {
       MPI_Comm_size(MPI_COMM_WORLD, &world);
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     }
-    if (world > 1 || cfg.multi_rank()) {
+    if (world > 1 || st.dist.multi_rank()) {
       require(inited, "dist.* asks for several ranks: run under mpiexec");
       grid = std::make_unique<dist::Grid>(cfg);
       range = grid->range(d);
       root = rank == 0;
-      auto e = std::make_unique<dist::DistributedEngine<S>>(*grid, EngineOptions::from_config(cfg),
-                                                             cfg.get<index_t>("dist.pipeline_blocks"));
+      auto e = std::make_unique<dist::DistributedEngine<S>>(*grid, st.grad, st.dist.pipeline_blocks);
       dist_engine = e.get();
       engine = std::move(e);
       return;
     }
 #else
-    require(!cfg.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding (ASH_ENABLE_MPI)");
+    (void)cfg;
+    require(!st.dist.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding (ASH_ENABLE_MPI)");
 #endif
-    engine = make_engine<S>(EngineOptions::from_config(cfg));
+    engine = make_engine<S>(st.grad);
   }
 
   double valid_loss(const ParamSet<S>& params, const TokenView& x) {
@@ -264,20 +265,20 @@ struct Backend {
 };
 
 template <class S>
-TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* log, std::int64_t until) {
-  const ModelDims d = cfg.model();
-  const index_t T = cfg.get<index_t>("data.seq_len"), B = cfg.get<index_t>("data.batch");
-  const std::int64_t steps = cfg.get<std::int64_t>("optim.steps");
-  const std::int64_t log_every = std::max<std::int64_t>(1, cfg.get<std::int64_t>("run.log_every"));
-  const std::int64_t eval_every = cfg.get<std::int64_t>("run.eval_every");
-  const std::int64_t ckpt_every = cfg.get<std::int64_t>("run.ckpt_every");
-  const std::string out_dir = cfg.get<std::string>("run.out_dir");
+TrainSummary train_as(const Config& cfg, const Settings& st, const std::string& resume, std::FILE* log,
+                      std::int64_t until) {
+  const ModelDims d = st.model;
+  const index_t T = st.data.seq_len, B = st.data.batch;
+  const std::int64_t steps = st.optim.steps;
+  const std::int64_t log_every = std::max<std::int64_t>(1, st.run.log_every);
+  const std::int64_t eval_every = st.run.eval_every;
+  const std::int64_t ckpt_every = st.run.ckpt_every;
+  const std::string out_dir = st.run.out_dir;
   const std::string ckpt_path = out_dir + "/checkpoint.h5";
 
-  const auto data = TokenDataset::from_file(cfg.get<std::string>("data.train"), d.vocab, T,
-                                            cfg.get<double>("data.valid_fraction"), d.seed,
-                                            cfg.get<bool>("data.sequential"), cfg.get<bool>("data.carry_state"));
-  Backend<S> be(cfg, d);
+  const auto data = TokenDataset::from_file(st.data.train, d.vocab, T, st.data.valid_fraction, d.seed,
+                                            st.data.sequential, st.data.carry_state);
+  Backend<S> be(cfg, st);
   if (!be.root) log = nullptr;
   std::unique_ptr<RunLock> lock;
   be.on_root([&] {
@@ -290,7 +291,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
   StopSignals signals;
 
   ParamSet<S> params(d, be.range);
-  AdamW<S> opt(d, be.range, AdamWOptions::from_config(cfg));
+  AdamW<S> opt(d, be.range, st.optim);
   std::int64_t step = 0, cursor = 0;
   if (resume.empty()) {
     initialize(params, d.seed);
@@ -300,7 +301,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
     require(info.dims == d, "--resume: checkpoint '" + resume + "' has other model sizes than the configuration");
     require(info.precision == (sizeof(S) == 8 ? "double" : "float"),
             "--resume: checkpoint '" + resume + "' was trained in " + info.precision + ", run.precision is " +
-                cfg.get<std::string>("run.precision"));
+                st.run.precision());
     std::int64_t opt_step = 0;
     if (load_optimizer_state(resume, opt.m(), opt.v(), &opt_step)) opt.set_step(opt_step);
     step = info.step;
@@ -310,7 +311,7 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
   // data.carry_state: every layer's state after the previous window of each
   // stream, restored on resume (a checkpoint without one starts from zero).
   std::vector<View2<S>> carried;
-  if (cfg.get<bool>("data.carry_state")) {
+  if (st.data.carry_state) {
     for (index_t k = 0; k < d.layers; ++k) carried.emplace_back("ash::train::carried_state", B * d.width, d.state);
     if (!resume.empty()) load_carried_state(resume, carried);
     engine->set_carried_state(&carried);
@@ -441,9 +442,9 @@ TrainSummary train_as(const Config& cfg, const std::string& resume, std::FILE* l
 }  // namespace
 
 TrainSummary train(const Config& cfg, const std::string& resume, std::FILE* log, std::int64_t until) {
-  cfg.validate();
-  return cfg.get<std::string>("run.precision") == "double" ? train_as<double>(cfg, resume, log, until)
-                                                           : train_as<float>(cfg, resume, log, until);
+  const Settings st = cfg.settings();
+  return st.run.double_precision ? train_as<double>(cfg, st, resume, log, until)
+                                 : train_as<float>(cfg, st, resume, log, until);
 }
 
 }  // namespace ash

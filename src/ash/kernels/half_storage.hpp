@@ -13,21 +13,11 @@
 #include <cstring>
 #include <string>
 
+#include "ash/core/options.hpp"
 #include "ash/core/types.hpp"
+#include "ash/kernels/blocks.hpp"
 
 namespace ash {
-
-// How the engine keeps the activations it stores between forward and backward.
-enum class Storage { full, bf16, fp16 };
-
-// "float" (full: the compute type, float or double), "bf16" or "fp16";
-// throws ash::Error for anything else.
-Storage parse_storage(const std::string& s);
-std::string storage_name(Storage s);
-// Bytes of one stored number (full: sizeof the compute type).
-inline std::size_t storage_bytes(Storage s, std::size_t scalar_bytes) {
-  return s == Storage::full ? scalar_bytes : 2;
-}
 
 namespace half {
 

@@ -1,19 +1,8 @@
-#include "ash/core/half.hpp"
+#include "ash/kernels/half_storage.hpp"
 
 #include "ash/core/error.hpp"
 
 namespace ash {
-
-Storage parse_storage(const std::string& s) {
-  if (s == "float") return Storage::full;
-  if (s == "bf16") return Storage::bf16;
-  if (s == "fp16") return Storage::fp16;
-  throw Error("run.storage must be float, bf16 or fp16 (got '" + s + "')");
-}
-
-std::string storage_name(Storage s) {
-  return s == Storage::bf16 ? "bf16" : s == Storage::fp16 ? "fp16" : "float";
-}
 
 template <class S>
 StoredRows<S>::StoredRows(const std::string& label, Storage st, index_t rows, index_t cols) : st_(st), rows_(rows) {
@@ -34,9 +23,10 @@ void StoredRows<S>::put(const View2<S>& src, index_t T, index_t t0, index_t Tj, 
   const Storage st = st_;
   auto f = full_;
   auto h = half_;
+  const BlockRows map{Tj, T, t0};
   Kokkos::parallel_for(
       "ash::store::put", Range2(exec, {0, 0}, {rows, P}), KOKKOS_LAMBDA(const index_t r, const index_t p) {
-        const index_t m = (r / Tj) * T + t0 + r % Tj;
+        const index_t m = map(r);
         if (st == Storage::full)
           f(m, p) = src(r, p);
         else
@@ -50,9 +40,10 @@ void StoredRows<S>::get(const View2<S>& dst, index_t T, index_t t0, index_t Tj, 
   const Storage st = st_;
   auto f = full_;
   auto h = half_;
+  const BlockRows map{Tj, T, t0};
   Kokkos::parallel_for(
       "ash::store::get", Range2(exec, {0, 0}, {rows, P}), KOKKOS_LAMBDA(const index_t r, const index_t p) {
-        const index_t m = (r / Tj) * T + t0 + r % Tj;
+        const index_t m = map(r);
         dst(r, p) = st == Storage::full ? f(m, p) : half::unpack<S>(st, h(m, p));
       });
 }

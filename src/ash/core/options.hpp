@@ -1,0 +1,121 @@
+#pragma once
+// The typed configuration (docs/design.md §4): every key of the JSON
+// configuration parsed and validated once (Config::settings()) into these
+// structs; nothing below the CLI reads a string key.
+#include <cstdint>
+#include <string>
+
+#include "ash/core/types.hpp"
+
+namespace ash {
+
+struct ModelDims {
+  std::int64_t vocab = 256;   // V
+  std::int64_t width = 64;    // P
+  std::int64_t state = 16;    // N
+  std::int64_t layers = 2;    // K
+  std::uint64_t seed = 1234;  // initialisation seed
+  bool operator==(const ModelDims& o) const {
+    return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers;
+  }
+};
+
+// The per-layer gradient method (grad.engine, docs/design.md §2): E1, E2, E3.
+enum class Method { backprop, adjoint, adjoint_exact };
+// "backprop", "adjoint", "adjoint-exact" (the config's spelling).
+std::string method_name(Method m);
+// The reverse; throws ash::Error naming grad.engine for anything else.
+Method parse_method(const std::string& s);
+
+// How the engine keeps the activations it stores between forward and backward
+// (run.storage, docs/design.md §8): the compute type, bf16 or fp16.
+enum class Storage { full, bf16, fp16 };
+// "float" (full), "bf16" or "fp16"; throws ash::Error naming run.storage for anything else.
+Storage parse_storage(const std::string& s);
+std::string storage_name(Storage s);
+// Bytes of one stored number (full: sizeof the compute type).
+inline std::size_t storage_bytes(Storage s, std::size_t scalar_bytes) {
+  return s == Storage::full ? scalar_bytes : 2;
+}
+
+// data.*
+struct DataOptions {
+  std::string train;             // token file
+  double valid_fraction = 0.05;  // tail of the file held out
+  index_t seq_len = 256;         // T
+  index_t batch = 4;             // windows per step
+  bool sequential = false;       // consecutive windows instead of random ones
+  bool carry_state = false;      // windows start from the previous window's state (needs sequential)
+};
+
+// grad.* (and run.storage, data.carry_state: the engine's memory levers).
+struct EngineOptions {
+  Method method = Method::backprop;
+  index_t truncate = 0;        // T̄; 0 = the full window T
+  bool detach_inputs = false;  // stop-gradient on every layer input
+  index_t chunk = 64;          // E3 chunk length C
+  index_t wave = 0;            // E3: tokens whose A, h, μ are recomputed at once; 0: auto (e3_wave_length)
+  index_t head_chunk = 0;      // tokens per head chunk (T×V logits never whole); 0: auto (head_chunk_rows)
+  // E3's h replay (C++ API only; docs/design.md §6): chunk-parallel from the
+  // chunk-boundary states (a GPU's form), or sequential through each
+  // sequence's waves from a running state (a host's form). Defaults to the
+  // backend's form; tests run the other one too.
+  bool e3_chunked_h = !host_backend;
+  // The memory levers of docs/design.md §8 (E3 only; any of them selects the
+  // block-wise engine of ash/grad/low_memory_engine.hpp):
+  Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)
+  index_t layer_checkpoint = 1;     // keep every m-th layer input, recompute the rest (resolved: >= 1)
+  index_t token_block = 0;          // tokens per block of the block-wise pass (0: auto)
+  bool carry_state = false;         // windows start from the previous window's state (data.carry_state)
+
+  bool low_memory() const {
+    return storage != Storage::full || layer_checkpoint != 1 || token_block > 0 || carry_state;
+  }
+  bool exact_adjoint() const { return method == Method::adjoint_exact; }
+  // The grad.* keys of a Config (Config::settings().grad).
+  static EngineOptions from_config(const class Config& cfg);
+};
+
+// optim.*: AdamW with warm-up and cosine decay (ash/train/optimizer.hpp).
+struct AdamWOptions {
+  double lr = 3e-3;
+  double weight_decay = 0.1;  // decoupled; matrices only (see decays())
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 1.0;          // max global L2 norm of the gradient; <= 0: off
+  std::int64_t warmup = 50;   // linear warm-up steps
+  std::int64_t steps = 1000;  // schedule length (cosine to min_lr_ratio·lr)
+  double min_lr_ratio = 0.1;
+  static AdamWOptions from_config(const class Config& cfg);
+};
+
+// run.*
+struct RunOptions {
+  std::string out_dir = "run";
+  std::int64_t log_every = 10, eval_every = 100, ckpt_every = 200;
+  bool double_precision = false;  // run.precision: "double" (else "float")
+  std::size_t scalar_bytes() const { return double_precision ? 8 : 4; }
+  std::string precision() const { return double_precision ? "double" : "float"; }
+};
+
+// dist.*: the MPI rank layout asked for (dist::Layout is the one resolved
+// against the world size).
+struct DistOptions {
+  index_t layer_ranks = 1;      // R
+  index_t data_ranks = 0;       // D; 0: world / (R·S)
+  index_t seq_ranks = 1;        // S
+  index_t pipeline_blocks = 0;  // token blocks per window of the E3 pipeline (0: 4 per layer rank)
+  // True when more than one rank is asked for.
+  bool multi_rank() const { return layer_ranks > 1 || seq_ranks > 1 || data_ranks > 1; }
+};
+
+// The whole configuration, validated.
+struct Settings {
+  ModelDims model;
+  DataOptions data;
+  EngineOptions grad;
+  AdamWOptions optim;
+  RunOptions run;
+  DistOptions dist;
+};
+
+}  // namespace ash

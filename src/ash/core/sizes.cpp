@@ -1,0 +1,56 @@
+#include "ash/core/sizes.hpp"
+
+#include <cmath>
+
+#include "ash/core/error.hpp"
+
+namespace ash {
+
+std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& what) {
+  std::int64_t r = 0;
+  require(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r),
+          "sizes overflow: " + what + " (" + std::to_string(a) + " x " + std::to_string(b) + ") does not fit in 64 bits");
+  return r;
+}
+
+std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& what) {
+  std::int64_t r = 0;
+  require(a >= 0 && b >= 0 && !__builtin_add_overflow(a, b, &r),
+          "sizes overflow: " + what + " (" + std::to_string(a) + " + " + std::to_string(b) + ") does not fit in 64 bits");
+  return r;
+}
+
+std::int64_t checked_parameter_count(const ModelDims& d) {
+  const std::int64_t V = d.vocab, P = d.width, N = d.state, K = d.layers;
+  // Same tensors as param_layout(): embedding, head [V,P], final_norm [P];
+  // per layer norm, b_delta, D [P], W_delta [P,P], A_log [P,N], W_B, W_C [N,P].
+  const auto VP = checked_mul(V, P, "model.vocab x model.width");
+  const auto PP = checked_mul(P, P, "model.width x model.width");
+  const auto PN = checked_mul(P, N, "model.width x model.state");
+  auto layer = checked_add(PP, checked_mul(3, PN, "3 x width x state"), "parameters per layer");
+  layer = checked_add(layer, checked_mul(3, P, "3 x model.width"), "parameters per layer");
+  const auto layers = checked_mul(K, layer, "model.layers x parameters per layer");
+  return checked_add(checked_add(checked_mul(2, VP, "2 x vocab x width"), P, "parameters"), layers, "parameters");
+}
+
+void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t seq_len) {
+  const std::int64_t P = d.width, N = d.state, K = d.layers;
+  // Parameters, gradient, Adam m and v, and the file image of all three, in double.
+  checked_mul(checked_mul(checked_parameter_count(d), 8, "parameter bytes"), 6, "optimizer and file bytes");
+  const auto BT = checked_mul(batch, seq_len, "data.batch x data.seq_len");
+  const auto rows = checked_mul(BT, P, "layer input");
+  checked_mul(checked_mul(checked_add(K, 2, "layers"), rows, "layers x batch x seq_len"), 8, "layer input bytes");
+  const auto PN = checked_mul(P, N, "model.width x model.state");
+  const auto kept = checked_mul(checked_mul(K, BT, "layers x batch x seq_len"), checked_mul(2, PN, "h and A"),
+                                "kept h and A");
+  checked_mul(kept, 8, "activation bytes");
+}
+
+std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers) {
+  require(m >= 0, "grad.layer_checkpoint must be >= 0 (0 or \"auto\": about sqrt(model.layers))");
+  if (m > 0) return m;
+  const auto r = std::int64_t(std::lround(std::sqrt(double(layers))));
+  return r > 1 ? r : 1;
+}
+
+}  // namespace ash
