@@ -3,8 +3,8 @@
 // world and compares with one process computing the same thing alone.
 #include <mpi.h>
 
-#include "ash/dist/distributed_engine.hpp"
-#include "ash/dist/sharded_io.hpp"
+#include "ash/distributed/distributed_engine.hpp"
+#include "ash/distributed/sharded_io.hpp"
 #include "test_helpers.hpp"
 
 namespace ash::test {

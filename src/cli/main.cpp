@@ -13,9 +13,9 @@
 #include <stdexcept>
 
 #include "ash/ash.hpp"
+#include "ash/distributed/run_context.hpp"
 #ifdef ASH_HAVE_MPI
-#include "ash/dist/distributed_engine.hpp"
-#include "ash/dist/sharded_io.hpp"
+#include "ash/distributed/comm.hpp"
 #endif
 
 namespace {
@@ -69,71 +69,6 @@ struct GradArgs {
   Common common;
 };
 
-[[maybe_unused]] int world_size() {  // used only in the MPI build
-  int n = 1;
-#ifdef ASH_HAVE_MPI
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-#endif
-  return n;
-}
-
-#ifdef ASH_HAVE_MPI
-// E4: this rank's shard, the distributed engine, a gathered gradient file.
-template <class S>
-void run_grad_distributed(const GradArgs& a, const ash::Config& cfg, const ash::TokenView& x) {
-  ash::dist::Grid grid(cfg);
-  const auto d = cfg.model();
-  const auto params = ash::load_checkpoint<S>(a.checkpoint, grid.range(d));
-  const ash::Settings st = cfg.settings();
-  ash::dist::DistributedEngine<S> engine(grid, st.grad, st.dist.pipeline_blocks);
-  // Tests: ASH_DEBUG_FAIL_RANK=r makes world rank r fail before the backward,
-  // while its neighbours wait in MPI (docs/cli.md: one error, every rank ends).
-  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) {
-    const int bad = std::atoi(f), me = grid.layout().world_rank;
-    engine.set_before_backward([bad, me] {
-      ash::require(bad != me, "injected failure on rank " + std::to_string(me) + " (ASH_DEBUG_FAIL_RANK)");
-    });
-  }
-  ash::ParamSet<S> grad(d, grid.range(d));
-  ash::MemoryTracker::reset_peak();
-  MPI_Barrier(grid.world());
-  const auto t0 = std::chrono::steady_clock::now();
-  const double loss = engine.compute(params, x, grad);
-  Kokkos::fence();
-  MPI_Barrier(grid.world());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
-  ash::dist::save_gradients(grid, a.out, cfg, loss, grad);
-  const auto& lay = grid.layout();
-  const auto B = x.extent(0), T = x.extent(1);
-  std::uint64_t mine[3] = {ash::MemoryTracker::peak(ash::MemSpace::name()), ash::MemoryTracker::process_hwm_bytes(),
-                           engine.stats().bytes_sent};
-  std::vector<std::uint64_t> all(3 * std::size_t(lay.world_size));
-  MPI_Gather(mine, 3, MPI_UINT64_T, all.data(), 3, MPI_UINT64_T, 0, grid.world());
-  std::printf("engine %s (%s), %lld window(s) of T=%lld\n", engine.name().c_str(), sizeof(S) == 8 ? "double" : "float",
-              (long long)B, (long long)T);
-  std::printf("loss %.10f\n", loss);
-  std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
-  std::printf("pipeline: %lld token block(s), ranks busy %.0f%% of the time (sum of compute / (R x wall))\n",
-              (long long)engine.stats().blocks, 100.0 * engine.stats().busy_fraction);
-  for (int r = 0; r < lay.world_size; ++r) {
-    ash::dist::Layout lr = lay;  // rank r's place in the grid
-    lr.seq_rank = r % lay.S;
-    lr.layer_rank = (r / lay.S) % lay.R;
-    lr.data_rank = r / (lay.S * lay.R);
-    const auto rng = ash::LayerRange::block(d, lr.layer_rank, lay.R);
-    const std::string toks = lay.S > 1 ? ", tokens " + std::to_string(lr.seq_begin(T)) + ".." +
-                                             std::to_string(lr.seq_end(T) - 1)
-                                       : std::string();
-    std::printf("rank %d (layers %d..%d%s%s%s, replica %d): %s peak %s, process HWM %s, sent %s\n", r, rng.k0,
-                rng.k1 - 1, rng.embedding ? ", embedding" : "", rng.head ? ", head" : "", toks.c_str(), lr.data_rank,
-                ash::MemSpace::name(), ash::format_bytes(all[3 * r]).c_str(), ash::format_bytes(all[3 * r + 1]).c_str(),
-                ash::format_bytes(all[3 * r + 2]).c_str());
-  }
-  std::printf("wrote %s\n", a.out.c_str());
-}
-#endif
-
 template <class S>
 void run_grad(const GradArgs& a) {
   ash::Config cfg = ash::inspect_checkpoint(a.checkpoint).config;
@@ -147,29 +82,47 @@ void run_grad(const GradArgs& a) {
   if (a.detach) cfg.set("grad.detach_inputs=true");
   const ash::Settings st = cfg.settings();
   ash::check_memory(st, ash::Workload::grad, sizeof(S), a.common.max_memory);
-  auto engine = ash::make_engine<S>(st.grad);
-  const auto T = st.data.seq_len;
-  const auto B = st.data.batch;
-  const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, cfg.model().vocab);
-#ifdef ASH_HAVE_MPI
-  if (world_size() > 1 || st.dist.multi_rank()) return run_grad_distributed<S>(a, cfg, x);
-#endif
-  ash::require(!st.dist.multi_rank(), "dist.* asks for several ranks: that needs the MPI build of AdjointSharding");
-  const auto params = ash::load_checkpoint<S>(a.checkpoint);
-  ash::ParamSet<S> grad(params.dims());
+  ash::RunContext<S> ctx(st);  // one process, or this rank of the dist.* layout
+  // Tests: ASH_DEBUG_FAIL_RANK=r makes world rank r fail before the backward,
+  // while its neighbours wait in MPI (docs/cli.md: one error, every rank ends).
+  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) ctx.fail_before_backward(std::atoi(f));
+  const auto T = st.data.seq_len, B = st.data.batch;
+  const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, st.model.vocab);
+  const auto params = ctx.load(a.checkpoint);
+  ash::ParamSet<S> grad(st.model, ctx.range());
   ash::MemoryTracker::reset_peak();
+  ctx.barrier();
   const auto t0 = std::chrono::steady_clock::now();
-  const double loss = engine->compute(params, x, grad);
+  const double loss = ctx.engine().compute(params, x, grad);
   Kokkos::fence();
+  ctx.barrier();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
-  ash::save_gradients(a.out, cfg, loss, grad);
-  std::printf("engine %s (%s), %lld window(s) of T=%lld\n", engine->name().c_str(), sizeof(S) == 8 ? "double" : "float",
-              (long long)B, (long long)T);
+  ctx.save_gradients(a.out, cfg, loss, grad);
+  const auto* pipe = ctx.pipeline_stats();
+  const auto usage = ctx.allgather({ash::MemoryTracker::peak(ash::MemSpace::name()),
+                                    ash::MemoryTracker::process_hwm_bytes(), pipe ? pipe->bytes_sent : 0});
+  std::printf("engine %s (%s), %lld window(s) of T=%lld\n", ctx.engine().name().c_str(),
+              sizeof(S) == 8 ? "double" : "float", (long long)B, (long long)T);
   std::printf("loss %.10f\n", loss);
   std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
-  std::printf("memory: %s; planned peak %s (ash plan)\n", ash::MemoryTracker::summary().c_str(),
-              ash::format_bytes(std::uint64_t(ash::plan_memory(cfg, ash::Workload::grad, sizeof(S)).total())).c_str());
+  if (!ctx.distributed()) {
+    std::printf("memory: %s; planned peak %s (ash plan)\n", ash::MemoryTracker::summary().c_str(),
+                ash::format_bytes(std::uint64_t(ash::plan_memory(st, ash::Workload::grad, sizeof(S)).total())).c_str());
+  } else {
+    std::printf("pipeline: %lld token block(s), ranks busy %.0f%% of the time (sum of compute / (R x wall))\n",
+                (long long)pipe->blocks, 100.0 * pipe->busy_fraction);
+    for (const auto& p : ctx.places(st.model, T)) {
+      const std::size_t r = std::size_t(p.world_rank);
+      const std::string toks = p.t_end - p.t_begin < T ? ", tokens " + std::to_string(p.t_begin) + ".." +
+                                                             std::to_string(p.t_end - 1)
+                                                       : std::string();
+      std::printf("rank %d (layers %d..%d%s%s%s, replica %d): %s peak %s, process HWM %s, sent %s\n", p.world_rank,
+                  p.layers.k0, p.layers.k1 - 1, p.layers.embedding ? ", embedding" : "", p.layers.head ? ", head" : "",
+                  toks.c_str(), p.replica, ash::MemSpace::name(), ash::format_bytes(usage[3 * r]).c_str(),
+                  ash::format_bytes(usage[3 * r + 1]).c_str(), ash::format_bytes(usage[3 * r + 2]).c_str());
+    }
+  }
   std::printf("wrote %s\n", a.out.c_str());
 }
 
@@ -224,64 +177,27 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
               sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)n, (long long)full, (long long)T,
               rest >= 2 ? (" and one of " + std::to_string(rest)).c_str() : "");
   std::fflush(stdout);
-  double nats = 0, secs = 0;
-  ash::index_t targets = 0, done = 0;
-  auto last_note = std::chrono::steady_clock::now();
-  auto run_windows = [&](ash::index_t count, ash::index_t len, ash::index_t first) {
-    const auto x = ash::make_windows(ids, count, len, cfg.model().vocab, first);
-    const auto t0 = std::chrono::steady_clock::now();
-    const double loss = ash::forward_loss(params, x, head_chunk);
-    Kokkos::fence();
-    secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    ash::require(std::isfinite(loss), "the loss is not finite at tokens " + std::to_string(first) + "..");
-    nats += loss * double(count * (len - 1));
-    targets += count * (len - 1);
-    done += count * len;
-    if (std::chrono::steady_clock::now() - last_note > std::chrono::seconds(10)) {
-      std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)done, (long long)n,
-                   nats / double(targets) / std::log(2.0));
-      last_note = std::chrono::steady_clock::now();
-    }
-  };
   if (!carry) {
-    for (ash::index_t w = 0; w < full; w += B) run_windows(std::min(B, full - w), T, w * T);
-    if (rest >= 2) run_windows(1, rest, full * T);
-    std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", nats / double(targets),
-                nats / double(targets) / std::log(2.0), (long long)targets);
-    std::printf("forward time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(done));
+    const auto tot = ash::evaluate_windows(params, ids, T, B, head_chunk, [n](const ash::EvalTotals& t) {
+      std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens, (long long)n,
+                   t.bits_per_token());
+    });
+    std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", tot.nats / double(tot.targets),
+                tot.bits_per_token(), (long long)tot.targets);
+    std::printf("forward time %.3f s (%.2f us/token)\n", tot.seconds, 1e6 * tot.seconds / double(tot.tokens));
     return;
   }
-  // --carry-state: the file as one stream, window after window; every target
-  // is scored (each window's last token predicts the next window's first),
-  // once with every layer's state carried from the window before (exactly
-  // the forward of the whole file as one sequence) and once from h = 0.
-  const auto d = cfg.model();
-  double with = 0, without = 0;
+  // --carry-state: the file as one stream, scored once with every layer's
+  // state carried from the window before and once from h = 0.
+  double bits[2] = {0, 0};
   for (int pass = 0; pass < 2; ++pass) {
-    std::vector<ash::View2<S>> state;
-    for (ash::index_t k = 0; k < d.layers; ++k) state.emplace_back("ash::eval::state", d.width, d.state);
-    double sum = 0;
-    ash::index_t scored = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (ash::index_t first = 0; first + 1 < n; first += T) {
-      const ash::index_t len = std::min(T, n - first), hl = std::min(len + 1, n - first);
-      if (pass == 1)
-        for (auto& h : state) Kokkos::deep_copy(h, S(0));
-      const auto x = ash::make_windows(ids, 1, len, d.vocab, first);
-      const auto xh = ash::make_windows(ids, 1, hl, d.vocab, first);
-      const double loss = ash::forward_loss(params, x, head_chunk, state, xh, hl - 1);
-      ash::require(std::isfinite(loss), "the loss is not finite at tokens " + std::to_string(first) + "..");
-      sum += loss * double(hl - 1);
-      scored += hl - 1;
-    }
-    Kokkos::fence();
-    secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    (pass == 0 ? with : without) = sum / double(scored) / std::log(2.0);
+    const auto tot = ash::evaluate_stream(params, ids, T, head_chunk, pass == 0);
+    bits[pass] = tot.bits_per_token();
     std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
-                pass == 0 ? "carried state" : "each window from h = 0", pass == 0 ? with : without,
-                (long long)scored, (long long)T, 1e6 * secs / double(n));
+                pass == 0 ? "carried state" : "each window from h = 0", bits[pass], (long long)tot.targets,
+                (long long)T, 1e6 * tot.seconds / double(n));
   }
-  std::printf("carried state saves %.4f bits/token\n", without - with);
+  std::printf("carried state saves %.4f bits/token\n", bits[1] - bits[0]);
 }
 
 int run_train(const Common& c, const std::string& resume, long long until) {
@@ -375,7 +291,9 @@ void run_inspect(const std::string& path) {
 // MPI run every rank ends, never a hang.
 int fail(const std::string& msg, int code) {
 #ifdef ASH_HAVE_MPI
-  if (world_size() > 1) ash::dist::fail_all(code == 2 ? msg : "internal error: " + msg, code);
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world > 1) ash::dist::fail_all(code == 2 ? msg : "internal error: " + msg, code);
 #endif
   std::fprintf(stderr, code == 2 ? "ash: error: %s\n" : "ash: internal error: %s\n", msg.c_str());
   return code;

@@ -1,6 +1,6 @@
 #pragma once
 // One interface for every gradient engine of docs/design.md §2 (E1 backprop,
-// E2 adjoint, E3 adjoint-exact; E4 distributed in ash/dist/). An engine is an
+// E2 adjoint, E3 adjoint-exact; E4 distributed in ash/distributed/). An engine is an
 // orchestrator (forward over the layers, head, the layers' reverse mode in
 // some order, embedding) around a per-layer method (LayerAdjoint).
 #include <memory>

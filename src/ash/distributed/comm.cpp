@@ -1,4 +1,4 @@
-#include "ash/dist/comm.hpp"
+#include "ash/distributed/comm.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -9,11 +9,10 @@
 
 namespace ash::dist {
 
-Layout Layout::from_config(const Config& cfg, int world_rank, int world_size) {
+Layout Layout::from_settings(const Settings& st, int world_rank, int world_size) {
   Layout l;
   l.world_rank = world_rank;
   l.world_size = world_size;
-  const Settings st = cfg.settings();
   const auto R = st.dist.layer_ranks;
   const auto Dcfg = st.dist.data_ranks;
   const auto Sq = st.dist.seq_ranks;
@@ -36,17 +35,41 @@ Layout Layout::from_config(const Config& cfg, int world_rank, int world_size) {
   l.R = int(R);
   l.D = int(D);
   l.S = int(Sq);
-  l.seq_rank = world_rank % l.S;
-  l.layer_rank = (world_rank / l.S) % l.R;
-  l.data_rank = world_rank / (l.S * l.R);
+  return l.for_rank(world_rank);
+}
+
+Layout Layout::for_rank(int w) const {
+  Layout l = *this;  // w = (d·R + r)·S + s
+  l.world_rank = w;
+  l.seq_rank = w % S;
+  l.layer_rank = (w / S) % R;
+  l.data_rank = w / (S * R);
   return l;
 }
 
-Grid::Grid(const Config& cfg, MPI_Comm world) : world_(world) {
+void run_on_root(MPI_Comm comm, const std::function<void()>& fn) {
+  std::string err;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      err = e.what();
+    }
+  }
+  int len = int(err.size());
+  MPI_Bcast(&len, 1, MPI_INT, 0, comm);
+  err.resize(std::size_t(len));
+  if (len > 0) MPI_Bcast(&err[0], len, MPI_CHAR, 0, comm);
+  require(err.empty(), err);
+}
+
+Grid::Grid(const Settings& st, MPI_Comm world) : world_(world) {
   int r = 0, n = 1;
   MPI_Comm_rank(world, &r);
   MPI_Comm_size(world, &n);
-  lay_ = Layout::from_config(cfg, r, n);
+  lay_ = Layout::from_settings(st, r, n);
   int dims[3] = {lay_.D, lay_.R, lay_.S}, periods[3] = {0, 0, 0};
   MPI_Cart_create(world, 3, dims, periods, /*reorder=*/0, &cart_);
   int keep_layers[3] = {0, 1, 0}, keep_data[3] = {1, 0, 0}, keep_seq[3] = {0, 0, 1}, keep_rep[3] = {1, 0, 1};

@@ -26,21 +26,14 @@
 #include <memory>
 #include <vector>
 
-#include "ash/dist/comm.hpp"
+#include "ash/distributed/comm.hpp"
+#include "ash/distributed/pipeline_stats.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/model/blockwise_forward.hpp"
 
 namespace ash::dist {
 
-// Measured on the last compute(); the same on every rank of a layer group.
-struct PipelineStats {
-  index_t blocks = 1;           // token blocks of the pipeline (1: whole windows)
-  double wall_s = 0;            // slowest rank's compute() time
-  double busy_fraction = 0;     // Σ over ranks of (wall - time in MPI) / (R · wall)
-  std::uint64_t bytes_sent = 0; // this rank's bytes sent in compute()
-  std::uint64_t max_bytes_sent = 0;
-};
 
 template <class S>
 class DistributedEngine final : public GradientEngine<S> {

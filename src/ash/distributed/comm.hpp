@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ash/core/config.hpp"
@@ -26,15 +27,21 @@ struct Layout {
   // This rank's tokens [begin, end) of a window of T (uneven when S does not divide T).
   std::int64_t seq_begin(std::int64_t T) const { return T * seq_rank / S; }
   std::int64_t seq_end(std::int64_t T) const { return T * (seq_rank + 1) / S; }
+  // The same layout as seen by world rank w: its coordinates in the grid.
+  Layout for_rank(int w) const;
   // The layout of dist.* on a world of `world_size` ranks; throws ash::Error
   // when it does not fit (R·S·D != world, R > K, S > T, D > batch).
-  static Layout from_config(const Config& cfg, int world_rank, int world_size);
+  static Layout from_settings(const Settings& st, int world_rank, int world_size);
+  static Layout from_config(const Config& cfg, int world_rank, int world_size) {
+    return from_settings(cfg.settings(), world_rank, world_size);
+  }
 };
 
 // Owns the communicators of a Layout (freed on destruction).
 class Grid {
  public:
-  Grid(const Config& cfg, MPI_Comm world = MPI_COMM_WORLD);
+  Grid(const Settings& st, MPI_Comm world = MPI_COMM_WORLD);
+  Grid(const Config& cfg, MPI_Comm world = MPI_COMM_WORLD) : Grid(cfg.settings(), world) {}
   ~Grid();
   Grid(const Grid&) = delete;
   Grid& operator=(const Grid&) = delete;
@@ -92,6 +99,10 @@ class Session {
   bool owns_ = false;
   int rank_ = 0, size_ = 1;
 };
+
+// Runs fn on world rank 0 of comm and makes its ash::Error an error on every
+// rank (a failed write is an error everywhere, never a hang). Collective.
+void run_on_root(MPI_Comm comm, const std::function<void()>& fn);
 
 // Ends every rank with exit code `code` after printing msg once: rank 0
 // prints; another rank waits a moment (if rank 0 fails alike, its abort ends

@@ -1,4 +1,4 @@
-#include "ash/dist/sharded_io.hpp"
+#include "ash/distributed/sharded_io.hpp"
 
 #include "ash/core/error.hpp"
 
@@ -27,29 +27,6 @@ ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard) {
   return full;
 }
 
-namespace {
-
-// Runs the writer on world rank 0 and tells every rank whether it worked, so
-// a failed write (disk full) is an error on every rank, not a hang.
-template <class Fn>
-void write_on_root(const Grid& grid, Fn&& fn) {
-  std::string err;
-  if (grid.layout().world_rank == 0) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      err = e.what();
-    }
-  }
-  int len = int(err.size());
-  MPI_Bcast(&len, 1, MPI_INT, 0, grid.world());
-  err.resize(std::size_t(len));
-  if (len > 0) MPI_Bcast(&err[0], len, MPI_CHAR, 0, grid.world());
-  require(err.empty(), err);
-}
-
-}  // namespace
-
 template <class S>
 void save_checkpoint(const Grid& grid, const std::string& path, const Config& cfg, const ParamSet<S>& params,
                      std::int64_t step, std::int64_t cursor, const ParamSet<S>* m, const ParamSet<S>* v,
@@ -60,7 +37,7 @@ void save_checkpoint(const Grid& grid, const std::string& path, const Config& cf
     fm = gather(grid, *m);
     fv = gather(grid, *v);
   }
-  write_on_root(grid, [&] {
+  run_on_root(grid.world(), [&] {
     ash::save_checkpoint(path, cfg, full, step, cursor,
                          m && v ? OptimizerState<S>{&fm, &fv, opt_step} : OptimizerState<S>{});
   });
@@ -70,7 +47,7 @@ template <class S>
 void save_gradients(const Grid& grid, const std::string& path, const Config& cfg, double loss,
                     const ParamSet<S>& grad) {
   const auto full = gather(grid, grad);
-  write_on_root(grid, [&] { ash::save_gradients(path, cfg, loss, full); });
+  run_on_root(grid.world(), [&] { ash::save_gradients(path, cfg, loss, full); });
 }
 
 #define ASH_INSTANTIATE(S)                                                                                    \

@@ -1,4 +1,4 @@
-#include "ash/dist/distributed_engine.hpp"
+#include "ash/distributed/distributed_engine.hpp"
 
 #include <chrono>
 #include <utility>
