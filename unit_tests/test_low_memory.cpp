@@ -1,5 +1,5 @@
 // Training past memory (docs/design.md §8): 16-bit storage types, the
-// LowMemoryEngine (token blocks, 16-bit kept inputs, layer checkpointing,
+// BlockwiseEngine (token blocks, 16-bit kept inputs, layer checkpointing,
 // carried state), resume with a carried state, and `ash eval --carry-state`.
 #include <cstring>
 #include <filesystem>

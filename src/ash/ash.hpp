@@ -14,7 +14,7 @@
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/grad/layer_adjoint.hpp"
-#include "ash/grad/low_memory_engine.hpp"
+#include "ash/grad/blockwise_engine.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
 #include "ash/io/tokens.hpp"

@@ -285,7 +285,132 @@ void run_inspect(const std::string& path) {
   std::printf("parameters: %lld\n", total);
 }
 
-}  // namespace
+// Every verb's options, filled by the parser (docs/cli.md).
+struct Verbs {
+  CLI::App *init = nullptr, *grad = nullptr, *train = nullptr, *generate = nullptr, *eval = nullptr,
+           *plan = nullptr, *inspect = nullptr;
+  Common init_common;
+  std::string init_out, init_precision = "double";
+  GradArgs g;
+  Common train_common;
+  std::string resume;
+  long long until = 0;
+  std::string gen_ckpt, prompt;
+  long long gen_n = 200;
+  double temperature = 0.8;
+  unsigned long long gen_seed = 1;
+  std::string eval_ckpt, eval_tokens, eval_precision;
+  Common eval_common;
+  bool eval_carry = false;
+  Common plan_common;
+  std::string plan_workload = "train", plan_precision;
+  std::string inspect_path;
+};
+
+// The verbs that write or differentiate a model.
+void add_model_verbs(CLI::App& app, Verbs& v) {
+  v.init = app.add_subcommand("init", "write a freshly initialised (seeded) model as a checkpoint");
+  v.init->add_option("--config", v.init_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
+  v.init->add_option("--set", v.init_common.sets, "override a config key: key=value")->take_all();
+  v.init->add_option("--out", v.init_out, "checkpoint to write (.h5)")->required();
+  v.init->add_option("--precision", v.init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
+  v.init->add_option("--max-memory", v.init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+
+  v.grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
+  v.grad->add_option("--checkpoint", v.g.checkpoint, "model checkpoint (.h5)")->required();
+  v.grad->add_option("--tokens", v.g.tokens, "token file: text bytes, .u16 or .u32")->required();
+  v.grad->add_option("--engine", v.g.engine_flag, "backprop | adjoint | adjoint-exact (default: grad.engine)");
+  v.grad->add_option("--truncate", v.g.truncate, "window T-bar (adjoint engines)");
+  v.grad->add_flag("--detach-inputs", v.g.detach, "stop-gradient on every layer input");
+  v.grad->add_option("--chunk", v.g.chunk, "chunk length (adjoint-exact)");
+  v.grad->add_option("--precision", v.g.precision, "compute type (default: the checkpoint's)")
+      ->check(CLI::IsMember({"float", "double"}));
+  v.grad->add_option("--set", v.g.common.sets, "override a config key: key=value")->take_all();
+  v.grad->add_option("--out", v.g.out, "gradient file to write (.h5)")->required();
+  v.grad->add_option("--max-memory", v.g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+
+  v.train = app.add_subcommand("train", "train with AdamW; progress, metrics, checkpoints");
+  v.train->add_option("--config", v.train_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
+  v.train->add_option("--set", v.train_common.sets, "override a config key: key=value")->take_all();
+  v.train->add_option("--resume", v.resume, "continue from this checkpoint");
+  v.train->add_option("--until", v.until, "stop after this step (schedule unchanged; resume later)")
+      ->check(CLI::NonNegativeNumber);
+  v.train->add_option("--max-memory", v.train_common.max_memory,
+                    "refuse sizes predicted to need more bytes (default: RAM)");
+
+}
+
+// The verbs that read a model or a configuration.
+void add_reading_verbs(CLI::App& app, Verbs& v) {
+  v.generate = app.add_subcommand("generate", "sample text from a checkpoint (recurrent, O(1) per token)");
+  v.generate->add_option("--checkpoint", v.gen_ckpt, "model checkpoint (.h5)")->required();
+  v.generate->add_option("--prompt", v.prompt, "text to start from")->required();
+  v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample");
+  v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)");
+  v.generate->add_option("--seed", v.gen_seed, "sampling seed");
+
+  v.eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
+  v.eval->add_option("--checkpoint", v.eval_ckpt, "model checkpoint (.h5)")->required();
+  v.eval->add_option("--tokens", v.eval_tokens, "token file: text bytes, .u16 or .u32")->required();
+  v.eval->add_option("--precision", v.eval_precision, "compute type (default: the checkpoint's)")
+      ->check(CLI::IsMember({"float", "double"}));
+  v.eval->add_option("--set", v.eval_common.sets, "override a config key: key=value (data.seq_len, data.batch)")
+      ->take_all();
+  v.eval->add_flag("--carry-state", v.eval_carry,
+                 "stream the file as one sequence: each window starts from the previous one's state; "
+                 "prints bits/token with and without the carried state");
+  v.eval->add_option("--max-memory", v.eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+
+  v.plan = app.add_subcommand("plan", "predicted peak memory per component for a configuration (no allocation)");
+  v.plan->add_option("--config", v.plan_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
+  v.plan->add_option("--set", v.plan_common.sets, "override a config key: key=value")->take_all();
+  v.plan->add_option("--for", v.plan_workload, "train (default) or grad")->check(CLI::IsMember({"train", "grad"}));
+  v.plan->add_option("--precision", v.plan_precision, "compute type (default: run.precision)")
+      ->check(CLI::IsMember({"float", "double"}));
+  v.plan->add_option("--max-memory", v.plan_common.max_memory, "compare with this many bytes (default: RAM)");
+
+  v.inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
+  v.inspect->add_option("checkpoint", v.inspect_path, "checkpoint (.h5)")->required();
+
+}
+
+// Runs the verb the command line chose; its exit code.
+int run_verb(const Verbs& v) {
+  if (*v.init) {
+    const auto cfg = load_config(v.init_common);
+    require_distinct_output(v.init_out, {{"--config", v.init_common.config_file}});
+    ash::check_memory(cfg, ash::Workload::init, v.init_precision == "float" ? 4 : 8, v.init_common.max_memory);
+    if (v.init_precision == "float")
+      run_init<float>(cfg, v.init_out);
+    else
+      run_init<double>(cfg, v.init_out);
+  } else if (*v.grad) {
+    require_distinct_output(v.g.out, {{"--checkpoint", v.g.checkpoint}, {"--tokens", v.g.tokens}});
+    std::string prec = v.g.precision;
+    if (prec.empty()) prec = ash::inspect_checkpoint(v.g.checkpoint).precision;
+    if (prec == "float")
+      run_grad<float>(v.g);
+    else
+      run_grad<double>(v.g);
+  } else if (*v.eval) {
+    const std::string prec = v.eval_precision.empty() ? ash::inspect_checkpoint(v.eval_ckpt).precision : v.eval_precision;
+    if (prec == "float")
+      run_eval<float>(v.eval_ckpt, v.eval_tokens, v.eval_common, v.eval_carry);
+    else
+      run_eval<double>(v.eval_ckpt, v.eval_tokens, v.eval_common, v.eval_carry);
+  } else if (*v.train) {
+    return run_train(v.train_common, v.resume, v.until);
+  } else if (*v.generate) {
+    run_generate(v.gen_ckpt, v.prompt, v.gen_n, v.temperature, v.gen_seed);
+  } else if (*v.plan) {
+    return run_plan(v.plan_common, v.plan_workload,
+                    v.plan_precision.empty() ? load_config(v.plan_common).settings().run.precision()
+                                           : v.plan_precision);
+  } else if (*v.inspect) {
+    run_inspect(v.inspect_path);
+  }
+  return 0;
+}
 
 // A user error (exit 2) or an internal one (exit 3): printed once, and in an
 // MPI run every rank ends, never a hang.
@@ -299,141 +424,10 @@ int fail(const std::string& msg, int code) {
   return code;
 }
 
-int main(int argc, char* argv[]) {
-  // A file-size limit (ulimit -f) makes write() fail with EFBIG, reported
-  // with the file's name, instead of killing the process (§7).
-  std::signal(SIGXFSZ, SIG_IGN);
-#ifdef ASH_HAVE_MPI
-  ash::dist::Session mpi(&argc, &argv);  // MPI first: under mpiexec or as a singleton
-  if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
-#endif
-  // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
-  // address-space limit) is a clear error, not an uncaught exception.
-  std::unique_ptr<Kokkos::ScopeGuard> kokkos;
+// run_verb with every failure turned into an exit code (docs/design.md §7).
+int run_guarded(const Verbs& v) {
   try {
-    kokkos = std::make_unique<Kokkos::ScopeGuard>(argc, argv);
-  } catch (const std::exception& e) {
-    return fail(std::string("cannot start Kokkos (") + Kokkos::DefaultExecutionSpace::name() + "): " + e.what(), 2);
-  }
-  ash::MemoryTracker::install();
-
-  CLI::App app{"ash: adjoint-sharding training and gradients for SSM language models"};
-  app.require_subcommand(1);
-
-  Common init_common;
-  std::string init_out, init_precision = "double";
-  auto* init = app.add_subcommand("init", "write a freshly initialised (seeded) model as a checkpoint");
-  init->add_option("--config", init_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
-  init->add_option("--set", init_common.sets, "override a config key: key=value")->take_all();
-  init->add_option("--out", init_out, "checkpoint to write (.h5)")->required();
-  init->add_option("--precision", init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
-  init->add_option("--max-memory", init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
-
-  GradArgs g;
-  auto* grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
-  grad->add_option("--checkpoint", g.checkpoint, "model checkpoint (.h5)")->required();
-  grad->add_option("--tokens", g.tokens, "token file: text bytes, .u16 or .u32")->required();
-  grad->add_option("--engine", g.engine_flag, "backprop | adjoint | adjoint-exact (default: grad.engine)");
-  grad->add_option("--truncate", g.truncate, "window T-bar (adjoint engines)");
-  grad->add_flag("--detach-inputs", g.detach, "stop-gradient on every layer input");
-  grad->add_option("--chunk", g.chunk, "chunk length (adjoint-exact)");
-  grad->add_option("--precision", g.precision, "compute type (default: the checkpoint's)")
-      ->check(CLI::IsMember({"float", "double"}));
-  grad->add_option("--set", g.common.sets, "override a config key: key=value")->take_all();
-  grad->add_option("--out", g.out, "gradient file to write (.h5)")->required();
-  grad->add_option("--max-memory", g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
-
-  Common train_common;
-  std::string resume;
-  auto* train = app.add_subcommand("train", "train with AdamW; progress, metrics, checkpoints");
-  train->add_option("--config", train_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
-  train->add_option("--set", train_common.sets, "override a config key: key=value")->take_all();
-  train->add_option("--resume", resume, "continue from this checkpoint");
-  long long until = 0;
-  train->add_option("--until", until, "stop after this step (schedule unchanged; resume later)")
-      ->check(CLI::NonNegativeNumber);
-  train->add_option("--max-memory", train_common.max_memory,
-                    "refuse sizes predicted to need more bytes (default: RAM)");
-
-  std::string gen_ckpt, prompt;
-  long long gen_n = 200;
-  double temperature = 0.8;
-  unsigned long long gen_seed = 1;
-  auto* generate = app.add_subcommand("generate", "sample text from a checkpoint (recurrent, O(1) per token)");
-  generate->add_option("--checkpoint", gen_ckpt, "model checkpoint (.h5)")->required();
-  generate->add_option("--prompt", prompt, "text to start from")->required();
-  generate->add_option("--tokens", gen_n, "how many tokens to sample");
-  generate->add_option("--temperature", temperature, "softmax temperature (0: greedy)");
-  generate->add_option("--seed", gen_seed, "sampling seed");
-
-  std::string eval_ckpt, eval_tokens, eval_precision;
-  Common eval_common;
-  auto* eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
-  eval->add_option("--checkpoint", eval_ckpt, "model checkpoint (.h5)")->required();
-  eval->add_option("--tokens", eval_tokens, "token file: text bytes, .u16 or .u32")->required();
-  eval->add_option("--precision", eval_precision, "compute type (default: the checkpoint's)")
-      ->check(CLI::IsMember({"float", "double"}));
-  eval->add_option("--set", eval_common.sets, "override a config key: key=value (data.seq_len, data.batch)")
-      ->take_all();
-  bool eval_carry = false;
-  eval->add_flag("--carry-state", eval_carry,
-                 "stream the file as one sequence: each window starts from the previous one's state; "
-                 "prints bits/token with and without the carried state");
-  eval->add_option("--max-memory", eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
-
-  Common plan_common;
-  std::string plan_workload = "train", plan_precision;
-  auto* plan = app.add_subcommand("plan", "predicted peak memory per component for a configuration (no allocation)");
-  plan->add_option("--config", plan_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
-  plan->add_option("--set", plan_common.sets, "override a config key: key=value")->take_all();
-  plan->add_option("--for", plan_workload, "train (default) or grad")->check(CLI::IsMember({"train", "grad"}));
-  plan->add_option("--precision", plan_precision, "compute type (default: run.precision)")
-      ->check(CLI::IsMember({"float", "double"}));
-  plan->add_option("--max-memory", plan_common.max_memory, "compare with this many bytes (default: RAM)");
-
-  std::string inspect_path;
-  auto* inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
-  inspect->add_option("checkpoint", inspect_path, "checkpoint (.h5)")->required();
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  try {
-    if (*init) {
-      const auto cfg = load_config(init_common);
-      require_distinct_output(init_out, {{"--config", init_common.config_file}});
-      ash::check_memory(cfg, ash::Workload::init, init_precision == "float" ? 4 : 8, init_common.max_memory);
-      if (init_precision == "float")
-        run_init<float>(cfg, init_out);
-      else
-        run_init<double>(cfg, init_out);
-    } else if (*grad) {
-      require_distinct_output(g.out, {{"--checkpoint", g.checkpoint}, {"--tokens", g.tokens}});
-      std::string prec = g.precision;
-      if (prec.empty()) prec = ash::inspect_checkpoint(g.checkpoint).precision;
-      if (prec == "float")
-        run_grad<float>(g);
-      else
-        run_grad<double>(g);
-    } else if (*eval) {
-      const std::string prec = eval_precision.empty() ? ash::inspect_checkpoint(eval_ckpt).precision : eval_precision;
-      if (prec == "float")
-        run_eval<float>(eval_ckpt, eval_tokens, eval_common, eval_carry);
-      else
-        run_eval<double>(eval_ckpt, eval_tokens, eval_common, eval_carry);
-    } else if (*train) {
-      return run_train(train_common, resume, until);
-    } else if (*generate) {
-      run_generate(gen_ckpt, prompt, gen_n, temperature, gen_seed);
-    } else if (*plan) {
-      return run_plan(plan_common, plan_workload,
-                      plan_precision.empty() ? load_config(plan_common).settings().run.precision()
-                                             : plan_precision);
-    } else if (*inspect) {
-      run_inspect(inspect_path);
-    }
+    return run_verb(v);
   } catch (const ash::Error& e) {
     return fail(e.what(), 2);
   } catch (const std::bad_alloc& e) {
@@ -455,5 +449,37 @@ int main(int argc, char* argv[]) {
   } catch (const std::exception& e) {
     return fail(e.what(), 3);
   }
-  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  // A file-size limit (ulimit -f) makes write() fail with EFBIG, reported
+  // with the file's name, instead of killing the process (§7).
+  std::signal(SIGXFSZ, SIG_IGN);
+#ifdef ASH_HAVE_MPI
+  ash::dist::Session mpi(&argc, &argv);  // MPI first: under mpiexec or as a singleton
+  if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
+#endif
+  // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
+  // address-space limit) is a clear error, not an uncaught exception.
+  std::unique_ptr<Kokkos::ScopeGuard> kokkos;
+  try {
+    kokkos = std::make_unique<Kokkos::ScopeGuard>(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(std::string("cannot start Kokkos (") + Kokkos::DefaultExecutionSpace::name() + "): " + e.what(), 2);
+  }
+  ash::MemoryTracker::install();
+
+  CLI::App app{"ash: adjoint-sharding training and gradients for SSM language models"};
+  app.require_subcommand(1);
+  Verbs v;
+  add_model_verbs(app, v);
+  add_reading_verbs(app, v);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return run_guarded(v);
 }

@@ -184,16 +184,8 @@ std::string storage_name(Storage s) {
 EngineOptions EngineOptions::from_config(const Config& cfg) { return cfg.settings().grad; }
 AdamWOptions AdamWOptions::from_config(const Config& cfg) { return cfg.settings().optim; }
 
-Settings Config::settings() const {
-  Settings st;
-  const auto d = st.model = model();
-  require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
-  require(d.vocab <= (std::int64_t(1) << 31) - 1, "model.vocab must fit in int32");
-  require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
-  require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");
-  require(d.layers >= 1, "model.layers must be >= 1 (got " + std::to_string(d.layers) + ")");
-
-  auto& da = st.data;
+DataOptions Config::data_options() const {
+  DataOptions da;
   da.train = get<std::string>("data.train");
   da.valid_fraction = get<double>("data.valid_fraction");
   da.seq_len = get<std::int64_t>("data.seq_len");
@@ -204,8 +196,11 @@ Settings Config::settings() const {
                                std::to_string(da.seq_len) + ")");
   require(da.batch >= 1, "data.batch must be >= 1 (got " + std::to_string(da.batch) + ")");
   require(da.valid_fraction >= 0.0 && da.valid_fraction < 1.0, "data.valid_fraction must be in [0, 1)");
+  return da;
+}
 
-  auto& g = st.grad;
+EngineOptions Config::engine_options(const ModelDims& d, const DataOptions& da) const {
+  EngineOptions g;
   g.truncate = get<std::int64_t>("grad.truncate");
   g.detach_inputs = get<bool>("grad.detach_inputs");
   g.chunk = get<std::int64_t>("grad.chunk");
@@ -225,8 +220,11 @@ Settings Config::settings() const {
   require(g.token_block >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
   require(!da.carry_state || da.sequential,
           "data.carry_state needs data.sequential = true: a carried state continues the same stream");
+  return g;
+}
 
-  auto& r = st.run;
+RunOptions Config::run_options() const {
+  RunOptions r;
   const auto prec = get<std::string>("run.precision");
   require(prec == "float" || prec == "double", "run.precision must be float or double (got '" + prec + "')");
   r.double_precision = prec == "double";
@@ -234,8 +232,13 @@ Settings Config::settings() const {
   r.log_every = get<std::int64_t>("run.log_every");
   r.eval_every = get<std::int64_t>("run.eval_every");
   r.ckpt_every = get<std::int64_t>("run.ckpt_every");
+  for (const char* k : {"run.log_every", "run.eval_every", "run.ckpt_every"})
+    require(get<std::int64_t>(k) >= 0, std::string(k) + " must be >= 0, got " + std::to_string(get<std::int64_t>(k)));
+  return r;
+}
 
-  auto& o = st.optim;
+AdamWOptions Config::adamw_options() const {
+  AdamWOptions o;
   o.lr = get<double>("optim.lr");
   o.weight_decay = get<double>("optim.weight_decay");
   o.beta1 = get<double>("optim.beta1");
@@ -246,12 +249,13 @@ Settings Config::settings() const {
   require(o.steps >= 0 && o.warmup >= 0, "optim.steps and optim.warmup must be >= 0");
   require(o.lr > 0, "optim.lr must be > 0");
   require(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)");
-  for (const char* k : {"run.log_every", "run.eval_every", "run.ckpt_every"})
-    require(get<std::int64_t>(k) >= 0, std::string(k) + " must be >= 0, got " + std::to_string(get<std::int64_t>(k)));
   require(o.clip >= 0, "optim.clip must be >= 0 (0: no clipping)");
   require(o.weight_decay >= 0, "optim.weight_decay must be >= 0");
+  return o;
+}
 
-  auto& ds = st.dist;
+DistOptions Config::dist_options(const ModelDims& d) const {
+  DistOptions ds;
   ds.layer_ranks = get<std::int64_t>("dist.layer_ranks");
   ds.seq_ranks = get<std::int64_t>("dist.seq_ranks");
   ds.data_ranks = get<std::int64_t>("dist.data_ranks");
@@ -261,10 +265,26 @@ Settings Config::settings() const {
   require(ds.pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0 (0: 4 token blocks per layer rank)");
   require(ds.layer_ranks <= d.layers, "dist.layer_ranks (" + std::to_string(ds.layer_ranks) +
                                           ") must not exceed model.layers (" + std::to_string(d.layers) + ")");
+  return ds;
+}
+
+Settings Config::settings() const {
+  Settings st;
+  const auto d = st.model = model();
+  require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
+  require(d.vocab <= (std::int64_t(1) << 31) - 1, "model.vocab must fit in int32");
+  require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
+  require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");
+  require(d.layers >= 1, "model.layers must be >= 1 (got " + std::to_string(d.layers) + ")");
+  st.data = data_options();
+  st.grad = engine_options(d, st.data);
+  st.run = run_options();
+  st.optim = adamw_options();
+  st.dist = dist_options(d);
   // Every product of sizes the tool will form, overflow-checked before any
   // allocation (docs/design.md §7); the memory limit itself is checked by the
   // caller, who knows the workload and precision (ash/plan/memory_plan.hpp).
-  check_size_products(d, da.batch, da.seq_len);
+  check_size_products(d, st.data.batch, st.data.seq_len);
   return st;
 }
 

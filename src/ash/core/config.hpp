@@ -49,6 +49,12 @@ class Config {
   std::string dump() const { return j_.dump(2); }
 
  private:
+  // The sections of settings(), each parsed and validated.
+  DataOptions data_options() const;
+  EngineOptions engine_options(const ModelDims& d, const DataOptions& data) const;
+  RunOptions run_options() const;
+  AdamWOptions adamw_options() const;
+  DistOptions dist_options(const ModelDims& d) const;
   template <class T>
   T get(const std::string& dotted) const {
     return at(dotted).get<T>();

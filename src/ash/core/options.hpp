@@ -62,7 +62,7 @@ struct EngineOptions {
   // backend's form; tests run the other one too.
   bool e3_chunked_h = !host_backend;
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
-  // block-wise engine of ash/grad/low_memory_engine.hpp):
+  // block-wise engine of ash/grad/blockwise_engine.hpp):
   Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)
   index_t layer_checkpoint = 1;     // keep every m-th layer input, recompute the rest (resolved: >= 1)
   index_t token_block = 0;          // tokens per block of the block-wise pass (0: auto)

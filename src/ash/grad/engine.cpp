@@ -4,7 +4,7 @@
 #include "ash/grad/adjoint.hpp"
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
-#include "ash/grad/low_memory_engine.hpp"
+#include "ash/grad/blockwise_engine.hpp"
 
 
 namespace ash {
@@ -50,7 +50,7 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
 
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts) {
-  if (opts.low_memory()) return std::make_unique<LowMemoryEngine<S>>(opts);
+  if (opts.low_memory()) return std::make_unique<BlockwiseEngine<S>>(opts);
   return std::make_unique<LocalEngine<S>>(opts);
 }
 

@@ -47,7 +47,7 @@ class LocalEngine final : public GradientEngine<S> {
   std::unique_ptr<LayerAdjoint<S>> layer_;
 };
 
-// The local engine for opts.method (the LowMemoryEngine when opts.low_memory()); throws ash::Error for
+// The local engine for opts.method (the BlockwiseEngine when opts.low_memory()); throws ash::Error for
 // options it does not support.
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts);

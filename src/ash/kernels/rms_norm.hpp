@@ -2,34 +2,11 @@
 // RMSNorm of docs/design.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5.
 #include "ash/core/types.hpp"
 #include "ash/kernels/blocks.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 namespace ash::impl {
 
 constexpr double rms_eps = 1e-5;
-// Rows per partial sum of a reduction over rows (two-level sums: the whole
-// device works on the first level, and the order of additions is fixed).
-// Fewer on a GPU, where a thread per (row block, channel) must still fill the
-// device at one wave of tokens.
-constexpr index_t reduce_rows = host_backend ? 128 : 16;
-// Blocks of reduce_rows covering R rows (the first level's partial sums).
-KOKKOS_INLINE_FUNCTION index_t row_blocks(index_t R) { return (R + reduce_rows - 1) / reduce_rows; }
-
-// The second level: one team per output sums its column of partial sums.
-// A GPU gives each team 64 threads, since P or P·N outputs alone would leave
-// it idle while each walks thousands of blocks; a host a team of one, which
-// adds the blocks in order. For a fixed build and team size the order of
-// additions is fixed, so sums stay bitwise repeatable.
-constexpr int block_sum_team = host_backend ? 1 : 64;
-using BlockSumPolicy = Kokkos::TeamPolicy<ExecSpace>;
-using BlockSumMember = BlockSumPolicy::member_type;
-// Σ_{blk < nblk} part(blk) by the calling team.
-template <class S, class F>
-KOKKOS_INLINE_FUNCTION S team_block_sum(const BlockSumMember& team, index_t nblk, const F& part) {
-  S acc = 0;
-  Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(team, nblk), [&](const index_t blk, S& a) { a += part(blk); }, acc);
-  return acc;
-}
 
 // rstd[m] = r(x[m, :]),  yhat[m, p] = w[p] x[m, p] r.
 template <class S, class X, class W, class R, class Y>

@@ -5,7 +5,7 @@
 // (layer, block) is kept, so any block of any layer can be run again alone
 // and gives the forward's values bit for bit (the block-wise E3 backward, the
 // pipeline's reverse wavefront). The one block-wise forward of the local
-// block-wise engine (grad/low_memory_engine.hpp) and the MPI pipeline.
+// block-wise engine (grad/blockwise_engine.hpp) and the MPI pipeline.
 #include <vector>
 
 #include "ash/kernels/blocks.hpp"
@@ -33,7 +33,7 @@ class BlockwiseForward {
                    const View2<S>& yo, const ExecSpace& exec = ExecSpace());
   // Layer k on block j again, from the kept state before it (kept block states only).
   void replay(const LayerParams<S>& p, int k, index_t j, const View2<S>& y, const LayerActivations<S>& act,
-              const View2<S>& yo, const ExecSpace& exec = ExecSpace());
+              const View2<S>& yo, const ExecSpace& exec = ExecSpace()) const;
   // h before block j of layer k (kept block states only).
   View2<S> state_before(int k, index_t j) const;
 

@@ -13,8 +13,8 @@
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/core/sizes.hpp"
-#include "ash/grad/low_memory_engine.hpp"
-#include "ash/kernels/rms_norm.hpp"
+#include "ash/grad/blockwise_engine.hpp"
+#include "ash/kernels/row_sums.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/head.hpp"
 
@@ -39,48 +39,37 @@ std::string MemoryPlan::table(const std::string& indent) const {
   return out + line;
 }
 
-MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows) {
-  // Sizes in double: Config::settings() has already checked every product for overflow.
-  const auto& d = cfg.model;
-  const double S = double(scalar_bytes), V = double(d.vocab), P = double(d.width), N = double(d.state);
-  const std::int64_t R = std::max<std::int64_t>(1, cfg.dist.layer_ranks);
-  const std::int64_t Sq = std::max<std::int64_t>(1, cfg.dist.seq_ranks);
-  const std::int64_t K = (d.layers + R - 1) / R;  // layers on the busiest rank
-  const std::int64_t Ti = (cfg.data.seq_len + Sq - 1) / Sq, Bi = cfg.data.batch;
-  const double T = double(Ti), B = double(Bi), M = B * T, cnt = double(checked_parameter_count(d));
-  // The engines' own options and size rules, so the plan follows them.
-  const EngineOptions& o = cfg.grad;
-  const std::string engine = method_name(o.method);
-  const Storage storage = o.storage;
-  const std::int64_t m = o.layer_checkpoint;
-  const bool carry = o.carry_state;
-  const double hc = double(head_chunk_rows(o.head_chunk, d.vocab));
-  const bool low = o.exact_adjoint() && o.low_memory();
+namespace {
 
-  MemoryPlan plan;
-  auto add = [](std::vector<MemoryPlan::Item>& v, const std::string& n, double b) { v.push_back({n, b}); };
-  // What every phase holds.
-  add(plan.items, "parameters", cnt * S);
-  if (w == Workload::init) {
-    add(plan.items, "host copy for the file", cnt * S);
-    plan.engine = "init";
-    plan.phase = "writing the file";
-    return plan;
-  }
-  add(plan.items, "gradient", cnt * S);
-  if (w == Workload::train) add(plan.items, "optimizer (Adam m, v)", 2 * cnt * S);
-  add(plan.items, "token ids", M * 4);
+using Items = std::vector<MemoryPlan::Item>;
+using Phases = std::vector<std::pair<std::string, Items>>;
 
-  // Building blocks (the allocations of the code they name).
-  auto proj = [&](double rows) { return (rows * (2 * P + 2 * N + 1) + P * N) * S; };  // LayerActivations, projections
-  auto head = [&](double rows, double chunk_rows, bool g) {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
+// The sizes of one rank's share of a configuration, and the allocations of
+// the code each building block names. Sizes in double: Config::settings() has
+// already checked every integer product for overflow.
+struct Planner {
+  const Settings& cfg;
+  const EngineOptions& o;
+  double S, V, P, N;
+  std::int64_t K, Ti;  // layers on the busiest rank, tokens per window on this rank
+  double T, B, M;
+  double hc;  // head chunk rows
+
+  Planner(const Settings& c, std::size_t scalar_bytes, std::int64_t R, std::int64_t Sq)
+      : cfg(c), o(c.grad), S(double(scalar_bytes)), V(double(c.model.vocab)), P(double(c.model.width)),
+        N(double(c.model.state)), K((c.model.layers + R - 1) / R), Ti((c.data.seq_len + Sq - 1) / Sq),
+        T(double(Ti)), B(double(c.data.batch)), M(B * T),
+        hc(double(head_chunk_rows(c.grad.head_chunk, c.model.vocab))) {}
+
+  double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
+  double head(double rows, double chunk_rows, bool g) const {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
     const double C = std::min(chunk_rows, rows);
     return C * (1 + P + V + (g ? P : 0)) * S;
-  };
-  auto cot = [&](double rows) {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per reduce_rows rows
+  }
+  double cot(double rows) const {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per reduce_rows rows
     return (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * (P * N + 2 * P)) * S;
-  };
-  auto e3_scratch = [&](double Bt, std::int64_t Tw) {  // AdjointExactLayer::run on windows of Tw tokens
+  }
+  double e3_scratch(double Bt, std::int64_t Tw) const {  // AdjointExactLayer::run on windows of Tw tokens
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
     const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
@@ -88,30 +77,28 @@ MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes
     // products for h, only μ and its products in exact mode, plus a running h
     const double nchunk_bufs = o.e3_chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
     const double bound = nchunk_bufs * Bt * double(nc) * P * N * S + (o.e3_chunked_h ? 0.0 : Bt * P * N * S);
-    return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);                // one wave of h, A, μ; cotangents
-  };
-
-  auto emb_partial = [&](double rows) {  // embedding_backward's private copies of gE (none on a host backend)
-    const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows), d.vocab, d.width);
+    return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);  // one wave of h, A, μ; cotangents
+  }
+  double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)
+    const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows),
+                                                    cfg.model.vocab, cfg.model.width);
     return seg > 1 ? double(seg) * V * P * S : 0.0;
-  };
-  std::vector<std::pair<std::string, std::vector<MemoryPlan::Item>>> phases;
-  std::vector<MemoryPlan::Item> persistent;  // engine memory held across the phases below
-  if (low) {
-    const std::int64_t blen = low_memory_block_length(o, Ti);
+  }
+
+  // The block-wise engine (a memory lever set): returns the plan's engine name.
+  std::string blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
+    const std::int64_t m = o.layer_checkpoint;
+    const std::int64_t blen = blockwise_block_length(o, Ti);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen);
     const std::int64_t nkept = K / m;  // y_m, y_2m, ... <= y_K
     const std::int64_t nseg = std::min<std::int64_t>(m, K + 1);
-    plan.engine = "adjoint-exact over token blocks of " + std::to_string(blen) + ", " + storage_name(storage) +
-                  " storage, layer checkpoint " + std::to_string(m);
-    add(persistent, std::to_string(nkept) + " kept layer input(s), " + storage_name(storage),
-        double(nkept) * M * P * double(storage_bytes(storage, scalar_bytes)));
-    add(persistent, "states at block starts (K x blocks)", double(K) * nb * B * P * N * S);
-    add(persistent, "block projections + running state", proj(rb) + B * P * N * S);
-    if (carry) add(persistent, "carried state", double(K) * B * P * N * S);
+    persistent.push_back({std::to_string(nkept) + " kept layer input(s), " + storage_name(o.storage),
+                          double(nkept) * M * P * double(storage_bytes(o.storage, scalar_bytes))});
+    persistent.push_back({"states at block starts (K x blocks)", double(K) * nb * B * P * N * S});
+    persistent.push_back({"block projections + running state", proj(rb) + B * P * N * S});
+    if (o.carry_state) persistent.push_back({"carried state", double(K) * B * P * N * S});
     phases.push_back({"forward", {{"block activations (in, out)", 2 * rb * P * S}}});
-    std::vector<MemoryPlan::Item> back{{"segment inputs + g of a block", double(nseg + 1) * rb * P * S},
-                                       {"E3 block projections", proj(rb)}};
+    Items back{{"segment inputs + g of a block", double(nseg + 1) * rb * P * S}, {"E3 block projections", proj(rb)}};
     if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", 2 * double(K) * B * P * N * S});
     // E3's scratch lives through the pass, so from the second block on the
     // head's chunk comes on top of it; with one block the head runs first.
@@ -123,63 +110,99 @@ MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes
     if (nb > 1 || hd > e3) back.push_back({"head chunk", hd});
     phases.push_back({"backward", back});
     phases.push_back({"embedding backward", emb});
-  } else if (o.exact_adjoint()) {
-    plan.engine = "adjoint-exact";
-    add(persistent, "layer projections (one layer)", proj(M));
-    add(persistent, "g (dL/dy)", M * P * S);
-    phases.push_back({"head", {{std::to_string(K + 1) + " layer inputs", double(K + 1) * M * P * S},
-                               {"head chunk", head(M, hc, true)}}});
-    phases.push_back({"backward of the top layer", {{std::to_string(K) + " layer inputs", double(K) * M * P * S},
-                                                    {"E3 wave scratch", e3_scratch(B, Ti)}}});
-  } else {  // E1, E2: every layer's activations with h^{t-1} and A
-    plan.engine = engine;
-    add(persistent, std::to_string(K) + " layers' activations (h, A, projections)",
-        double(K) * (proj(M) + 2 * M * P * N * S));
-    add(persistent, "g (dL/dy)", M * P * S);
-    phases.push_back({"head", {{std::to_string(K + 1) + " layer inputs", double(K + 1) * M * P * S},
-                               {"head chunk", head(M, hc, true)}}});
-    std::vector<MemoryPlan::Item> back{{std::to_string(K) + " layer inputs", double(K) * M * P * S},
-                                       {"mu + cotangents (whole window)", M * P * N * S + cot(M)}};
-    if (o.method == Method::backprop) {  // the chunked reverse scan: carries (and local sums, products) per chunk
-      const std::int64_t C = std::min(o.chunk, Ti), nc = (Ti + C - 1) / C;
-      back.push_back({"E1 chunk carries", (nc > 1 ? 3 : 1) * B * double(nc) * P * N * S});
-    }
-    phases.push_back({"backward of the top layer", back});
+    return "adjoint-exact over token blocks of " + std::to_string(blen) + ", " + storage_name(o.storage) +
+           " storage, layer checkpoint " + std::to_string(m);
   }
-  if (!low)  // after the layers: g and the segment copies of gE
+
+  // Whole windows: E3 keeps the layer inputs; E1 and E2 every layer's activations with h^{t-1} and A.
+  std::string whole_window(Items& persistent, Phases& phases) const {
+    const std::string layer_inputs = " layer inputs";
+    if (o.exact_adjoint()) {
+      persistent.push_back({"layer projections (one layer)", proj(M)});
+      persistent.push_back({"g (dL/dy)", M * P * S});
+      phases.push_back({"head", {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
+                                 {"head chunk", head(M, hc, true)}}});
+      phases.push_back({"backward of the top layer", {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
+                                                      {"E3 wave scratch", e3_scratch(B, Ti)}}});
+    } else {
+      persistent.push_back({std::to_string(K) + " layers' activations (h, A, projections)",
+                            double(K) * (proj(M) + 2 * M * P * N * S)});
+      persistent.push_back({"g (dL/dy)", M * P * S});
+      phases.push_back({"head", {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
+                                 {"head chunk", head(M, hc, true)}}});
+      Items back{{std::to_string(K) + layer_inputs, double(K) * M * P * S},
+                 {"mu + cotangents (whole window)", M * P * N * S + cot(M)}};
+      if (o.method == Method::backprop) {  // the chunked reverse scan: carries (and local sums, products) per chunk
+        const std::int64_t C = std::min(o.chunk, Ti), nc = (Ti + C - 1) / C;
+        back.push_back({"E1 chunk carries", (nc > 1 ? 3 : 1) * B * double(nc) * P * N * S});
+      }
+      phases.push_back({"backward of the top layer", back});
+    }
+    // after the layers: g and the segment copies of gE
     phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
-  std::vector<MemoryPlan::Item> step_items = persistent;
-  double best = -1;
-  std::string best_phase;
-  std::vector<MemoryPlan::Item> best_items;
-  auto consider = [&](const std::string& name, const std::vector<MemoryPlan::Item>& base,
-                      const std::vector<MemoryPlan::Item>& extra) {
+    return o.exact_adjoint() ? "adjoint-exact" : method_name(o.method);
+  }
+};
+
+// The phase whose items sum highest.
+struct Peak {
+  double bytes = -1;
+  std::string phase;
+  Items items;
+  void consider(const std::string& name, const Items& base, const Items& extra) {
     double t = 0;
     for (const auto& i : base) t += i.bytes;
     for (const auto& i : extra) t += i.bytes;
-    if (t > best) {
-      best = t;
-      best_phase = name;
-      best_items = base;
-      best_items.insert(best_items.end(), extra.begin(), extra.end());
+    if (t > bytes) {
+      bytes = t;
+      phase = name;
+      items = base;
+      items.insert(items.end(), extra.begin(), extra.end());
     }
-  };
-  for (const auto& ph : phases) consider(ph.first, step_items, ph.second);
+  }
+};
+
+}  // namespace
+
+MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows) {
+  const std::int64_t R = std::max<std::int64_t>(1, cfg.dist.layer_ranks);
+  const std::int64_t Sq = std::max<std::int64_t>(1, cfg.dist.seq_ranks);
+  const Planner pl(cfg, scalar_bytes, R, Sq);
+  const double S = pl.S, cnt = double(checked_parameter_count(cfg.model));
+  MemoryPlan plan;
+  // What every phase holds.
+  plan.items.push_back({"parameters", cnt * S});
+  if (w == Workload::init) {
+    plan.items.push_back({"host copy for the file", cnt * S});
+    plan.engine = "init";
+    plan.phase = "writing the file";
+    return plan;
+  }
+  plan.items.push_back({"gradient", cnt * S});
+  if (w == Workload::train) plan.items.push_back({"optimizer (Adam m, v)", 2 * cnt * S});
+  plan.items.push_back({"token ids", pl.M * 4});
+
+  Phases phases;
+  Items persistent;  // engine memory held across the phases below
+  const bool blockwise = cfg.grad.exact_adjoint() && cfg.grad.low_memory();
+  plan.engine = blockwise ? pl.blockwise(scalar_bytes, persistent, phases) : pl.whole_window(persistent, phases);
+  Peak peak;
+  for (const auto& ph : phases) peak.consider(ph.first, persistent, ph.second);
   if (w == Workload::train) {
     // ash train also holds the validation windows and scores them, data.batch
     // at a time, with a forward of its own (one layer at a time, head chunks of 1024 rows).
-    const double nv = double(std::max<std::int64_t>(0, valid_windows));
-    add(plan.items, "validation token ids", nv * T * 4);
+    const double nv = double(std::max<std::int64_t>(0, valid_windows)), T = pl.T, B = pl.B, P = pl.P;
+    plan.items.push_back({"validation token ids", nv * T * 4});
     const double Mv = std::min(nv, B) * T;  // rows of one scored batch
-    std::vector<MemoryPlan::Item> keep;
-    if (carry) keep.push_back({"carried state", double(K) * B * P * N * S});
-    std::vector<MemoryPlan::Item> val{{"validation activations (y, next y, projections)", 2 * Mv * P * S + proj(Mv)},
-                                      {"validation head chunk", head(Mv, 1024, false)}};
+    Items keep;
+    if (cfg.grad.carry_state) keep.push_back({"carried state", double(pl.K) * B * P * pl.N * S});
+    Items val{{"validation activations (y, next y, projections)", 2 * Mv * P * S + pl.proj(Mv)},
+              {"validation head chunk", pl.head(Mv, 1024, false)}};
     if (nv > B) val.push_back({"validation batch token ids", Mv * 4});
-    consider("validation forward", keep, val);
+    peak.consider("validation forward", keep, val);
   }
-  plan.phase = best_phase;
-  plan.items.insert(plan.items.end(), best_items.begin(), best_items.end());
+  plan.phase = peak.phase;
+  plan.items.insert(plan.items.end(), peak.items.begin(), peak.items.end());
   if (R > 1 || Sq > 1) plan.engine += " (per rank, approximate for dist.* layouts)";
   return plan;
 }

@@ -1,15 +1,13 @@
-#include "ash/grad/low_memory_engine.hpp"
+#include "ash/grad/blockwise_engine.hpp"
 
 #include <utility>
 
 #include "ash/core/error.hpp"
-#include "ash/kernels/half_storage.hpp"
-#include "ash/model/blockwise_forward.hpp"
 
 namespace ash {
 
 template <class S>
-LowMemoryEngine<S>::LowMemoryEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
+BlockwiseEngine<S>::BlockwiseEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
   require(opts.exact_adjoint(),
           "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state need grad.engine = "
           "adjoint-exact (got '" + method_name(opts.method) + "')");
@@ -18,14 +16,14 @@ LowMemoryEngine<S>::LowMemoryEngine(const EngineOptions& opts) : opts_(opts), la
 }
 
 template <class S>
-std::string LowMemoryEngine<S>::name() const {
+std::string BlockwiseEngine<S>::name() const {
   std::string n = layer_.name();
   n.pop_back();  // the closing parenthesis
   return n + ", " + storage_name(opts_.storage) + " storage, layer checkpoint " +
          std::to_string(opts_.layer_checkpoint) + (opts_.carry_state ? ", carried state" : "") + ")";
 }
 
-index_t low_memory_block_length(const EngineOptions& opts, index_t T) {
+index_t blockwise_block_length(const EngineOptions& opts, index_t T) {
   if (opts.truncate > 0 && opts.truncate < T) return T;  // the block method of T̄ needs the whole window
   const index_t C = opts.chunk < T ? opts.chunk : T;
   const index_t want = opts.token_block > 0 ? opts.token_block : 4096;
@@ -34,13 +32,12 @@ index_t low_memory_block_length(const EngineOptions& opts, index_t T) {
 }
 
 template <class S>
-double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
-  require(params.range().is_all(d) && grad.range().is_all(d), "LowMemoryEngine: needs the whole model");
+  require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
   const index_t Bt = x.extent(0), T = x.extent(1), P = d.width, N = d.state;
   const int K = int(d.layers);
   const index_t m = opts_.layer_checkpoint;
-  const ExecSpace& exec = layer_.execution_space();
   if (state_) {
     require(index_t(state_->size()) == K, "carried state: expected one state per layer");
     for (const auto& h : *state_)
@@ -48,48 +45,64 @@ double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
               "carried state: expected [batch·P, N] per layer");
   }
   grad.fill_zero();
-  const auto gglobal = grad.global();
-
   // Kept layer inputs y_k, k = m, 2m, ... <= K (y_0 is the embedding's, recomputed).
   std::vector<StoredRows<S>> kept(K + 1);
   for (int k = int(m); k <= K; k += int(m)) kept[k] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, Bt * T, P);
   // The state before each (layer, block); block 0's is the carried state (or zero).
   BlockwiseForward<S> fw(d, 0, K, Bt, TokenBlocks(block_length(T), T), true);
-  const TokenBlocks& blk = fw.blocks();
-  const index_t blen = blk.len, nb = blk.n;
   if (state_)
-    for (int k = 0; k < K; ++k) fw.start_from(k, (*state_)[k], exec);
-  const LayerActivations<S> act(SeqShape{Bt, blen}, d, LayerActivations<S>::projections_only);
+    for (int k = 0; k < K; ++k) fw.start_from(k, (*state_)[k], layer_.execution_space());
+  const LayerActivations<S> act(SeqShape{Bt, fw.blocks().len}, d, LayerActivations<S>::projections_only);
+  forward(params, x, fw, kept, act);
+  const double loss = backward(params, x, fw, kept, act, grad);
+  layer_.release();
+  return loss;
+}
 
-  // ---- forward: blocks in order, the state of every layer carried along -------
-  {
-    View2<S> ya("ash::lowmem::y_block", Bt * blen, P), yb("ash::lowmem::y_block_next", Bt * blen, P);
-    for (index_t j = 0; j < nb; ++j) {
-      const index_t rows = fw.rows(j);
-      View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-      embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
-      const auto act_j = first_rows(act, rows);
-      for (int k = 0; k < K; ++k) {
-        const View2<S> h = fw.advance(params.layer(k), k, j, y, act_j, yo, exec);
-        if (j + 1 == nb && state_) Kokkos::deep_copy(exec, (*state_)[k], h);
-        std::swap(y, yo);
-        if (!kept[k + 1].empty()) kept[k + 1].put(y, T, blk.start(j), blk.size(j), exec);
-      }
+// Blocks in order, the state of every layer carried along; the kept inputs stored.
+template <class S>
+void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, BlockwiseForward<S>& fw,
+                                 const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act) {
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = fw.blocks();
+  const index_t Bt = x.extent(0), T = x.extent(1), P = params.dims().width;
+  const int K = int(params.dims().layers);
+  View2<S> ya("ash::lowmem::y_block", Bt * blk.len, P), yb("ash::lowmem::y_block_next", Bt * blk.len, P);
+  for (index_t j = 0; j < blk.n; ++j) {
+    const index_t rows = fw.rows(j);
+    View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
+    embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
+    const auto act_j = first_rows(act, rows);
+    for (int k = 0; k < K; ++k) {
+      const View2<S> h = fw.advance(params.layer(k), k, j, y, act_j, yo, exec);
+      if (j + 1 == blk.n && state_) Kokkos::deep_copy(exec, (*state_)[k], h);
+      std::swap(y, yo);
+      if (!kept[k + 1].empty()) kept[k + 1].put(y, T, blk.start(j), blk.size(j), exec);
     }
   }
+}
 
-  // ---- backward: blocks last to first, segments of m layers top down ----------
+// Blocks last to first; in each, segments of m layers top down, each
+// segment's inputs recomputed from its kept input and the kept states.
+template <class S>
+double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& x, const BlockwiseForward<S>& fw,
+                                    const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act,
+                                    const ParamSet<S>& grad) {
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = fw.blocks();
+  const index_t Bt = x.extent(0), T = x.extent(1), P = params.dims().width, m = opts_.layer_checkpoint;
+  const int K = int(params.dims().layers);
+  const auto gglobal = grad.global();
   const index_t nseg = m < index_t(K) + 1 ? m : index_t(K) + 1;  // inputs per segment
   std::vector<View2<S>> yseg;
-  for (index_t i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", Bt * blen, P);
-  View2<S> gb("ash::lowmem::g_block", Bt * blen, P);
+  for (index_t i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", Bt * blk.len, P);
+  View2<S> gb("ash::lowmem::g_block", Bt * blk.len, P);
   std::vector<ExactCarry<S>> carry(K);
   const index_t targets = Bt * (T - 1);
   double loss = 0;
   const int c_top = int((K / m) * m);
-  for (index_t j = nb - 1; j >= 0; --j) {
+  for (index_t j = blk.n - 1; j >= 0; --j) {
     const index_t t0 = blk.start(j), Tj = blk.size(j), rows = fw.rows(j);
-    const SeqShape sb = fw.shape(j);
     const TokenView xb = token_block(x, t0, Tj);
     const auto act_j = first_rows(act, rows);
     const View2<S> g = first_rows(gb, rows);
@@ -109,17 +122,16 @@ double LowMemoryEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
       }
       for (int k = (e < K ? e : K - 1); k >= c; --k) {
         const View2<S> h0 = (j > 0 || state_) ? fw.state_before(k, j) : View2<S>();
-        layer_.backward_block(params.layer(k), sb, first_rows(yseg[k - c], rows), g, h0,
-                              nb > 1 ? &carry[k] : nullptr, grad.layer(k));
+        layer_.backward_block(params.layer(k), fw.shape(j), first_rows(yseg[k - c], rows), g, h0,
+                              blk.n > 1 ? &carry[k] : nullptr, grad.layer(k));
       }
     }
     embedding_backward(xb, g, gglobal.embedding, exec);
   }
-  layer_.release();
   return loss;
 }
 
-template class LowMemoryEngine<float>;
-template class LowMemoryEngine<double>;
+template class BlockwiseEngine<float>;
+template class BlockwiseEngine<double>;
 
 }  // namespace ash
