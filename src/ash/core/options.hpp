@@ -34,9 +34,7 @@ enum class Storage { full, bf16, fp16 };
 Storage parse_storage(const std::string& s);
 std::string storage_name(Storage s);
 // Bytes of one stored number (full: sizeof the compute type).
-inline std::size_t storage_bytes(Storage s, std::size_t scalar_bytes) {
-  return s == Storage::full ? scalar_bytes : 2;
-}
+inline std::size_t storage_bytes(Storage s, std::size_t scalar_bytes) { return s == Storage::full ? scalar_bytes : 2; }
 
 // data.*
 struct DataOptions {

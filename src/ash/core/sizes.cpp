@@ -8,15 +8,17 @@ namespace ash {
 
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, const std::string& what) {
   std::int64_t r = 0;
-  require(a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r),
-          "sizes overflow: " + what + " (" + std::to_string(a) + " x " + std::to_string(b) + ") does not fit in 64 bits");
+  require(
+      a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, &r),
+      "sizes overflow: " + what + " (" + std::to_string(a) + " x " + std::to_string(b) + ") does not fit in 64 bits");
   return r;
 }
 
 std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& what) {
   std::int64_t r = 0;
-  require(a >= 0 && b >= 0 && !__builtin_add_overflow(a, b, &r),
-          "sizes overflow: " + what + " (" + std::to_string(a) + " + " + std::to_string(b) + ") does not fit in 64 bits");
+  require(
+      a >= 0 && b >= 0 && !__builtin_add_overflow(a, b, &r),
+      "sizes overflow: " + what + " (" + std::to_string(a) + " + " + std::to_string(b) + ") does not fit in 64 bits");
   return r;
 }
 
@@ -41,8 +43,8 @@ void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t se
   const auto rows = checked_mul(BT, P, "layer input");
   checked_mul(checked_mul(checked_add(K, 2, "layers"), rows, "layers x batch x seq_len"), 8, "layer input bytes");
   const auto PN = checked_mul(P, N, "model.width x model.state");
-  const auto kept = checked_mul(checked_mul(K, BT, "layers x batch x seq_len"), checked_mul(2, PN, "h and A"),
-                                "kept h and A");
+  const auto kept =
+      checked_mul(checked_mul(K, BT, "layers x batch x seq_len"), checked_mul(2, PN, "h and A"), "kept h and A");
   checked_mul(kept, 8, "activation bytes");
 }
 

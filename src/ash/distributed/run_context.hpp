@@ -21,9 +21,9 @@ namespace ash {
 // One world rank's place in a distributed run, for reports.
 struct RankPlace {
   int world_rank = 0;
-  LayerRange layers;        // its layers (and embedding / head)
+  LayerRange layers;                    // its layers (and embedding / head)
   std::int64_t t_begin = 0, t_end = 0;  // its tokens of a window (the whole window without sequence ranks)
-  int replica = 0;          // its data replica
+  int replica = 0;                      // its data replica
 };
 
 template <class S>

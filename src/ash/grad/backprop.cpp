@@ -1,6 +1,7 @@
 #include "ash/grad/backprop.hpp"
 
 #include "ash/core/error.hpp"
+#include "ash/kernels/blocks.hpp"
 
 namespace ash {
 
@@ -16,7 +17,8 @@ template <class S>
 void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
                   index_t chunk, const ExecSpace& exec) {
   const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.beta.extent(1);
-  const index_t C = chunk < T ? chunk : T, nc = (T + C - 1) / C;
+  const TokenBlocks ch(chunk < T ? chunk : T, T);  // chunks of the reverse scan
+  const index_t nc = ch.n;
   auto A = act.A;
   auto gamma = act.gamma;
   // carry in at the end of chunk c (A^{t1} μ^{t1}; 0 for the last chunk)
@@ -27,7 +29,7 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
     Kokkos::parallel_for(
         "ash::e1::chunk_local", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
           const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
-          const index_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
+          const index_t t0 = ch.start(c), t1 = ch.end(c);
           S carry = 0, pr = 1;
           for (index_t t = t1 - 1; t >= t0; --t) {
             const index_t m = b * T + t;
@@ -52,7 +54,7 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
   Kokkos::parallel_for(
       "ash::e1::reverse_scan", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
-        const index_t t0 = c * C, t1 = t0 + C < T ? t0 + C : T;
+        const index_t t0 = ch.start(c), t1 = ch.end(c);
         S carry = cin(bc, q, n);
         for (index_t t = t1 - 1; t >= t0; --t) {
           const index_t m = b * T + t;

@@ -10,7 +10,8 @@ template <class S>
 BlockwiseEngine<S>::BlockwiseEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
   require(opts.exact_adjoint(),
           "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state need grad.engine = "
-          "adjoint-exact (got '" + method_name(opts.method) + "')");
+          "adjoint-exact (got '" +
+              method_name(opts.method) + "')");
   require(opts.layer_checkpoint >= 1, "grad.layer_checkpoint must be resolved to >= 1");
   require(opts.token_block >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
 }
@@ -114,7 +115,8 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
       else
         kept[c].get(y0, T, t0, Tj, exec);
       for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw
-        fw.replay(params.layer(k), k, j, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows), exec);
+        fw.replay(params.layer(k), k, j, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows),
+                  exec);
       if (e == K) {  // the head on y_K's rows: the block's share of L and g_K
         const TokenView xh = token_block(x, t0, (blk.end(j) < T ? blk.end(j) + 1 : T) - t0);
         loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,

@@ -56,9 +56,17 @@ struct Planner {
   double hc;  // head chunk rows
 
   Planner(const Settings& c, std::size_t scalar_bytes, std::int64_t R, std::int64_t Sq)
-      : cfg(c), o(c.grad), S(double(scalar_bytes)), V(double(c.model.vocab)), P(double(c.model.width)),
-        N(double(c.model.state)), K((c.model.layers + R - 1) / R), Ti((c.data.seq_len + Sq - 1) / Sq),
-        T(double(Ti)), B(double(c.data.batch)), M(B * T),
+      : cfg(c),
+        o(c.grad),
+        S(double(scalar_bytes)),
+        V(double(c.model.vocab)),
+        P(double(c.model.width)),
+        N(double(c.model.state)),
+        K((c.model.layers + R - 1) / R),
+        Ti((c.data.seq_len + Sq - 1) / Sq),
+        T(double(Ti)),
+        B(double(c.data.batch)),
+        M(B * T),
         hc(double(head_chunk_rows(c.grad.head_chunk, c.model.vocab))) {}
 
   double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
@@ -80,8 +88,8 @@ struct Planner {
     return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);  // one wave of h, A, μ; cotangents
   }
   double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)
-    const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows),
-                                                    cfg.model.vocab, cfg.model.width);
+    const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows), cfg.model.vocab,
+                                                    cfg.model.width);
     return seg > 1 ? double(seg) * V * P * S : 0.0;
   }
 
@@ -120,16 +128,19 @@ struct Planner {
     if (o.exact_adjoint()) {
       persistent.push_back({"layer projections (one layer)", proj(M)});
       persistent.push_back({"g (dL/dy)", M * P * S});
-      phases.push_back({"head", {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
-                                 {"head chunk", head(M, hc, true)}}});
-      phases.push_back({"backward of the top layer", {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
-                                                      {"E3 wave scratch", e3_scratch(B, Ti)}}});
+      phases.push_back(
+          {"head",
+           {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
+      phases.push_back(
+          {"backward of the top layer",
+           {{std::to_string(K) + layer_inputs, double(K) * M * P * S}, {"E3 wave scratch", e3_scratch(B, Ti)}}});
     } else {
-      persistent.push_back({std::to_string(K) + " layers' activations (h, A, projections)",
-                            double(K) * (proj(M) + 2 * M * P * N * S)});
+      persistent.push_back(
+          {std::to_string(K) + " layers' activations (h, A, projections)", double(K) * (proj(M) + 2 * M * P * N * S)});
       persistent.push_back({"g (dL/dy)", M * P * S});
-      phases.push_back({"head", {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
-                                 {"head chunk", head(M, hc, true)}}});
+      phases.push_back(
+          {"head",
+           {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
       Items back{{std::to_string(K) + layer_inputs, double(K) * M * P * S},
                  {"mu + cotangents (whole window)", M * P * N * S + cot(M)}};
       if (o.method == Method::backprop) {  // the chunked reverse scan: carries (and local sums, products) per chunk
@@ -228,7 +239,8 @@ void check_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std
               plan.engine + ", peak at the " + plan.phase + "), more than " +
               (from_flag ? std::string("--max-memory ") : cap.what + " ") + format_bytes(limit) +
               ": reduce data.batch, data.seq_len or the model sizes, or see `ash plan` (run.storage, "
-              "grad.layer_checkpoint, grad.token_block)\n" + plan.table("  "));
+              "grad.layer_checkpoint, grad.token_block)\n" +
+              plan.table("  "));
 }
 
 }  // namespace ash

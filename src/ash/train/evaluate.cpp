@@ -70,10 +70,11 @@ EvalTotals evaluate_stream(const ParamSet<S>& params, const std::vector<std::uin
   return tot;
 }
 
-#define ASH_INSTANTIATE(S)                                                                                        \
+#define ASH_INSTANTIATE(S)                                                                                         \
   template EvalTotals evaluate_windows<S>(const ParamSet<S>&, const std::vector<std::uint32_t>&, index_t, index_t, \
-                                          index_t, const std::function<void(const EvalTotals&)>&);               \
-  template EvalTotals evaluate_stream<S>(const ParamSet<S>&, const std::vector<std::uint32_t>&, index_t, index_t, bool);
+                                          index_t, const std::function<void(const EvalTotals&)>&);                 \
+  template EvalTotals evaluate_stream<S>(const ParamSet<S>&, const std::vector<std::uint32_t>&, index_t, index_t,  \
+                                         bool);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

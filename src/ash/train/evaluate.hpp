@@ -11,10 +11,10 @@
 namespace ash {
 
 struct EvalTotals {
-  double nats = 0;       // summed loss over the targets scored
-  index_t targets = 0;   // targets scored
-  index_t tokens = 0;    // tokens read
-  double seconds = 0;    // forward time (fenced)
+  double nats = 0;      // summed loss over the targets scored
+  index_t targets = 0;  // targets scored
+  index_t tokens = 0;   // tokens read
+  double seconds = 0;   // forward time (fenced)
   double bits_per_token() const;
 };
 
