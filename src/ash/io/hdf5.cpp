@@ -1,13 +1,14 @@
 #include "ash/io/hdf5.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "ash/core/error.hpp"
 
@@ -170,15 +171,347 @@ Handle checksummed_dcpl(const std::vector<hsize_t>& dims, std::size_t elem) {
 }
 
 Handle open_for_read(const std::string& path, const char* what) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  require(f != nullptr, std::string("cannot open ") + what + " '" + path + "'");
-  std::fclose(f);
-  std::error_code ec;
-  require(std::filesystem::is_regular_file(path, ec), std::string(what) + " '" + path + "' is not a regular file");
+  // Looked at without blocking before HDF5 opens it: open(2) of a FIFO for
+  // reading waits for a writer, and a read from a device may never end.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error(std::string("cannot open ") + what + " '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  ::close(fd);
+  require(regular, std::string(what) + " '" + path + "' is not a regular file");
   require(H5Fis_hdf5(path.c_str()) > 0, std::string(what) + " '" + path + "' is not an HDF5 file (corrupt?)");
   Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   require(file.ok(), std::string("cannot read ") + what + " '" + path + "' (truncated or corrupt HDF5 file)");
   return file;
+}
+
+// ---- the closed structure ---------------------------------------------------
+
+namespace {
+
+// HDF5 1.12 renamed the link and object info structs and their functions.
+#if H5_VERSION_GE(1, 12, 0)
+using LinkInfo = H5L_info2_t;
+using ObjectInfo = H5O_info2_t;
+herr_t visit_links(hid_t g, H5L_iterate2_t op, void* data) { return H5Lvisit2(g, H5_INDEX_NAME, H5_ITER_INC, op, data); }
+herr_t object_info(hid_t loc, const char* name, ObjectInfo* oi) {
+  return H5Oget_info_by_name3(loc, name, oi, H5O_INFO_BASIC, H5P_DEFAULT);
+}
+#else
+using LinkInfo = H5L_info_t;
+using ObjectInfo = H5O_info_t;
+herr_t visit_links(hid_t g, H5L_iterate_t op, void* data) { return H5Lvisit(g, H5_INDEX_NAME, H5_ITER_INC, op, data); }
+herr_t object_info(hid_t loc, const char* name, ObjectInfo* oi) {
+  return H5Oget_info_by_name2(loc, name, oi, H5O_INFO_BASIC, H5P_DEFAULT);
+}
+#endif
+
+struct Walk {
+  Objects objects;
+  std::string problem;
+};
+
+// H5Lvisit recurses into hard-linked groups only, so `name` resolves through
+// hard links; nothing here may throw through HDF5's C frames.
+herr_t visit_link(hid_t g, const char* name, const LinkInfo* li, void* data) {
+  auto& w = *static_cast<Walk*>(data);
+  const std::string path = std::string("/") + name;
+  if (li->type != H5L_TYPE_HARD) {
+    w.problem = path + (li->type == H5L_TYPE_SOFT       ? " is a soft link"
+                        : li->type == H5L_TYPE_EXTERNAL ? " is an external link (to another file)"
+                                                        : " is a user-defined link");
+    return 1;
+  }
+  ObjectInfo oi;
+  if (object_info(g, name, &oi) < 0) {
+    w.problem = "the object at " + path + " cannot be read (corrupt file)";
+    return 1;
+  }
+  // A second name for an object would let /params/head be /params/embedding.
+  if (oi.rc != 1) {
+    w.problem = path + " is one object under " + std::to_string(oi.rc) + " names (hard links)";
+    return 1;
+  }
+  if (oi.type == H5O_TYPE_GROUP)
+    w.objects[path] = ObjectKind::group;
+  else if (oi.type == H5O_TYPE_DATASET)
+    w.objects[path] = ObjectKind::dataset;
+  else {
+    w.problem = path + " is neither a group nor a dataset";
+    return 1;
+  }
+  return 0;
+}
+
+// "" when the dataset's bytes are in the file and need no filter but Fletcher-32.
+std::string storage_problem(hid_t ds) {
+  Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (!dcpl.ok()) return "has an unreadable storage description";
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED)
+    return "is a virtual dataset (its data lives in other datasets or files)";
+  if (H5Pget_external_count(dcpl) != 0) return "keeps its data in external files";
+  const int n = H5Pget_nfilters(dcpl);
+  for (int i = 0; i < n; ++i) {
+    unsigned flags = 0, config = 0;
+    std::size_t nelem = 0;
+    const H5Z_filter_t id = H5Pget_filter2(dcpl, unsigned(i), &flags, &nelem, nullptr, 0, nullptr, &config);
+    if (id != H5Z_FILTER_FLETCHER32) return "uses HDF5 filter " + std::to_string(id) + " (only Fletcher-32 is allowed)";
+  }
+  return "";
+}
+
+}  // namespace
+
+Objects list_objects(hid_t file, const std::string& fname) {
+  Walk w;
+  const herr_t rc = visit_links(file, visit_link, &w);
+  const std::string why = " (ash files hold only groups and datasets under single hard links)";
+  require(w.problem.empty(), "not an ash checkpoint: '" + fname + "': " + w.problem + why);
+  require(rc >= 0, "'" + fname + "': cannot list the objects (corrupt file)");
+  for (const auto& o : w.objects) {
+    if (o.second != ObjectKind::dataset) continue;
+    Handle ds(H5Dopen2(file, o.first.c_str(), H5P_DEFAULT), H5Dclose);
+    require(ds.ok(), "'" + fname + "': cannot open dataset " + o.first + " (corrupt file)");
+    const std::string p = storage_problem(ds);
+    require(p.empty(), "not an ash checkpoint: '" + fname + "': dataset " + o.first + " " + p);
+  }
+  return w.objects;
+}
+
+// ---- digests ----------------------------------------------------------------
+
+struct Digest::State {
+  XXH3_state_t* s = nullptr;
+};
+
+Digest::Digest() : state_(new State) {
+  state_->s = XXH3_createState();
+  if (!state_->s || XXH3_64bits_reset(state_->s) != XXH_OK) throw std::bad_alloc();
+}
+Digest::~Digest() { XXH3_freeState(state_->s); }
+void Digest::add(const void* bytes, std::size_t n) {
+  if (n > 0) XXH3_64bits_update(state_->s, bytes, n);
+}
+void Digest::add_str(const std::string& s) { add(s.c_str(), s.size() + 1); }
+std::uint64_t Digest::value() const { return XXH3_64bits_digest(state_->s); }
+
+namespace {
+
+void add_le64(Digest& d, std::uint64_t v) {
+  unsigned char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = (unsigned char)(v >> (8 * i));
+  d.add(b, 8);
+}
+
+herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->push_back(name);
+  return 0;
+}
+
+// One attribute, canonically: 'i' / 'u' and a 64-bit little-endian integer,
+// 'f' and a little-endian binary64, or 's', the length (64-bit LE) and the
+// bytes of a fixed-length string, padding included.
+void add_attr_value(Digest& d, hid_t obj, const std::string& name, const std::string& where) {
+  const std::string bad = "not an ash checkpoint: " + where + ": attribute '" + name + "'";
+  Handle a(H5Aopen(obj, name.c_str(), H5P_DEFAULT), H5Aclose);
+  require(a.ok(), bad + " cannot be opened (corrupt file)");
+  Handle t(H5Aget_type(a), H5Tclose);
+  Handle sp(H5Aget_space(a), H5Sclose);
+  require(t.ok() && sp.ok() && H5Sget_simple_extent_npoints(sp) == 1, bad + " is not a single value");
+  switch (H5Tget_class(t)) {
+    case H5T_INTEGER: {
+      const bool sign = H5Tget_sign(t) != H5T_SGN_NONE;
+      std::uint64_t v = 0;
+      require(H5Aread(a, sign ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64, &v) >= 0, bad + " cannot be read");
+      d.add(sign ? "i" : "u", 1);
+      add_le64(d, v);
+      return;
+    }
+    case H5T_FLOAT: {
+      double x = 0;
+      require(H5Aread(a, H5T_NATIVE_DOUBLE, &x) >= 0, bad + " cannot be read");
+      std::uint64_t v;
+      std::memcpy(&v, &x, 8);
+      d.add("f", 1);
+      add_le64(d, v);
+      return;
+    }
+    case H5T_STRING: {
+      require(H5Tis_variable_str(t) == 0, bad + " is a variable-length string");
+      std::string v(H5Tget_size(t), '\0');
+      require(!v.empty() && H5Aread(a, t, &v[0]) >= 0, bad + " cannot be read");
+      d.add("s", 1);
+      add_le64(d, v.size());
+      d.add(v.data(), v.size());
+      return;
+    }
+    default:
+      throw Error(bad + " is not an integer, a float or a fixed-length string");
+  }
+}
+
+void write_attr_u64(hid_t loc, const char* name, std::uint64_t v) {
+  if (H5Aexists(loc, name) > 0) check(H5Adelete(loc, name), std::string("replacing attribute ") + name);
+  Handle sp(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle a(H5Acreate2(loc, name, H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  require(a.ok(), std::string("HDF5: cannot create attribute ") + name);
+  check(H5Awrite(a, H5T_NATIVE_UINT64, &v), std::string("writing attribute ") + name);
+}
+
+// The stored digest of an object; false when it has none (or not a 64-bit integer).
+bool read_digest(hid_t loc, std::uint64_t* v) {
+  if (H5Aexists(loc, digest_attr) <= 0) return false;
+  Handle a(H5Aopen(loc, digest_attr, H5P_DEFAULT), H5Aclose);
+  Handle t(a.ok() ? H5Aget_type(a) : -1, H5Tclose);
+  Handle sp(a.ok() ? H5Aget_space(a) : -1, H5Sclose);
+  return t.ok() && sp.ok() && H5Tget_class(t) == H5T_INTEGER && H5Tget_size(t) == 8 &&
+         H5Sget_simple_extent_npoints(sp) == 1 && H5Aread(a, H5T_NATIVE_UINT64, v) >= 0;
+}
+
+// Reads a dataset's stored bytes in blocks of rows (a chunk's rows when
+// chunked, so each chunk is read and Fletcher-checked once), converts them
+// into `out` (mem_type) when out != nullptr, and returns the XXH3-64 of the
+// path, a NUL and those bytes.
+std::uint64_t read_blocks(hid_t ds, const std::string& path, hid_t mem_type, void* out, const std::string& fname) {
+  Handle ft(H5Dget_type(ds), H5Tclose);
+  const auto cls = ft.ok() ? H5Tget_class(ft) : H5T_NO_CLASS;
+  require(cls == H5T_FLOAT || cls == H5T_INTEGER,
+          "not an ash checkpoint: '" + fname + "': dataset " + path + " is not numeric");
+  Handle fspace(H5Dget_space(ds), H5Sclose);
+  const int rank = fspace.ok() ? H5Sget_simple_extent_ndims(fspace) : -1;
+  require(rank >= 0 && rank <= 8, "'" + fname + "': dataset " + path + " has an unreadable shape");
+  std::vector<hsize_t> dims(std::size_t(rank), 0);
+  if (rank > 0) H5Sget_simple_extent_dims(fspace, dims.data(), nullptr);
+  const std::size_t fsize = H5Tget_size(ft), msize = out ? H5Tget_size(mem_type) : 0;
+  hsize_t row = 1;  // elements per index of dimension 0
+  for (int i = 1; i < rank; ++i) row *= dims[std::size_t(i)];
+  const hsize_t rows = rank > 0 ? dims[0] : 1;
+  hsize_t block = std::max<hsize_t>(1, (hsize_t(4) << 20) / std::max<hsize_t>(1, row * std::max(fsize, msize)));
+  {
+    Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
+    hsize_t chunk[32];
+    if (rank > 0 && dcpl.ok() && H5Pget_layout(dcpl) == H5D_CHUNKED && H5Pget_chunk(dcpl, rank, chunk) == rank)
+      block = chunk[0];
+  }
+  const bool fletcher = has_fletcher32(ds);
+  const std::string failed = fletcher ? "checksum mismatch in dataset " + path + " of '" + fname + "' (the file is corrupt)"
+                                      : "cannot read dataset " + path + " of '" + fname + "' (the file is corrupt)";
+  Digest d;
+  d.add_str(path);
+  std::vector<unsigned char> buf;
+  for (hsize_t r0 = 0; r0 < rows; r0 += block) {
+    const hsize_t nr = std::min(block, rows - r0), n = nr * row;
+    buf.resize(std::size_t(n) * std::max(fsize, msize));
+    if (rank == 0) {
+      require(H5Dread(ds, ft, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) >= 0, failed);
+    } else {
+      std::vector<hsize_t> start(std::size_t(rank), 0), count(dims);
+      start[0] = r0;
+      count[0] = nr;
+      check(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+            "selecting rows of " + path);
+      Handle mspace(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      require(H5Dread(ds, ft, mspace, fspace, H5P_DEFAULT, buf.data()) >= 0, failed);
+    }
+    d.add(buf.data(), std::size_t(n) * fsize);
+    if (out) {
+      check(H5Tconvert(ft, mem_type, std::size_t(n), buf.data(), nullptr, H5P_DEFAULT), "converting " + path);
+      std::memcpy(static_cast<unsigned char*>(out) + std::size_t(r0 * row) * msize, buf.data(), std::size_t(n) * msize);
+    }
+  }
+  return d.value();
+}
+
+}  // namespace
+
+std::uint64_t header_digest(hid_t file, const Objects& objects, const std::string& fname) {
+  Digest d;
+  auto object = [&](const std::string& path, ObjectKind kind) {
+    d.add("O", 1);
+    d.add_str(path);
+    d.add(kind == ObjectKind::group ? "g" : "d", 1);
+    Handle obj(H5Oopen(file, path.c_str(), H5P_DEFAULT), H5Oclose);
+    require(obj.ok(), "'" + fname + "': cannot open " + path + " (corrupt file)");
+    std::vector<std::string> names;
+    require(H5Aiterate2(obj, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attr_name, &names) >= 0,
+            "'" + fname + "': cannot list the attributes of " + path + " (corrupt file)");
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      if (n == digest_attr && (path == "/" || kind == ObjectKind::dataset)) continue;
+      d.add("A", 1);
+      d.add_str(n);
+      add_attr_value(d, obj, n, "'" + fname + "' " + path);
+    }
+  };
+  object("/", ObjectKind::group);
+  for (const auto& o : objects) object(o.first, o.second);
+  return d.value();
+}
+
+void seal_header(hid_t file) {
+  const auto objects = list_objects(file, "(file being written)");
+  write_attr_u64(file, digest_attr, header_digest(file, objects, "(file being written)"));
+}
+
+void verify_header(hid_t file, const Objects& objects, const std::string& fname) {
+  std::uint64_t stored = 0;
+  require(read_digest(file, &stored), "checksum mismatch in the header of '" + fname +
+                                          "': it has no digest (format 3 files have one; the file was altered)");
+  require(stored == header_digest(file, objects, fname),
+          "checksum mismatch in the header of '" + fname +
+              "' (its attributes, configuration or list of objects): the file is corrupt or was altered");
+}
+
+void write_dataset(hid_t file, const std::string& path, hid_t file_type, const std::vector<hsize_t>& dims,
+                   hid_t dcpl, hid_t lcpl, hid_t mem_type, const void* data) {
+  Handle sp(dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(int(dims.size()), dims.data(), nullptr),
+            H5Sclose);
+  Handle ds(H5Dcreate2(file, path.c_str(), file_type, sp, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
+  require(ds.ok(), "HDF5: cannot create dataset " + path);
+  check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "writing " + path);
+  // The digest of the bytes as stored: the buffer itself when the memory
+  // type is the file's (little-endian hosts), else a converted copy.
+  std::size_t n = 1;
+  for (hsize_t x : dims) n *= std::size_t(x);
+  const std::size_t fsize = H5Tget_size(file_type), msize = H5Tget_size(mem_type);
+  Digest d;
+  d.add_str(path);
+  if (H5Tequal(mem_type, file_type) > 0) {
+    d.add(data, n * fsize);
+  } else {
+    std::vector<unsigned char> buf(n * std::max(fsize, msize));
+    std::memcpy(buf.data(), data, n * msize);
+    check(H5Tconvert(mem_type, file_type, n, buf.data(), nullptr, H5P_DEFAULT), "converting " + path);
+    d.add(buf.data(), n * fsize);
+  }
+  write_attr_u64(ds, digest_attr, d.value());
+}
+
+void read_dataset(hid_t ds, const std::string& path, hid_t mem_type, void* out, bool verify,
+                  const std::string& fname) {
+  if (!verify && out) {
+    require(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0,
+            (has_fletcher32(ds) ? "checksum mismatch in dataset " : "cannot read dataset ") + path + " of '" + fname +
+                "' (the file is corrupt)");
+    return;
+  }
+  std::uint64_t stored = 0;
+  const bool has = !verify || read_digest(ds, &stored);
+  require(has, "checksum mismatch in dataset " + path + " of '" + fname +
+                   "': it has no digest (format 3 files have one; the file was altered)");
+  const std::uint64_t got = read_blocks(ds, path, mem_type, out, fname);
+  require(!verify || got == stored, "checksum mismatch in dataset " + path + " of '" + fname +
+                                        "' (its digest differs: the file is corrupt or was altered)");
+}
+
+void seal_datasets(hid_t file) {
+  for (const auto& o : list_objects(file, "(file being sealed)")) {
+    if (o.second != ObjectKind::dataset) continue;
+    Handle ds(H5Dopen2(file, o.first.c_str(), H5P_DEFAULT), H5Dclose);
+    require(ds.ok(), "HDF5: cannot open " + o.first);
+    write_attr_u64(ds, digest_attr, read_blocks(ds, o.first, -1, nullptr, "(file being sealed)"));
+  }
 }
 
 // Writes the whole file in memory (HDF5's core driver, no backing store),
