@@ -399,6 +399,20 @@ TEST(Checkpoint, OnlyHardLinksAndTheFormatsObjects) {
       H5Pclose(dcpl);
     });
     expect_error([&] { load_checkpoint<double>(efl); }, "dataset /params/final_norm keeps its data in external files");
+    const auto vds = fresh("virtual.h5");
+    edit(vds, [&](hid_t f) {
+      H5Ldelete(f, "/params/final_norm", H5P_DEFAULT);
+      hsize_t n = 8;
+      hid_t sp = H5Screate_simple(1, &n, nullptr);
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      H5Pset_virtual(dcpl, sp, donor.c_str(), "/params/final_norm", sp);
+      hid_t ds = H5Dcreate2(f, "/params/final_norm", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      ASSERT_GE(ds, 0);
+      H5Dclose(ds);
+      H5Sclose(sp);
+      H5Pclose(dcpl);
+    });
+    expect_error([&] { load_checkpoint<double>(vds); }, "dataset /params/final_norm is a virtual dataset");
     const auto gz = fresh("deflate.h5");
     edit(gz, [&](hid_t f) {
       H5Ldelete(f, "/params/final_norm", H5P_DEFAULT);
@@ -428,7 +442,7 @@ TEST(Checkpoint, OnlyHardLinksAndTheFormatsObjects) {
     });
     if (!v2) reseal(kind);
     expect_error([&] { load_checkpoint<double>(kind); }, "/params/head is a group, the format has a dataset there");
-    for (const auto& p : {ext, soft, hard, efl, gz, extra, kind}) std::remove(p.c_str());
+    for (const auto& p : {ext, soft, hard, efl, vds, gz, extra, kind}) std::remove(p.c_str());
   }
   for (const auto& p : {good, donor}) std::remove(p.c_str());
 }
