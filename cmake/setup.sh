@@ -9,7 +9,7 @@ ASH_BUILD_DIR="${ASH_BUILD_DIR:-$ASH_ROOT/build}"
 
 packages=(cmake make g++ pkg-config
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev libopenblas-dev
-  libhdf5-dev libopenmpi-dev openmpi-bin libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev fortunes)
+  libhdf5-dev libxxhash-dev libopenmpi-dev openmpi-bin libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev fortunes)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

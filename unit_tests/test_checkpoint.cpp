@@ -1,7 +1,12 @@
-// HDF5 checkpoints: round trip, and every way a file can be bad.
+// HDF5 checkpoints: round trip, and every way a file can be bad: the
+// digests of format 3, the closed schema (links, names) and format 2 / 1
+// files that still load (docs/file_format.md).
 #include <hdf5.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "test_helpers.hpp"
@@ -9,6 +14,62 @@
 namespace ash::test {
 
 namespace {
+
+std::string copy_of(const std::string& from, const std::string& name) {
+  const auto p = tmp_path(name);
+  std::ofstream(p, std::ios::binary) << slurp(from);
+  return p;
+}
+
+// Runs f on the file opened read-write with the HDF5 API (the test's own edits).
+template <class F>
+void edit(const std::string& path, F&& f) {
+  hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0) << path;
+  f(file);
+  ASSERT_GE(H5Fclose(file), 0);
+}
+
+std::uint64_t digest_attr_of(hid_t loc, const char* obj) {
+  std::uint64_t v = 0;
+  hid_t a = H5Aopen_by_name(loc, obj, "digest", H5P_DEFAULT, H5P_DEFAULT);
+  EXPECT_GE(a, 0) << obj;
+  H5Aread(a, H5T_NATIVE_UINT64, &v);
+  H5Aclose(a);
+  return v;
+}
+
+// Overwrites bytes of a file in place (raw corruption, below HDF5).
+void patch(const std::string& path, std::uint64_t at, const std::string& bytes) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(at));
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+void flip_bit(const std::string& path, std::uint64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(std::streamoff(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = char(c ^ 0x10);
+  f.seekp(std::streamoff(at));
+  f.write(&c, 1);
+}
+
+// File offset of element 0 of a single-chunk dataset.
+std::uint64_t chunk_address(const std::string& path, const char* ds_path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  hid_t ds = H5Dopen2(f, ds_path, H5P_DEFAULT);
+  hid_t sp = H5Dget_space(ds);
+  hsize_t offset[1] = {0}, size = 0;
+  unsigned mask = 0;
+  haddr_t addr = HADDR_UNDEF;
+  EXPECT_GE(H5Dget_chunk_info(ds, sp, 0, offset, &mask, &addr, &size), 0);
+  H5Sclose(sp);
+  H5Dclose(ds);
+  H5Fclose(f);
+  return addr;
+}
 
 }  // namespace
 
@@ -32,7 +93,8 @@ TYPED_TEST(Checkpoint, RoundTripIsBitwise) {
   EXPECT_EQ(info.precision, sizeof(S) == 8 ? "double" : "float");
   EXPECT_EQ(info.config.settings().data.seq_len, 77);
   EXPECT_TRUE(info.dims == d);
-  const auto ins = inspect_checkpoint(path);
+  EXPECT_EQ(info.format_version, 3);
+  const auto ins = inspect_checkpoint(path, Verify::all);
   ASSERT_EQ(ins.datasets.size(), ps.tensors().size());
   for (std::size_t i = 0; i < ins.datasets.size(); ++i) {
     EXPECT_EQ(ins.datasets[i].path, "/params/" + ps.tensors()[i].name);
@@ -97,6 +159,9 @@ TEST(Checkpoint, BadFilesGiveClearErrors) {
     H5Ldelete(f, "/params/layers/000/W_B", H5P_DEFAULT);
     H5Fclose(f);
   }
+  // The object list is part of the header digest; resealed, the schema check names it.
+  expect_error([&] { load_checkpoint<double>(missing); }, "checksum mismatch in the header of '" + missing + "'");
+  reseal(missing);
   expect_error([&] { load_checkpoint<double>(missing); }, "lacks dataset /params/layers/000/W_B");
 
   for (const auto& p : {good, junk, cut, wrongv, missing}) std::remove(p.c_str());
@@ -117,6 +182,339 @@ TEST(Checkpoint, FailedWriteKeepsThePreviousFile) {
   // Unwritable target directory: error, no stray file.
   EXPECT_THROW(save_checkpoint("/nonexistent_dir/x.h5", config_for(d), ps), Error);
   std::remove(path.c_str());
+}
+
+// ---- format 3: digests ------------------------------------------------------
+
+// The documented digest, computed here with xxHash directly: XXH3-64 of the
+// dataset's path, a NUL and its bytes as stored (little-endian IEEE).
+TYPED_TEST(Checkpoint, DatasetDigestIsXxh3OfPathAndStoredBytes) {
+  using S = TypeParam;
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<S>(d, 11);
+  const auto path = tmp_path("digest.h5");
+  save_checkpoint(path, config_for(d), ps);
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  for (const auto& t : ps.tensors()) {
+    const std::string p = "/params/" + t.name;
+    std::string bytes = p + '\0';
+    std::vector<S> v(std::size_t(t.size()));
+    hid_t ds = H5Dopen2(f, p.c_str(), H5P_DEFAULT);
+    H5Dread(ds, sizeof(S) == 8 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Dclose(ds);
+    bytes.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(S));
+    EXPECT_EQ(digest_attr_of(f, p.c_str()), XXH3_64bits(bytes.data(), bytes.size())) << p;
+  }
+  EXPECT_EQ(H5Aexists(f, "digest"), 1) << "the header digest";
+  H5Fclose(f);
+  std::remove(path.c_str());
+}
+
+// Fletcher-32 sums 16-bit words modulo 65535, so a word 00 00 that becomes
+// FF FF passes it: in layer 0's D[0] = 1.0 of a fresh model. Format 2 loads
+// the changed value silently; the digest of format 3 refuses it.
+TYPED_TEST(Checkpoint, TwoBytesFletcherCannotSeeAreRefused) {
+  using S = TypeParam;
+  const auto d = tiny_dims(1);
+  ParamSet<S> ps(d);
+  initialize(ps, 5);
+  const auto& D = ps.tensor("layers/000/D");
+  ASSERT_EQ(to_host(ps)[std::size_t(D.offset)], 1.0);
+  const auto v3 = tmp_path("ffff_v3.h5");
+  save_checkpoint(v3, config_for(d), ps);
+  const auto v2 = copy_of(v3, "ffff_v2.h5");
+  downgrade_to_v2(v2);
+  // 1.0 is 00 00 00 00 00 00 F0 3F (double) or 00 00 80 3F (float); FF FF in
+  // bytes 4-5 (0-1) adds 65535 units of 2^-20 (2^-23): 1.0624990463256836
+  // (1.0078123807907104).
+  const std::uint64_t at = sizeof(S) == 8 ? 4 : 0;
+  const double changed = sizeof(S) == 8 ? 1.0 + 65535.0 / 1048576.0 : double(1.0f + 65535.0f / 8388608.0f);
+  for (const auto& p : {v3, v2}) patch(p, chunk_address(p, "/params/layers/000/D") + at, "\xff\xff");
+
+  CheckpointInfo info;
+  const auto got = to_host(load_checkpoint<S>(v2, &info));
+  EXPECT_EQ(info.format_version, 2);
+  EXPECT_EQ(got[std::size_t(D.offset)], changed) << "the premise: Fletcher-32 does not see this change";
+
+  expect_error([&] { load_checkpoint<S>(v3); },
+               "checksum mismatch in dataset /params/layers/000/D of '" + v3 + "' (its digest differs");
+  expect_error([&] { inspect_checkpoint(v3, Verify::all); }, "checksum mismatch in dataset /params/layers/000/D");
+  EXPECT_NO_THROW(inspect_checkpoint(v3, Verify::none));  // a quick look still works
+  for (const auto& p : {v3, v2}) std::remove(p.c_str());
+}
+
+// Edits through the HDF5 API (which recomputes HDF5's own checksums) of a
+// root attribute, the configuration, /optimizer's step, the object list and
+// a dataset: all refused; resealed, each loads (or fails on its own merits).
+TYPED_TEST(Checkpoint, EditedHeaderOrDataIsRefused) {
+  using S = TypeParam;
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<S>(d, 12);
+  ParamSet<S> m(d), v(d);
+  from_host(m, to_host(random_model<S>(d, 13)));
+  from_host(v, std::vector<double>(to_host(ps).size(), 0.25));
+  const auto good = tmp_path("good.h5");
+  save_checkpoint(good, config_for(d), ps, 7, 70, OptimizerState<S>{&m, &v, 7});
+  const std::string header = "checksum mismatch in the header of '";
+
+  const auto step = copy_of(good, "step.h5");
+  edit(step, [](hid_t f) {
+    std::int64_t s = 8;
+    hid_t a = H5Aopen(f, "step", H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &s);
+    H5Aclose(a);
+  });
+  expect_error([&] { load_checkpoint<S>(step); }, header + step + "'");
+  expect_error([&] { inspect_checkpoint(step); }, header);
+  reseal(step);
+  CheckpointInfo info;
+  load_checkpoint<S>(step, &info);
+  EXPECT_EQ(info.step, 8) << "resealed: the digest is no defence against a deliberate edit";
+
+  // One byte of the stored JSON: "seq_len":256 -> "seq_len":257, still valid.
+  const auto cfg = copy_of(good, "config.h5");
+  edit(cfg, [](hid_t f) {
+    hid_t a = H5Aopen(f, "config", H5P_DEFAULT);
+    hid_t t = H5Aget_type(a);
+    std::string text(H5Tget_size(t), '\0');
+    H5Aread(a, t, &text[0]);
+    const auto at = text.find("\"seq_len\":");
+    ASSERT_NE(at, std::string::npos) << text;
+    text[at + 10] = char(text[at + 10] == '9' ? '8' : text[at + 10] + 1);
+    H5Awrite(a, t, text.data());
+    H5Tclose(t);
+    H5Aclose(a);
+  });
+  expect_error([&] { load_checkpoint<S>(cfg); }, header + cfg + "'");
+  reseal(cfg);
+  EXPECT_NO_THROW(load_checkpoint<S>(cfg));
+
+  const auto opt = copy_of(good, "opt.h5");
+  edit(opt, [](hid_t f) {
+    std::int64_t s = 100;
+    hid_t a = H5Aopen_by_name(f, "/optimizer", "step", H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &s);
+    H5Aclose(a);
+  });
+  ParamSet<S> m2(d), v2(d);
+  std::int64_t got_step = 0;
+  expect_error([&] { load_optimizer_state(opt, m2, v2, &got_step); }, header);
+
+  const auto added = copy_of(good, "added.h5");  // an attribute no reader looks at
+  edit(added, [](hid_t f) {
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(f, "note", H5T_NATIVE_INT64, sp, H5P_DEFAULT, H5P_DEFAULT);
+    std::int64_t x = 1;
+    H5Awrite(a, H5T_NATIVE_INT64, &x);
+    H5Aclose(a);
+    H5Sclose(sp);
+  });
+  expect_error([&] { load_checkpoint<S>(added); }, header);
+
+  const auto gone = copy_of(good, "gone.h5");  // the moments removed: would restart Adam silently
+  edit(gone, [](hid_t f) { H5Ldelete(f, "/optimizer", H5P_DEFAULT); });
+  expect_error([&] { load_optimizer_state(gone, m2, v2, &got_step); }, header);
+
+  const auto data = copy_of(good, "data.h5");  // one moment changed in the last bit
+  edit(data, [&](hid_t f) {
+    std::vector<S> x(std::size_t(ps.tensor("head").size()));
+    hid_t ds = H5Dopen2(f, "/optimizer/v/head", H5P_DEFAULT);
+    H5Dread(ds, std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+            H5P_DEFAULT, x.data());
+    x[3] = std::nextafter(x[3], S(1));
+    H5Dwrite(ds, std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL,
+             H5P_DEFAULT, x.data());
+    H5Dclose(ds);
+  });
+  EXPECT_NO_THROW(load_checkpoint<S>(data));  // only what is read is verified
+  expect_error([&] { load_optimizer_state(data, m2, v2, &got_step); },
+               "checksum mismatch in dataset /optimizer/v/head of '" + data + "'");
+
+  // Swapping two datasets of one shape keeps every byte: the path in the digest sees it.
+  const auto swap = copy_of(good, "swap.h5");
+  edit(swap, [](hid_t f) {
+    H5Lmove(f, "/params/layers/000/W_B", f, "/params/tmp", H5P_DEFAULT, H5P_DEFAULT);
+    H5Lmove(f, "/params/layers/000/W_C", f, "/params/layers/000/W_B", H5P_DEFAULT, H5P_DEFAULT);
+    H5Lmove(f, "/params/tmp", f, "/params/layers/000/W_C", H5P_DEFAULT, H5P_DEFAULT);
+  });
+  expect_error([&] { load_checkpoint<S>(swap); }, "checksum mismatch in dataset /params/layers/000/W_B");
+
+  for (const auto& p : {good, step, cfg, opt, added, gone, data, swap}) std::remove(p.c_str());
+}
+
+// ---- the closed schema --------------------------------------------------------
+
+// Links other than hard ones, and objects outside the format, are refused in
+// format 3 and in format 2 (no digest to catch them there) alike.
+TEST(Checkpoint, OnlyHardLinksAndTheFormatsObjects) {
+  const auto d = tiny_dims(1);
+  const auto ps = random_model<double>(d, 21), other = random_model<double>(d, 22);
+  const auto good = tmp_path("good.h5"), donor = tmp_path("donor.h5");
+  save_checkpoint(good, config_for(d), ps);
+  save_checkpoint(donor, config_for(d), other);
+  ASSERT_NE(to_host(ps), to_host(other));
+  const std::string nac = "not an ash checkpoint: '";
+  for (const bool v2 : {false, true}) {
+    auto fresh = [&](const std::string& name) {
+      const auto p = copy_of(good, (v2 ? "v2_" : "v3_") + name);
+      if (v2) downgrade_to_v2(p);
+      return p;
+    };
+    SCOPED_TRACE(v2 ? "format 2" : "format 3");
+    // (a) /params an external link to another checkpoint's parameters.
+    const auto ext = fresh("external.h5");
+    edit(ext, [&](hid_t f) {
+      H5Ldelete(f, "/params", H5P_DEFAULT);
+      ASSERT_GE(H5Lcreate_external(donor.c_str(), "/params", f, "/params", H5P_DEFAULT, H5P_DEFAULT), 0);
+    });
+    expect_error([&] { load_checkpoint<double>(ext); }, nac + ext + "': /params is an external link");
+    expect_error([&] { inspect_checkpoint(ext, Verify::none); }, "/params is an external link");
+    // (b) /params/head a soft link to /params/embedding (same shape).
+    const auto soft = fresh("soft.h5");
+    edit(soft, [](hid_t f) {
+      H5Ldelete(f, "/params/head", H5P_DEFAULT);
+      ASSERT_GE(H5Lcreate_soft("/params/embedding", f, "/params/head", H5P_DEFAULT, H5P_DEFAULT), 0);
+    });
+    expect_error([&] { load_checkpoint<double>(soft); }, nac + soft + "': /params/head is a soft link");
+    // ... or a second hard link to it.
+    const auto hard = fresh("hard.h5");
+    edit(hard, [](hid_t f) {
+      H5Ldelete(f, "/params/head", H5P_DEFAULT);
+      ASSERT_GE(H5Lcreate_hard(f, "/params/embedding", f, "/params/head", H5P_DEFAULT, H5P_DEFAULT), 0);
+    });
+    expect_error([&] { load_checkpoint<double>(hard); }, "is one object under 2 names");
+    // Bytes kept outside the file, or behind a filter other than Fletcher-32.
+    const auto efl = fresh("efl.h5");
+    edit(efl, [&](hid_t f) {
+      H5Ldelete(f, "/params/final_norm", H5P_DEFAULT);
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      H5Pset_external(dcpl, (good + ".raw").c_str(), 0, 64);
+      hsize_t n = 8;
+      hid_t sp = H5Screate_simple(1, &n, nullptr);
+      hid_t ds = H5Dcreate2(f, "/params/final_norm", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      ASSERT_GE(ds, 0);
+      H5Dclose(ds);
+      H5Sclose(sp);
+      H5Pclose(dcpl);
+    });
+    expect_error([&] { load_checkpoint<double>(efl); }, "dataset /params/final_norm keeps its data in external files");
+    const auto vds = fresh("virtual.h5");
+    edit(vds, [&](hid_t f) {
+      H5Ldelete(f, "/params/final_norm", H5P_DEFAULT);
+      hsize_t n = 8;
+      hid_t sp = H5Screate_simple(1, &n, nullptr);
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      H5Pset_virtual(dcpl, sp, donor.c_str(), "/params/final_norm", sp);
+      hid_t ds = H5Dcreate2(f, "/params/final_norm", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      ASSERT_GE(ds, 0);
+      H5Dclose(ds);
+      H5Sclose(sp);
+      H5Pclose(dcpl);
+    });
+    expect_error([&] { load_checkpoint<double>(vds); }, "dataset /params/final_norm is a virtual dataset");
+    const auto gz = fresh("deflate.h5");
+    edit(gz, [&](hid_t f) {
+      H5Ldelete(f, "/params/final_norm", H5P_DEFAULT);
+      hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+      hsize_t n = 8;
+      H5Pset_chunk(dcpl, 1, &n);
+      H5Pset_fletcher32(dcpl);
+      H5Pset_deflate(dcpl, 1);
+      hid_t sp = H5Screate_simple(1, &n, nullptr);
+      hid_t ds = H5Dcreate2(f, "/params/final_norm", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      ASSERT_GE(ds, 0);
+      H5Dclose(ds);
+      H5Sclose(sp);
+      H5Pclose(dcpl);
+    });
+    expect_error([&] { load_checkpoint<double>(gz); }, "uses HDF5 filter 1 (only Fletcher-32 is allowed)");
+    // Objects the format does not have, resealed so that the schema check, not
+    // the digest, is what refuses them.
+    const auto extra = fresh("extra.h5");
+    edit(extra, [](hid_t f) { H5Gclose(H5Gcreate2(f, "/params/notes", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)); });
+    if (!v2) reseal(extra);
+    expect_error([&] { load_checkpoint<double>(extra); }, nac + extra + "' holds group /params/notes, which is not part");
+    const auto kind = fresh("kind.h5");
+    edit(kind, [](hid_t f) {
+      H5Ldelete(f, "/params/head", H5P_DEFAULT);
+      H5Gclose(H5Gcreate2(f, "/params/head", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+    });
+    if (!v2) reseal(kind);
+    expect_error([&] { load_checkpoint<double>(kind); }, "/params/head is a group, the format has a dataset there");
+    for (const auto& p : {ext, soft, hard, efl, vds, gz, extra, kind}) std::remove(p.c_str());
+  }
+  for (const auto& p : {good, donor}) std::remove(p.c_str());
+}
+
+// A FIFO given as the file is refused before anything blocks on it.
+TEST(Checkpoint, AFifoIsNotACheckpoint) {
+  const auto fifo = tmp_path("fifo.h5");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_error([&] { load_checkpoint<double>(fifo); }, "checkpoint '" + fifo + "' is not a regular file");
+  expect_error([&] { inspect_checkpoint(fifo); }, "is not a regular file");
+  expect_error([&] { load_gradients(fifo, tiny_dims(1)); }, "gradient file '" + fifo + "' is not a regular file");
+  std::remove(fifo.c_str());
+}
+
+// ---- older formats --------------------------------------------------------------
+
+// Every kind of file the format-2 writer made still loads, bitwise: a
+// checkpoint with moments and a carried state, and a gradient file.
+TYPED_TEST(Checkpoint, Format2FilesStillLoad) {
+  using S = TypeParam;
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<S>(d, 31);
+  ParamSet<S> m(d), v(d);
+  from_host(m, to_host(random_model<S>(d, 32)));
+  from_host(v, std::vector<double>(to_host(ps).size(), 0.5));
+  std::vector<View2<S>> carry;
+  std::vector<double> carry_host;
+  for (int k = 0; k < 2; ++k) {
+    carry.push_back(View2<S>("carry", 3 * d.width, d.state));
+    auto h = Kokkos::create_mirror_view(carry.back());
+    for (std::size_t i = 0; i < h.extent(0); ++i)
+      for (std::size_t j = 0; j < h.extent(1); ++j) carry_host.push_back(double(h(i, j) = S(0.01 * (i + 7 * j + k))));
+    Kokkos::deep_copy(carry.back(), h);
+  }
+  const auto path = tmp_path("v2.h5");
+  save_checkpoint(path, config_for(d), ps, 5, 50, OptimizerState<S>{&m, &v, 5, &carry});
+  downgrade_to_v2(path);
+  CheckpointInfo info;
+  EXPECT_EQ(to_host(load_checkpoint<S>(path, &info)), to_host(ps));
+  EXPECT_EQ(info.format_version, 2);
+  EXPECT_EQ(info.step, 5);
+  ParamSet<S> m2(d), v2(d);
+  std::int64_t step = 0;
+  ASSERT_TRUE(load_optimizer_state(path, m2, v2, &step));
+  EXPECT_EQ(to_host(m2), to_host(m));
+  EXPECT_EQ(to_host(v2), to_host(v));
+  EXPECT_EQ(step, 5);
+  std::vector<View2<S>> back{View2<S>("b0", 3 * d.width, d.state), View2<S>("b1", 3 * d.width, d.state)};
+  ASSERT_TRUE(load_carried_state(path, back));
+  std::vector<double> back_host;
+  for (const auto& b : back) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+    for (std::size_t i = 0; i < h.extent(0); ++i)
+      for (std::size_t j = 0; j < h.extent(1); ++j) back_host.push_back(double(h(i, j)));
+  }
+  EXPECT_EQ(back_host, carry_host);
+  EXPECT_EQ(inspect_checkpoint(path, Verify::all).format_version, 2);
+
+  ParamSet<S> g(d);
+  from_host(g, to_host(random_model<S>(d, 33)));
+  const auto gpath = tmp_path("v2_grad.h5");
+  save_gradients(gpath, config_for(d), 1.25, g);
+  downgrade_to_v2(gpath);
+  double loss = 0;
+  EXPECT_EQ(to_host(load_gradients(gpath, d, &loss)), to_host(g));
+  EXPECT_EQ(loss, 1.25);
+  EXPECT_EQ(inspect_checkpoint(gpath, Verify::all).format_version, 2);
+  // A format-2 file is still checked against its own Fletcher-32 sums.
+  flip_bit(gpath, chunk_address(gpath, "/grad/head") + 1);
+  expect_error([&] { load_gradients(gpath, d); }, "checksum mismatch in dataset /grad/head of '" + gpath + "'");
+  for (const auto& p : {path, gpath}) std::remove(p.c_str());
 }
 
 }  // namespace ash::test

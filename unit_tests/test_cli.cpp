@@ -41,7 +41,8 @@ TEST_F(Cli, InitInspectGradMatchTheLibrary) {
   EXPECT_NE(ins.out.find("/params/layers/001/W_B"), std::string::npos);
   EXPECT_NE(ins.out.find("[4, 8]"), std::string::npos);
   EXPECT_NE(ins.out.find("\"seq_len\": 32"), std::string::npos);
-  EXPECT_NE(ins.out.find("format_version 2"), std::string::npos);
+  EXPECT_NE(ins.out.find("format_version 3"), std::string::npos);
+  EXPECT_NE(ins.out.find("verified: the header digest and every dataset's digest"), std::string::npos) << ins.out;
 
   const auto out = dir() + "grads.h5";
   auto g = run("grad --checkpoint " + ckpt + " --tokens " + text + " --engine backprop --out " + out);

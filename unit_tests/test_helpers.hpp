@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ash/ash.hpp"
+#include "ash/io/hdf5.hpp"  // the library's own digest code, for reseal()
 
 namespace ash::test {
 
@@ -159,6 +160,44 @@ inline std::string slurp(const std::string& path) {
 inline void set_format_version(const std::string& path, std::int64_t v) {
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+// Recomputes every digest of an edited format-3 file, as a tool that knows
+// the format can (docs/file_format.md: digests catch accidents, not a
+// deliberate editor). The file is then altered but consistent, so only the
+// reader's other checks (schema, values) can refuse it.
+inline void reseal(const std::string& path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << path;
+  io::seal_datasets(f);
+  io::seal_header(f);
+  H5Fclose(f);
+}
+
+// A format-3 file turned into what the format-2 writer produced: the same
+// objects and Fletcher-32 filters, no digest attributes, format_version 2.
+inline void downgrade_to_v2(const std::string& path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << path;
+  std::vector<std::string> datasets{"/loss", "/train/carry_state"};
+  hid_t a = H5Aopen(f, "layers", H5P_DEFAULT);
+  std::int64_t K = 0;
+  H5Aread(a, H5T_NATIVE_INT64, &K);
+  H5Aclose(a);
+  ModelDims d;
+  d.layers = K;
+  for (const char* root : {"/params/", "/optimizer/m/", "/optimizer/v/", "/grad/"})
+    for (const auto& t : param_layout(d)) datasets.push_back(root + t.name);
+  for (const auto& p : datasets)
+    if (H5Lexists(f, p.substr(0, p.find('/', 1)).c_str(), H5P_DEFAULT) > 0 &&
+        H5Oexists_by_name(f, p.c_str(), H5P_DEFAULT) > 0 && H5Aexists_by_name(f, p.c_str(), "digest", H5P_DEFAULT) > 0)
+      EXPECT_GE(H5Adelete_by_name(f, p.c_str(), "digest", H5P_DEFAULT), 0) << p;
+  EXPECT_GE(H5Adelete(f, "digest"), 0);
+  std::int64_t v = 2;
+  a = H5Aopen(f, "format_version", H5P_DEFAULT);
   H5Awrite(a, H5T_NATIVE_INT64, &v);
   H5Aclose(a);
   H5Fclose(f);

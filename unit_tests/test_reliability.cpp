@@ -6,6 +6,7 @@
 #include <hdf5.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -404,11 +405,16 @@ TEST(Reliability, StrictSchemaOnRead) {
   const double one_half = 1.5;
   rewrite_attr(v15, "format_version", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &one_half);
   expect_error(load(v15), "'format_version' is not an integer");
+  // Edited values: the header digest refuses them; resealed (as a tool that
+  // knows the format could), the value checks do.
   const auto neg = fresh("neg.h5");
   rewrite_attr_i64(neg, "step", -5);
+  expect_error(load(neg), "checksum mismatch in the header of '" + neg + "'");
+  reseal(neg);
   expect_error(load(neg), "step -5 is negative");
   const auto cur = fresh("cursor.h5");
   rewrite_attr_i64(cur, "data_cursor", -1);
+  reseal(cur);
   expect_error(load(cur), "data_cursor -1 is negative");
   const auto prec = fresh("half.h5");
   {
@@ -417,18 +423,21 @@ TEST(Reliability, StrictSchemaOnRead) {
     rewrite_attr(prec, "precision", t, t, "half");
     H5Tclose(t);
   }
+  reseal(prec);
   expect_error(load(prec), "precision 'half'");
 
-  // A dataset without the checksum filter: refused in format 2, accepted in a
-  // version 1 file (written before checksums), with the same values.
+  // A dataset without the checksum filter: refused in formats 3 and 2,
+  // accepted in a version 1 file (written before checksums), with the same values.
   const auto nosum = fresh("nosum.h5");
   rewrite_dataset(nosum, "/params/final_norm", H5T_IEEE_F64LE);
-  expect_error(load(nosum), "has no Fletcher-32 checksum");
+  expect_error(load(nosum), "has no Fletcher-32 checksum (format 3 has one)");
+  set_format_version(nosum, 2);
+  expect_error(load(nosum), "has no Fletcher-32 checksum (format 2 has one)");
   set_format_version(nosum, 1);
   EXPECT_EQ(to_host(load_checkpoint<double>(nosum)), to_host(ps));
   CheckpointInfo info;
   load_checkpoint<double>(good, &info);
-  EXPECT_EQ(info.format_version, 2);
+  EXPECT_EQ(info.format_version, 3);
 
   // NaN parameters: refused on load, so `generate` exits 2 instead of
   // printing only the prompt.
@@ -444,6 +453,8 @@ TEST(Reliability, StrictSchemaOnRead) {
     H5Dclose(ds);
     H5Fclose(f);
   }
+  expect_error(load(nan), "checksum mismatch in dataset /params/embedding");
+  reseal(nan);  // a NaN written by a tool that sealed it
   expect_error(load(nan), "holds a non-finite value");
   EXPECT_CLEAR_ERROR(run("generate --checkpoint " + nan + " --prompt ab --tokens 3"), "non-finite");
 }
@@ -466,8 +477,75 @@ TEST(Reliability, FlippedBitInAParameterIsAChecksumError) {
   write(path, bytes);
   expect_error([&] { load_checkpoint<double>(path); }, "checksum mismatch in dataset /params/layers/001/W_B of '" +
                                                            path + "'");
-  const auto r = run("inspect " + path);  // the header is intact
+  // `ash inspect` reads every dataset; --no-verify only the intact header.
+  EXPECT_CLEAR_ERROR(run("inspect " + path), "checksum mismatch in dataset /params/layers/001/W_B of '" + path + "'");
+  const auto r = run("inspect --no-verify " + path);
   EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("not verified (--no-verify)"), std::string::npos) << r.out;
+}
+
+// Hostile files through the tool (docs/file_format.md, "How files are read
+// and checked"): each verb exits 2 with a message, none hangs. `timeout`
+// turns a hang into status 124.
+TEST(Reliability, HostileCheckpointsAreRefusedWithoutHanging) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5"), donor = tmp_path("donor.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  ASSERT_EQ(run("init " + small_model + "--set model.seed=99 --out " + donor).code, 0);
+  const auto fifo = tmp_path("fifo");
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto verbs = [&](const std::string& file) {
+    return std::vector<std::string>{
+        "inspect " + file,
+        "inspect --no-verify " + file,
+        "generate --checkpoint " + file + " --prompt ab --tokens 2",
+        "grad --checkpoint " + file + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
+        "eval --checkpoint " + file + " --tokens " + corpus,
+        "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") +
+            " --resume " + file};
+  };
+  auto timed = [](const std::string& args) { return run_shell("timeout 60 " + std::string(ASH_CLI) + " " + args); };
+  for (const auto& v : verbs(fifo)) EXPECT_CLEAR_ERROR(timed(v), "'" + fifo + "' is not a regular file");
+
+  auto linked = [&](const std::string& name, const std::string& target, const char* in_target, bool v2 = false) {
+    const auto p = tmp_path(name);
+    write(p, slurp(ckpt));
+    if (v2) downgrade_to_v2(p);  // no digest to notice the missing /params
+    hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/params", H5P_DEFAULT);
+    EXPECT_GE(H5Lcreate_external(target.c_str(), in_target, f, "/params", H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(f);
+    return p;
+  };
+  // (c) /params an external link into a FIFO: HDF5 would block opening it.
+  for (const bool v2 : {false, true}) {
+    const auto to_fifo = linked(v2 ? "to_fifo_v2.h5" : "to_fifo.h5", fifo, "/", v2);
+    for (const auto& v : verbs(to_fifo)) EXPECT_CLEAR_ERROR(timed(v), "/params is an external link");
+  }
+  // (a) into another checkpoint: its parameters would load silently.
+  const auto to_donor = linked("to_donor.h5", donor, "/params");
+  EXPECT_CLEAR_ERROR(timed("generate --checkpoint " + to_donor + " --prompt ab --tokens 2"),
+                     "not an ash checkpoint: '" + to_donor + "': /params is an external link");
+  // (b) a soft link: head read from the embedding.
+  const auto soft = tmp_path("soft.h5");
+  write(soft, slurp(ckpt));
+  {
+    hid_t f = H5Fopen(soft.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/params/head", H5P_DEFAULT);
+    EXPECT_GE(H5Lcreate_soft("/params/embedding", f, "/params/head", H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(f);
+  }
+  EXPECT_CLEAR_ERROR(timed("inspect --no-verify " + soft), "/params/head is a soft link");
+  // (d) an edited step and an edited configuration: the header digest.
+  const auto step = tmp_path("step.h5");
+  write(step, slurp(ckpt));
+  rewrite_attr_i64(step, "step", 3);
+  EXPECT_CLEAR_ERROR(timed("inspect " + step), "checksum mismatch in the header of '" + step + "'");
+  EXPECT_CLEAR_ERROR(timed("generate --checkpoint " + step + " --prompt ab --tokens 2"), "checksum mismatch");
+  const auto r = timed("inspect --no-verify " + step);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("step 3"), std::string::npos) << r.out;
+  fs::remove(fifo);
 }
 
 // Fuzz: seeded byte flips and truncations of a checkpoint with optimizer

@@ -1,213 +1,100 @@
 #include "ash/io/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <hdf5.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
 #include <type_traits>
 
 #include "ash/core/error.hpp"
 #include "ash/core/sizes.hpp"
+#include "ash/io/hdf5.hpp"
 
 namespace ash {
 
+using namespace io;  // the HDF5 plumbing (hdf5.hpp); this file is the schema
+
 namespace {
 
-// RAII for hid_t handles.
-class Handle {
- public:
-  using Closer = herr_t (*)(hid_t);
-  Handle(hid_t id, Closer c) : id_(id), close_(c) {}
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  Handle(Handle&& o) noexcept : id_(o.id_), close_(o.close_) { o.id_ = -1; }
-  ~Handle() {
-    if (id_ >= 0) close_(id_);
-  }
-  operator hid_t() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-  Closer close_;
-};
-
-struct QuietHdf5 {  // our messages replace HDF5's error stack dumps
-  QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
-};
-const QuietHdf5 quiet_hdf5;
-
-void check(herr_t rc, const std::string& what) { require(rc >= 0, "HDF5: " + what + " failed"); }
-
-void write_attr_i64(hid_t loc, const char* name, std::int64_t v) {
-  Handle sp(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle a(H5Acreate2(loc, name, H5T_NATIVE_INT64, sp, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  require(a.ok(), std::string("HDF5: cannot create attribute ") + name);
-  check(H5Awrite(a, H5T_NATIVE_INT64, &v), std::string("writing attribute ") + name);
+template <class S>
+hid_t mem_type_of() {
+  return std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
 }
-
-void write_attr_str(hid_t loc, const char* name, const std::string& v) {
-  Handle sp(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle t(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(t, v.empty() ? 1 : v.size());
-  H5Tset_strpad(t, H5T_STR_NULLPAD);
-  Handle a(H5Acreate2(loc, name, t, sp, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  require(a.ok(), std::string("HDF5: cannot create attribute ") + name);
-  const std::string buf = v.empty() ? std::string(1, '\0') : v;
-  check(H5Awrite(a, t, buf.data()), std::string("writing attribute ") + name);
-}
-
-bool has_attr(hid_t loc, const char* name) { return H5Aexists(loc, name) > 0; }
-
-// One element: HDF5 would read the first of an array attribute silently.
-void require_scalar_attr(hid_t a, const char* name, const std::string& file) {
-  Handle sp(H5Aget_space(a), H5Sclose);
-  require(sp.ok() && H5Sget_simple_extent_npoints(sp) == 1,
-          "'" + file + "': attribute '" + name + "' is not a single value");
-}
-
-std::int64_t read_attr_i64(hid_t loc, const char* name, const std::string& file) {
-  require(has_attr(loc, name), "checkpoint '" + file + "' lacks attribute '" + name + "'");
-  Handle a(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
-  require(a.ok(), "'" + file + "': cannot open attribute '" + name + "' (corrupt file)");
-  // Strict schema: an integer, not a float HDF5 would convert (1.5 -> 1).
-  Handle ft(H5Aget_type(a), H5Tclose);
-  require(ft.ok() && H5Tget_class(ft) == H5T_INTEGER, "'" + file + "': attribute '" + name + "' is not an integer");
-  require_scalar_attr(a, name, file);
-  std::int64_t v = 0;
-  require(H5Aread(a, H5T_NATIVE_INT64, &v) >= 0, "'" + file + "': cannot read attribute '" + name + "'");
-  return v;
-}
-
-std::string read_attr_str(hid_t loc, const char* name, const std::string& file) {
-  require(has_attr(loc, name), "checkpoint '" + file + "' lacks attribute '" + name + "'");
-  Handle a(H5Aopen(loc, name, H5P_DEFAULT), H5Aclose);
-  require(a.ok(), "'" + file + "': cannot open attribute '" + name + "' (corrupt file)");
-  Handle ft(H5Aget_type(a), H5Tclose);
-  require(ft.ok() && H5Tget_class(ft) == H5T_STRING, "'" + file + "': attribute '" + name + "' is not a string");
-  require_scalar_attr(a, name, file);
-  require(H5Tis_variable_str(ft) <= 0, std::string("attribute ") + name + " is a variable-length string");
-  const std::size_t n = H5Tget_size(ft);
-  std::string buf(n, '\0');
-  Handle mt(H5Tcopy(H5T_C_S1), H5Tclose);
-  H5Tset_size(mt, n);
-  H5Tset_strpad(mt, H5T_STR_NULLPAD);
-  require(n > 0 && H5Aread(a, mt, &buf[0]) >= 0, "'" + file + "': cannot read attribute '" + name + "'");
-  return buf.substr(0, buf.find('\0'));
-}
-
-// Creates intermediate groups ("layers/000/norm" under /params).
-hid_t link_create_plist() {
-  hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
-  if (lcpl >= 0) H5Pset_create_intermediate_group(lcpl, 1);
-  return lcpl;
-}
-
-// float32 / float64 IEEE only (float16, integers, custom floats are refused).
-bool is_f32_or_f64(hid_t t) {
-  // A named array, not a braced list in the range-for: nvcc 13 mistranslates a
-  // braced list of comma expressions (HDF5's H5T_* macros are (H5open(), id)).
-  const hid_t accepted[] = {H5T_IEEE_F32LE, H5T_IEEE_F32BE, H5T_IEEE_F64LE, H5T_IEEE_F64BE};
-  for (hid_t ok : accepted)
-    if (H5Tequal(t, ok) > 0) return true;
-  return false;
-}
-
-std::string dtype_name(hid_t t) {
-  const auto c = H5Tget_class(t);
-  const auto n = H5Tget_size(t);
-  if (c == H5T_FLOAT) return "float" + std::to_string(8 * n);
-  if (c == H5T_INTEGER) return "int" + std::to_string(8 * n);
-  return "non-numeric";
-}
-
-bool has_fletcher32(hid_t ds) {
-  Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
-  if (!dcpl.ok()) return false;
-  unsigned flags = 0;
-  std::size_t nelem = 0;
-  unsigned config = 0;
-  return H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nelem, nullptr, 0, nullptr, &config) >= 0;
-}
-
-// Format 2: every dataset chunked with HDF5's Fletcher-32 filter, which HDF5
-// verifies on every read. One chunk per dataset up to 4 MiB, else blocks of
-// rows (a chunk may not exceed 4 GiB).
-Handle checksummed_dcpl(const std::vector<hsize_t>& dims, std::size_t elem) {
-  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  require(dcpl.ok(), "HDF5: cannot create a dataset property list");
-  constexpr hsize_t target = hsize_t(4) << 20;
-  std::vector<hsize_t> chunk(dims);
-  hsize_t inner = elem;
-  for (std::size_t i = chunk.size(); i-- > 0;) {
-    const hsize_t room = std::max<hsize_t>(1, target / inner);
-    chunk[i] = std::max<hsize_t>(1, std::min(dims[i], room));
-    inner *= chunk[i];
-  }
-  check(H5Pset_chunk(dcpl, int(chunk.size()), chunk.data()), "setting the chunk size");
-  check(H5Pset_fletcher32(dcpl), "enabling the Fletcher-32 checksum");
-  return dcpl;
+template <class S>
+hid_t file_type_of() {
+  return std::is_same<S, double>::value ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
 }
 
 template <class S>
 void write_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps) {
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps.data());
-  const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
-  const hid_t file_type = std::is_same<S, double>::value ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
   Handle lcpl(link_create_plist(), H5Pclose);
   for (const auto& t : ps.tensors()) {
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    Handle sp(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose);
-    const std::string path = group + "/" + t.name;
     Handle dcpl = checksummed_dcpl(dims, sizeof(S));
-    Handle ds(H5Dcreate2(file, path.c_str(), file_type, sp, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
-    require(ds.ok(), "HDF5: cannot create dataset " + path);
-    check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset), "writing " + path);
+    write_dataset(file, group + "/" + t.name, file_type_of<S>(), dims, dcpl, lcpl, mem_type_of<S>(),
+                  host.data() + t.offset);
   }
 }
 
+// An open file whose structure has been checked: every object is a group or
+// a dataset under a single hard link, and (after read_header) every path is
+// one of the format's for the stored sizes.
+struct Reader {
+  Handle file;
+  std::string path;
+  Objects objects;
+  CheckpointInfo info;
+  bool verify = true;  // format 3: digests checked on reading
+
+  bool has(const std::string& p, ObjectKind k) const {
+    const auto it = objects.find(p);
+    return it != objects.end() && it->second == k;
+  }
+};
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string o = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+// Opens a dataset of the schema and checks what holds for every one of them:
+// exact shape, float32 / float64, Fletcher-32 in formats 2 and 3.
+Handle open_dataset(const Reader& r, const std::string& path, const std::vector<std::int64_t>& shape) {
+  require(r.has(path, ObjectKind::dataset), "'" + r.path + "' lacks dataset " + path);
+  Handle ds(H5Dopen2(r.file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  require(ds.ok(), "'" + r.path + "': cannot open dataset " + path);
+  Handle sp(H5Dget_space(ds), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(sp);
+  std::vector<hsize_t> dims(rank > 0 ? rank : 0);
+  if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+  const std::vector<std::int64_t> got(dims.begin(), dims.end());
+  require(rank >= 0 && got == shape, "'" + r.path + "': dataset " + path + " has shape " + shape_str(got) +
+                                         ", expected " + shape_str(shape) + " from the model sizes");
+  Handle ft(H5Dget_type(ds), H5Tclose);
+  require(ft.ok() && is_f32_or_f64(ft), "'" + r.path + "': dataset " + path + " is " +
+                                            (ft.ok() ? dtype_name(ft) : std::string("unreadable")) +
+                                            "; checkpoints hold float32 or float64");
+  // Formats 2 and 3 always checksum; a dataset without the filter was altered.
+  require(r.info.format_version < 2 || has_fletcher32(ds), "'" + r.path + "': dataset " + path +
+                                                                " has no Fletcher-32 checksum (format " +
+                                                                std::to_string(r.info.format_version) + " has one)");
+  return ds;
+}
+
 template <class S>
-void read_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, const std::string& fname,
-                   int version) {
+void read_values(const Reader& r, hid_t ds, const std::string& path, S* out, std::size_t n) {
+  read_dataset(ds, path, mem_type_of<S>(), out, r.verify && r.info.format_version >= 3, r.path);
+  for (std::size_t i = 0; i < n; ++i)
+    require(std::isfinite(out[i]), "dataset " + path + " of '" + r.path + "' holds a non-finite value (" +
+                                       std::to_string(double(out[i])) + " at index " + std::to_string(i) + ")");
+}
+
+template <class S>
+void read_paramset(const Reader& r, const std::string& group, const ParamSet<S>& ps) {
   auto host = Kokkos::create_mirror_view(ps.data());
-  const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
   for (const auto& t : ps.tensors()) {
     const std::string path = group + "/" + t.name;
-    require(H5Lexists(file, group.c_str(), H5P_DEFAULT) > 0 && H5Oexists_by_name(file, path.c_str(), H5P_DEFAULT) > 0,
-            "'" + fname + "' lacks dataset " + path);
-    Handle ds(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
-    require(ds.ok(), "'" + fname + "': cannot open dataset " + path);
-    Handle sp(H5Dget_space(ds), H5Sclose);
-    const int rank = H5Sget_simple_extent_ndims(sp);
-    std::vector<hsize_t> dims(rank > 0 ? rank : 0);
-    if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
-    std::vector<std::int64_t> got(dims.begin(), dims.end());
-    auto shape_str = [](const std::vector<std::int64_t>& s) {
-      std::string o = "[";
-      for (std::size_t i = 0; i < s.size(); ++i) o += (i ? "," : "") + std::to_string(s[i]);
-      return o + "]";
-    };
-    require(got == t.shape, "'" + fname + "': dataset " + path + " has shape " + shape_str(got) + ", expected " +
-                                shape_str(t.shape) + " from the model sizes");
-    Handle ft(H5Dget_type(ds), H5Tclose);
-    require(ft.ok() && is_f32_or_f64(ft), "'" + fname + "': dataset " + path + " is " +
-                                              (ft.ok() ? dtype_name(ft) : std::string("unreadable")) +
-                                              "; checkpoints hold float32 or float64");
-    // Format 2 always checksums; a dataset without the filter was altered.
-    const bool sum = has_fletcher32(ds);
-    require(version < 2 || sum, "'" + fname + "': dataset " + path + " has no Fletcher-32 checksum (format 2 has one)");
-    require(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data() + t.offset) >= 0,
-            sum ? "checksum mismatch in dataset " + path + " of '" + fname + "' (the file is corrupt)"
-                : "cannot read dataset " + path + " of '" + fname + "' (the file is corrupt)");
-    const S* v = host.data() + t.offset;
-    for (index_t i = 0; i < t.size(); ++i)
-      require(std::isfinite(v[i]), "dataset " + path + " of '" + fname + "' holds a non-finite value (" +
-                                       std::to_string(double(v[i])) + " at index " + std::to_string(i) + ")");
+    Handle ds = open_dataset(r, path, t.shape);
+    read_values(r, ds, path, host.data() + t.offset, std::size_t(t.size()));
   }
   Kokkos::deep_copy(ps.data(), host);
 }
@@ -222,122 +109,9 @@ void write_carried_state(hid_t file, const std::vector<View2<S>>& state) {
     Kokkos::deep_copy(h, state[k]);
   }
   std::vector<hsize_t> dims{K, R, N};
-  Handle sp(H5Screate_simple(3, dims.data(), nullptr), H5Sclose);
   Handle lcpl(link_create_plist(), H5Pclose);
   Handle dcpl = checksummed_dcpl(dims, sizeof(S));
-  const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
-  const hid_t file_type = std::is_same<S, double>::value ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
-  Handle ds(H5Dcreate2(file, "/train/carry_state", file_type, sp, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
-  require(ds.ok(), "HDF5: cannot create dataset /train/carry_state");
-  check(H5Dwrite(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()), "writing /train/carry_state");
-}
-
-Handle open_for_read(const std::string& path, const char* what) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  require(f != nullptr, std::string("cannot open ") + what + " '" + path + "'");
-  std::fclose(f);
-  std::error_code ec;
-  require(std::filesystem::is_regular_file(path, ec), std::string(what) + " '" + path + "' is not a regular file");
-  require(H5Fis_hdf5(path.c_str()) > 0, std::string(what) + " '" + path + "' is not an HDF5 file (corrupt?)");
-  Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  require(file.ok(), std::string("cannot read ") + what + " '" + path + "' (truncated or corrupt HDF5 file)");
-  return file;
-}
-
-// Jenkins' lookup3 (hashlittle), the checksum of HDF5's 1.8+ metadata.
-std::uint32_t lookup3(const unsigned char* k, std::size_t length) {
-  auto rot = [](std::uint32_t x, int r) { return (x << r) | (x >> (32 - r)); };
-  std::uint32_t a, b, c;
-  a = b = c = 0xdeadbeefu + std::uint32_t(length);
-  auto word = [&](int i) {
-    return std::uint32_t(k[i]) | std::uint32_t(k[i + 1]) << 8 | std::uint32_t(k[i + 2]) << 16 |
-           std::uint32_t(k[i + 3]) << 24;
-  };
-  while (length > 12) {
-    a += word(0), b += word(4), c += word(8);
-    a -= c, a ^= rot(c, 4), c += b, b -= a, b ^= rot(a, 6), a += c, c -= b, c ^= rot(b, 8), b += a;
-    a -= c, a ^= rot(c, 16), c += b, b -= a, b ^= rot(a, 19), a += c, c -= b, c ^= rot(b, 4), b += a;
-    length -= 12, k += 12;
-  }
-  if (length == 0) return c;
-  unsigned char tail[12] = {0};
-  std::memcpy(tail, k, length);
-  k = tail;
-  a += word(0), b += word(4), c += word(8);
-  c ^= b, c -= rot(b, 14), a ^= c, a -= rot(c, 11), b ^= a, b -= rot(a, 25), c ^= b, c -= rot(b, 16);
-  a ^= c, a -= rot(c, 4), b ^= a, b -= rot(a, 14), c ^= b, c -= rot(b, 24);
-  return c;
-}
-
-// HDF5 1.10's H5Fget_file_image clears the superblock's status flags without
-// recomputing its checksum (the image would not open); recompute it. A
-// version-2 superblock with 8-byte offsets is 44 bytes plus the checksum.
-void fix_superblock_checksum(std::vector<unsigned char>& img) {
-  static const unsigned char sig[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
-  require(img.size() >= 48 && std::memcmp(img.data(), sig, 8) == 0 && (img[8] == 2 || img[8] == 3) && img[9] == 8,
-          "HDF5: unexpected superblock in the file image");
-  const std::uint32_t sum = lookup3(img.data(), 44);
-  for (int i = 0; i < 4; ++i) img[44 + i] = (unsigned char)(sum >> (8 * i));
-}
-
-// Writes the whole file in memory (HDF5's core driver, no backing store),
-// then its image through a temporary file, fsync, and a rename into place.
-// HDF5 never sees an I/O error, so a full disk or a file-size limit cannot
-// leave a library handle half-closed (it crashed HDF5's shutdown); the error
-// names the file, the temp file is removed and the previous file stays.
-template <class Fn>
-void write_atomically(const std::string& path, Fn&& body) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  std::vector<unsigned char> image;
-  {
-    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-    require(fapl.ok(), "HDF5: cannot create a file access property list");
-    check(H5Pset_fapl_core(fapl, 1 << 20, 0), "selecting the in-memory driver");
-    // The 1.10 format checksums all metadata (superblock v3, object headers,
-    // chunk indexes: a single chunk's address lives in the object header).
-    check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), "setting the format bounds");
-    check(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "setting the close degree");
-    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
-    require(file.ok(), "HDF5: cannot create the in-memory image of '" + path + "'");
-    body(hid_t(file));
-    check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the image of '" + path + "'");
-    const ssize_t n = H5Fget_file_image(file, nullptr, 0);
-    require(n > 0, "HDF5: cannot get the image of '" + path + "'");
-    image.resize(std::size_t(n));
-    require(H5Fget_file_image(file, image.data(), image.size()) == n, "HDF5: cannot copy the image of '" + path + "'");
-  }
-  fix_superblock_checksum(image);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  require(fd >= 0, "cannot create '" + tmp + "': " + std::strerror(errno) +
-                       " (does the directory exist and is it writable?)");
-  auto fail = [&](const std::string& what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error("cannot write '" + path + "': " + what + ": " + std::strerror(err) +
-                (err == ENOSPC || err == EFBIG || err == EDQUOT ? " (disk full or file size limit); " : "; ") +
-                "the previous file, if any, is unchanged");
-  };
-  for (std::size_t done = 0; done < image.size();) {
-    const ssize_t w = ::write(fd, image.data() + done, image.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = EIO;
-      fail("write");
-    }
-    done += std::size_t(w);
-  }
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error("cannot write '" + path + "': close: " + std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
-  }
+  write_dataset(file, "/train/carry_state", file_type_of<S>(), dims, dcpl, lcpl, mem_type_of<S>(), host.data());
 }
 
 template <class S>
@@ -358,15 +132,53 @@ void write_header(hid_t file, const Config& cfg, const ModelDims& d, std::int64_
   write_attr_str(file, "config", cfg.json().dump());
 }
 
-CheckpointInfo read_header(hid_t file, const std::string& path) {
-  CheckpointInfo info;
+// The closed schema: every path a file of these sizes may hold, and its kind
+// (docs/file_format.md). A checkpoint and a gradient file share it.
+Objects schema(const ModelDims& d) {
+  Objects s;
+  for (const std::string root : {"/params", "/optimizer/m", "/optimizer/v", "/grad"}) {
+    s[root] = ObjectKind::group;
+    for (const auto& t : param_layout(d)) {
+      const std::string p = root + "/" + t.name;
+      for (std::size_t i = p.find('/', root.size() + 1); i != std::string::npos; i = p.find('/', i + 1))
+        s[p.substr(0, i)] = ObjectKind::group;
+      s[p] = ObjectKind::dataset;
+    }
+  }
+  s["/optimizer"] = ObjectKind::group;
+  s["/train"] = ObjectKind::group;
+  s["/train/carry_state"] = ObjectKind::dataset;
+  s["/loss"] = ObjectKind::dataset;
+  return s;
+}
+
+void check_schema(const Reader& r) {
+  const Objects allowed = schema(r.info.dims);
+  for (const auto& o : r.objects) {
+    const auto it = allowed.find(o.first);
+    const char* kind = o.second == ObjectKind::group ? "group" : "dataset";
+    require(it != allowed.end(), "not an ash checkpoint: '" + r.path + "' holds " + kind + " " + o.first +
+                                     ", which is not part of the format");
+    require(it->second == o.second, "not an ash checkpoint: '" + r.path + "': " + o.first + " is a " + kind +
+                                        ", the format has a " +
+                                        (it->second == ObjectKind::group ? "group" : "dataset") + " there");
+  }
+}
+
+void read_header(Reader& r) {
+  const hid_t file = r.file;
+  const std::string& path = r.path;
+  CheckpointInfo& info = r.info;
   require(has_attr(file, "format_version"), "'" + path + "' is not an AdjointSharding checkpoint (no format_version)");
   const auto version = read_attr_i64(file, "format_version", path);
-  // Version 1 (no checksums) still loads; see docs/file_format.md.
-  require(version == checkpoint_format_version || version == 1,
+  // Versions 1 (no checksums) and 2 (Fletcher-32 only) still load; see docs/file_format.md.
+  require(version >= 1 && version <= checkpoint_format_version,
           "'" + path + "' has checkpoint format version " + std::to_string(version) +
-              "; this build reads versions 1 and " + std::to_string(checkpoint_format_version));
+              "; this build reads versions 1 to " + std::to_string(checkpoint_format_version));
   info.format_version = int(version);
+  // The digest first: an altered header is reported as such, not as whatever
+  // value it now holds.
+  if (version >= 3 && r.verify) verify_header(file, r.objects, path);
   info.dims.vocab = read_attr_i64(file, "vocab", path);
   info.dims.width = read_attr_i64(file, "width", path);
   info.dims.state = read_attr_i64(file, "state", path);
@@ -395,7 +207,17 @@ CheckpointInfo read_header(hid_t file, const std::string& path) {
   } catch (const Error& e) {
     throw Error("'" + path + "': " + e.what());
   }
-  return info;
+}
+
+// Opens a checkpoint or gradient file: a regular HDF5 file, its links all
+// hard, its header valid (and its digest verified when `verify`), every
+// object one of the format's.
+Reader open_checkpoint(const std::string& path, const char* what, bool verify = true) {
+  Reader r{open_for_read(path, what), path, {}, {}, verify};
+  r.objects = list_objects(r.file, path);
+  read_header(r);
+  check_schema(r);
+  return r;
 }
 
 }  // namespace
@@ -414,30 +236,30 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
       write_attr_i64(g, "step", opt.step);
     }
     if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry);
+    seal_header(file);
   });
 }
 
 template <class S>
 bool load_carried_state(const std::string& path, const std::vector<View2<S>>& state) {
-  Handle file = open_for_read(path, "checkpoint");
-  read_header(file, path);
-  const char* name = "/train/carry_state";
-  if (H5Lexists(file, "/train", H5P_DEFAULT) <= 0 || H5Oexists_by_name(file, name, H5P_DEFAULT) <= 0) return false;
+  const Reader r = open_checkpoint(path, "checkpoint");
+  const std::string name = "/train/carry_state";
+  if (!r.has(name, ObjectKind::dataset)) return false;
   require(!state.empty(), "'" + path + "' holds a carried state but this run carries none");
   const hsize_t K = state.size(), R = state[0].extent(0), N = state[0].extent(1);
-  Handle ds(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
-  require(ds.ok(), "'" + path + "': cannot open " + name);
-  Handle sp(H5Dget_space(ds), H5Sclose);
-  hsize_t dims[3] = {0, 0, 0};
-  require(H5Sget_simple_extent_ndims(sp) == 3 && H5Sget_simple_extent_dims(sp, dims, nullptr) == 3 &&
-              dims[0] == K && dims[1] == R && dims[2] == N,
-          "'" + path + "': " + name + " does not match this run's layers, batch and sizes [" + std::to_string(K) +
-              "," + std::to_string(R) + "," + std::to_string(N) + "]");
+  {
+    Handle ds(H5Dopen2(r.file, name.c_str(), H5P_DEFAULT), H5Dclose);
+    require(ds.ok(), "'" + path + "': cannot open " + name);
+    Handle sp(H5Dget_space(ds), H5Sclose);
+    hsize_t dims[3] = {0, 0, 0};
+    require(H5Sget_simple_extent_ndims(sp) == 3 && H5Sget_simple_extent_dims(sp, dims, nullptr) == 3 &&
+                dims[0] == K && dims[1] == R && dims[2] == N,
+            "'" + path + "': " + name + " does not match this run's layers, batch and sizes [" + std::to_string(K) +
+                "," + std::to_string(R) + "," + std::to_string(N) + "]");
+  }
+  Handle ds = open_dataset(r, name, {std::int64_t(K), std::int64_t(R), std::int64_t(N)});
   std::vector<S> host(std::size_t(K * R * N));
-  const hid_t mem_type = std::is_same<S, double>::value ? H5T_NATIVE_DOUBLE : H5T_NATIVE_FLOAT;
-  require(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, host.data()) >= 0,
-          "checksum mismatch in " + std::string(name) + " of '" + path + "' (the file is corrupt)");
-  for (S v : host) require(std::isfinite(v), "'" + path + "': " + name + " holds a non-finite value");
+  read_values(r, ds, name, host.data(), host.size());
   for (hsize_t k = 0; k < K; ++k) {
     Kokkos::View<S**, Kokkos::LayoutRight, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
         host.data() + k * R * N, R, N);
@@ -448,12 +270,11 @@ bool load_carried_state(const std::string& path, const std::vector<View2<S>>& st
 
 template <class S>
 bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const ParamSet<S>& v, std::int64_t* step) {
-  Handle file = open_for_read(path, "checkpoint");
-  const auto info = read_header(file, path);
-  if (H5Lexists(file, "/optimizer", H5P_DEFAULT) <= 0) return false;
-  read_paramset(file, "/optimizer/m", m, path, info.format_version);
-  read_paramset(file, "/optimizer/v", v, path, info.format_version);
-  Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
+  const Reader r = open_checkpoint(path, "checkpoint");
+  if (!r.has("/optimizer", ObjectKind::group)) return false;
+  read_paramset(r, "/optimizer/m", m);
+  read_paramset(r, "/optimizer/v", v);
+  Handle g(H5Gopen2(r.file, "/optimizer", H5P_DEFAULT), H5Gclose);
   require(g.ok(), "'" + path + "': cannot open /optimizer (corrupt file)");
   const auto s = read_attr_i64(g, "step", path);
   require(s >= 0, "'" + path + "': /optimizer step " + std::to_string(s) + " is negative");
@@ -461,14 +282,16 @@ bool load_optimizer_state(const std::string& path, const ParamSet<S>& m, const P
   return true;
 }
 
-CheckpointInfo inspect_checkpoint(const std::string& path) {
-  Handle file = open_for_read(path, "checkpoint");
-  CheckpointInfo info = read_header(file, path);
+CheckpointInfo inspect_checkpoint(const std::string& path) { return inspect_checkpoint(path, Verify::header); }
+
+CheckpointInfo inspect_checkpoint(const std::string& path, Verify verify) {
+  const Reader r = open_checkpoint(path, "checkpoint", verify != Verify::none);
+  CheckpointInfo info = r.info;
   for (const auto& t : param_layout(info.dims)) {
     const std::string p = "/params/" + t.name;
     CheckpointInfo::Dataset d{p, {}, "missing"};
-    if (H5Lexists(file, "/params", H5P_DEFAULT) > 0 && H5Oexists_by_name(file, p.c_str(), H5P_DEFAULT) > 0) {
-      Handle ds(H5Dopen2(file, p.c_str(), H5P_DEFAULT), H5Dclose);
+    if (r.has(p, ObjectKind::dataset)) {
+      Handle ds(H5Dopen2(r.file, p.c_str(), H5P_DEFAULT), H5Dclose);
       require(ds.ok(), "'" + path + "': cannot open dataset " + p + " (corrupt file)");
       Handle sp(H5Dget_space(ds), H5Sclose);
       const int rank = H5Sget_simple_extent_ndims(sp);
@@ -480,6 +303,17 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
     }
     info.datasets.push_back(d);
   }
+  // Every dataset read through: Fletcher-32 (formats 2, 3) and the digests (3).
+  if (verify == Verify::all)
+    for (const auto& o : r.objects) {
+      if (o.second != ObjectKind::dataset) continue;
+      Handle ds(H5Dopen2(r.file, o.first.c_str(), H5P_DEFAULT), H5Dclose);
+      require(ds.ok(), "'" + path + "': cannot open dataset " + o.first + " (corrupt file)");
+      require(info.format_version < 2 || o.first == "/loss" || has_fletcher32(ds),
+              "'" + path + "': dataset " + o.first + " has no Fletcher-32 checksum (format " +
+                  std::to_string(info.format_version) + " has one)");
+      read_dataset(ds, o.first, -1, nullptr, info.format_version >= 3, path);
+    }
   return info;
 }
 
@@ -490,14 +324,14 @@ ParamSet<S> load_checkpoint(const std::string& path, CheckpointInfo* info_out) {
 
 template <class S>
 ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, CheckpointInfo* info_out) {
-  Handle file = open_for_read(path, "checkpoint");
-  CheckpointInfo info = read_header(file, path);
+  const Reader r = open_checkpoint(path, "checkpoint");
+  const CheckpointInfo& info = r.info;
   // LayerRange{} (k1 = 0, no layers) stands for the whole model.
-  const LayerRange r = range.k1 == 0 ? LayerRange::all(info.dims) : range;
-  require(r.k1 <= info.dims.layers, "'" + path + "' has " + std::to_string(info.dims.layers) +
-                                        " layers; this rank owns layers up to " + std::to_string(r.k1 - 1));
-  ParamSet<S> params(info.dims, r);
-  read_paramset(file, "/params", params, path, info.format_version);
+  const LayerRange lr = range.k1 == 0 ? LayerRange::all(info.dims) : range;
+  require(lr.k1 <= info.dims.layers, "'" + path + "' has " + std::to_string(info.dims.layers) +
+                                         " layers; this rank owns layers up to " + std::to_string(lr.k1 - 1));
+  ParamSet<S> params(info.dims, lr);
+  read_paramset(r, "/params", params);
   if (info_out) *info_out = info;
   return params;
 }
@@ -506,30 +340,31 @@ template <class S>
 void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad) {
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, grad.dims(), 0, 0);
-    Handle sp(H5Screate(H5S_SCALAR), H5Sclose);
     // A scalar cannot be chunked (no filter); compact layout keeps the value
     // inside the object header, which the 1.10 format checksums.
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     check(H5Pset_layout(dcpl, H5D_COMPACT), "compact layout for /loss");
-    Handle ds(H5Dcreate2(file, "/loss", H5T_IEEE_F64LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
-    require(ds.ok(), "HDF5: cannot create /loss");
-    check(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, &loss), "writing /loss");
+    write_dataset(file, "/loss", H5T_IEEE_F64LE, {}, dcpl, H5P_DEFAULT, H5T_NATIVE_DOUBLE, &loss);
     write_paramset(file, "/grad", grad);
+    seal_header(file);
   });
 }
 
 ParamSet<double> load_gradients(const std::string& path, const ModelDims& dims, double* loss) {
-  Handle file = open_for_read(path, "gradient file");
-  const auto info = read_header(file, path);
-  require(info.dims == dims, "'" + path + "' holds gradients of other model sizes");
+  const Reader r = open_checkpoint(path, "gradient file");
+  require(r.info.dims == dims, "'" + path + "' holds gradients of other model sizes");
   ParamSet<double> g(dims);
-  read_paramset(file, "/grad", g, path, info.format_version);
+  read_paramset(r, "/grad", g);
   if (loss) {
-    require(H5Lexists(file, "/loss", H5P_DEFAULT) > 0, "'" + path + "' lacks /loss");
-    Handle ds(H5Dopen2(file, "/loss", H5P_DEFAULT), H5Dclose);
+    require(r.has("/loss", ObjectKind::dataset), "'" + path + "' lacks /loss");
+    Handle ds(H5Dopen2(r.file, "/loss", H5P_DEFAULT), H5Dclose);
     require(ds.ok(), "'" + path + "': cannot open /loss (corrupt file)");
-    require(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, loss) >= 0 && std::isfinite(*loss),
-            "'" + path + "': /loss is unreadable or not finite");
+    Handle sp(H5Dget_space(ds), H5Sclose);
+    Handle ft(H5Dget_type(ds), H5Tclose);
+    require(sp.ok() && H5Sget_simple_extent_ndims(sp) == 0 && ft.ok() && is_f32_or_f64(ft),
+            "'" + path + "': /loss is not a float scalar");
+    read_dataset(ds, "/loss", H5T_NATIVE_DOUBLE, loss, r.info.format_version >= 3, path);
+    require(std::isfinite(*loss), "'" + path + "': /loss is not finite");
   }
   return g;
 }

@@ -1,6 +1,7 @@
 #pragma once
-// HDF5 checkpoints and gradient files (docs/design.md §5, format version 2:
-// every dataset checksummed with Fletcher-32; version 1 files still load).
+// HDF5 checkpoints and gradient files (docs/design.md §5, format version 3:
+// an XXH3-64 digest of every dataset's bytes and of the header, on top of
+// HDF5's Fletcher-32 per chunk; versions 2 and 1 still load).
 //
 //   attributes  format_version, vocab, width, state, layers, seed, precision,
 //               step, data_cursor, rng_state, engine, config (the full JSON configuration)
@@ -11,7 +12,8 @@
 //   gradients:  /loss (scalar), /grad/<same path as under /params>
 // Files are built in memory, written to "<path>.tmp.<pid>", fsynced and
 // renamed, so a failed write never replaces a good file. Reading is strict
-// (docs/file_format.md): float32/float64 only, checksums, finite values.
+// (docs/file_format.md): a closed schema (only hard links, only the format's
+// objects), float32/float64 only, checksums and digests, finite values.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,7 +23,7 @@
 
 namespace ash {
 
-constexpr int checkpoint_format_version = 2;
+constexpr int checkpoint_format_version = 3;
 
 struct CheckpointInfo {
   int format_version = 0;
@@ -71,7 +73,16 @@ ParamSet<S> load_checkpoint(const std::string& path, CheckpointInfo* info = null
 template <class S>
 ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, CheckpointInfo* info = nullptr);
 
+// The header, configuration and /params shapes without reading the tensors;
+// the header's digest is verified (Verify::header).
 CheckpointInfo inspect_checkpoint(const std::string& path);
+// How much inspect_checkpoint verifies of a format-3 file: nothing (a quick
+// look at a damaged file, `ash inspect --no-verify`), the header digest, or
+// every dataset too (reads the whole file; `ash inspect`). Checksums of
+// format-2 files are checked by the reads of Verify::all. The structure
+// (links, object names) is checked in every case.
+enum class Verify { none, header, all };
+CheckpointInfo inspect_checkpoint(const std::string& path, Verify verify);
 
 template <class S>
 void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad);
