@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <csignal>
 #include <memory>
 #include <cstdio>
@@ -293,6 +295,45 @@ void run_inspect(const std::string& path, bool verify) {
     std::printf("not verifiable: format 1 has no checksums (every dataset was read)\n");
 }
 
+// Numeric options are checked on their text, before CLI11 converts them (its
+// conversion wraps 2^64 and saturates, and would print absurd bounds).
+CLI::Validator integer_in(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+          return "expects an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + ", got '" + s + "'";
+        return std::string();
+      },
+      "INT");
+}
+CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        std::strtoull(s.c_str(), &end, 10);
+        if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos || *end != '\0' || errno == ERANGE)
+          return "expects an integer from 0 to 18446744073709551615, got '" + s + "'";
+        return std::string();
+      },
+      "UINT");
+}
+CLI::Validator finite_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v)) return "expects a finite number, got '" + s + "'";
+        return std::string();
+      },
+      "NUMBER");
+}
+// (--truncate and --chunk take any int64: grad.truncate / grad.chunk then say what is allowed.)
+constexpr long long min_int64 = std::numeric_limits<long long>::min(), max_int64 = std::numeric_limits<long long>::max();
+
 // Every verb's options, filled by the parser (docs/cli.md).
 struct Verbs {
   CLI::App *init = nullptr, *grad = nullptr, *train = nullptr, *generate = nullptr, *eval = nullptr,
@@ -323,29 +364,32 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.init->add_option("--set", v.init_common.sets, "override a config key: key=value")->take_all();
   v.init->add_option("--out", v.init_out, "checkpoint to write (.h5)")->required();
   v.init->add_option("--precision", v.init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
-  v.init->add_option("--max-memory", v.init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+  v.init->add_option("--max-memory", v.init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
+      ->check(unsigned_integer());
 
   v.grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
   v.grad->add_option("--checkpoint", v.g.checkpoint, "model checkpoint (.h5)")->required();
   v.grad->add_option("--tokens", v.g.tokens, "token file: text bytes, .u16 or .u32")->required();
   v.grad->add_option("--engine", v.g.engine_flag, "backprop | adjoint | adjoint-exact (default: grad.engine)");
-  v.grad->add_option("--truncate", v.g.truncate, "window T-bar (adjoint engines)");
+  v.grad->add_option("--truncate", v.g.truncate, "window T-bar (adjoint engines)")->check(integer_in(min_int64, max_int64));
   v.grad->add_flag("--detach-inputs", v.g.detach, "stop-gradient on every layer input");
-  v.grad->add_option("--chunk", v.g.chunk, "chunk length (adjoint-exact)");
+  v.grad->add_option("--chunk", v.g.chunk, "chunk length (adjoint-exact)")->check(integer_in(min_int64, max_int64));
   v.grad->add_option("--precision", v.g.precision, "compute type (default: the checkpoint's)")
       ->check(CLI::IsMember({"float", "double"}));
   v.grad->add_option("--set", v.g.common.sets, "override a config key: key=value")->take_all();
   v.grad->add_option("--out", v.g.out, "gradient file to write (.h5)")->required();
-  v.grad->add_option("--max-memory", v.g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+  v.grad->add_option("--max-memory", v.g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
+      ->check(unsigned_integer());
 
   v.train = app.add_subcommand("train", "train with AdamW; progress, metrics, checkpoints");
   v.train->add_option("--config", v.train_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
   v.train->add_option("--set", v.train_common.sets, "override a config key: key=value")->take_all();
   v.train->add_option("--resume", v.resume, "continue from this checkpoint");
   v.train->add_option("--until", v.until, "stop after this step (schedule unchanged; resume later)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, max_int64));
   v.train->add_option("--max-memory", v.train_common.max_memory,
-                    "refuse sizes predicted to need more bytes (default: RAM)");
+                      "refuse sizes predicted to need more bytes (default: RAM)")
+      ->check(unsigned_integer());
 
 }
 
@@ -354,9 +398,9 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.generate = app.add_subcommand("generate", "sample text from a checkpoint (recurrent, O(1) per token)");
   v.generate->add_option("--checkpoint", v.gen_ckpt, "model checkpoint (.h5)")->required();
   v.generate->add_option("--prompt", v.prompt, "text to start from")->required();
-  v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample");
-  v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)");
-  v.generate->add_option("--seed", v.gen_seed, "sampling seed");
+  v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample")->check(integer_in(0, 1LL << 30));
+  v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)")->check(finite_number());
+  v.generate->add_option("--seed", v.gen_seed, "sampling seed")->check(unsigned_integer());
 
   v.eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
   v.eval->add_option("--checkpoint", v.eval_ckpt, "model checkpoint (.h5)")->required();
@@ -368,7 +412,8 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.eval->add_flag("--carry-state", v.eval_carry,
                  "stream the file as one sequence: each window starts from the previous one's state; "
                  "prints bits/token with and without the carried state");
-  v.eval->add_option("--max-memory", v.eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)");
+  v.eval->add_option("--max-memory", v.eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
+      ->check(unsigned_integer());
 
   v.plan = app.add_subcommand("plan", "predicted peak memory per component for a configuration (no allocation)");
   v.plan->add_option("--config", v.plan_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
@@ -376,7 +421,8 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.plan->add_option("--for", v.plan_workload, "train (default) or grad")->check(CLI::IsMember({"train", "grad"}));
   v.plan->add_option("--precision", v.plan_precision, "compute type (default: run.precision)")
       ->check(CLI::IsMember({"float", "double"}));
-  v.plan->add_option("--max-memory", v.plan_common.max_memory, "compare with this many bytes (default: RAM)");
+  v.plan->add_option("--max-memory", v.plan_common.max_memory, "compare with this many bytes (default: RAM)")
+      ->check(unsigned_integer());
 
   v.inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   v.inspect->add_option("checkpoint", v.inspect_path, "checkpoint (.h5)")->required();
@@ -427,8 +473,9 @@ int run_verb(const Verbs& v) {
 // MPI run every rank ends, never a hang.
 int fail(const std::string& msg, int code) {
 #ifdef ASH_HAVE_MPI
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  int inited = 0, world = 1;
+  MPI_Initialized(&inited);
+  if (inited) MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world > 1) ash::dist::fail_all(code == 2 ? msg : "internal error: " + msg, code);
 #endif
   std::fprintf(stderr, code == 2 ? "ash: error: %s\n" : "ash: internal error: %s\n", msg.c_str());
@@ -469,7 +516,8 @@ int main(int argc, char* argv[]) {
   // with the file's name, instead of killing the process (§7).
   std::signal(SIGXFSZ, SIG_IGN);
 #ifdef ASH_HAVE_MPI
-  ash::dist::Session mpi(&argc, &argv);  // MPI first: under mpiexec or as a singleton
+  // MPI first, and only under a launcher: a one-process verb starts no MPI runtime.
+  ash::dist::Session mpi(&argc, &argv, /*only_under_launcher=*/true);
   if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
 #endif
   // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
@@ -490,7 +538,12 @@ int main(int argc, char* argv[]) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == int(CLI::ExitCodes::Success)) return app.exit(e);  // --help
+    // A usage error is exit 2 with the parser's message on one line (§7).
+    std::string msg = e.what();
+    for (auto& c : msg)
+      if (c == '\n') c = ' ';
+    return fail(msg + " (ash --help; ash VERB --help)", 2);
   }
   return run_guarded(v);
 }

@@ -1,6 +1,8 @@
 #include "ash/core/config.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -76,7 +78,34 @@ void Config::merge(const nlohmann::json& doc, const std::string& origin) {
   j_ = std::move(tmp);
 }
 
+std::size_t json_depth(const std::string& text) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 nlohmann::json parse_json_strict(const std::string& text, const std::string& origin) {
+  // The parser and the document's destructor recurse per level: bound the
+  // nesting before either sees the text (the keys of §4 are 2 levels deep).
+  const std::size_t depth = json_depth(text);
+  require(depth <= max_json_depth, origin + " is nested " + std::to_string(depth) + " levels deep (at most " +
+                                       std::to_string(max_json_depth) + ")");
   // nlohmann keeps the last of duplicate keys silently; a stack of the keys
   // seen per open object turns a duplicate into an error naming it.
   std::vector<std::set<std::string>> seen;
@@ -103,6 +132,15 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& ori
 }
 
 void Config::merge_file(const std::string& path) {
+  // A regular file of bounded size: /dev/zero or a FIFO would be read forever.
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  require(!ec && std::filesystem::exists(st), "cannot open config file '" + path + "'");
+  require(std::filesystem::is_regular_file(st), "config file '" + path + "' is not a regular file");
+  const auto size = std::filesystem::file_size(path, ec);
+  require(!ec && size <= max_config_bytes, "config file '" + path + "' is " + std::to_string(size) +
+                                               " bytes; a configuration is at most " +
+                                               std::to_string(max_config_bytes));
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "cannot open config file '" + path + "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -116,8 +154,9 @@ void Config::set(const std::string& assignment) {
   const std::string text = assignment.substr(eq + 1);
   // Valid JSON is parsed strictly (duplicate keys are an error); anything
   // else is a bare string, which needs no quotes.
-  const nlohmann::json value =
-      nlohmann::json::accept(text) ? parse_json_strict(text, "--set " + key) : nlohmann::json(text);
+  const nlohmann::json value = json_depth(text) > max_json_depth || nlohmann::json::accept(text)
+                                    ? parse_json_strict(text, "--set " + key)
+                                    : nlohmann::json(text);
   // Build {"a": {"b": value}} and merge it, so the same key/type checks apply.
   nlohmann::json doc = value;
   std::string rest = key;
@@ -261,6 +300,10 @@ DistOptions Config::dist_options(const ModelDims& d) const {
   ds.data_ranks = get<std::int64_t>("dist.data_ranks");
   ds.pipeline_blocks = get<std::int64_t>("dist.pipeline_blocks");
   require(ds.layer_ranks >= 1 && ds.seq_ranks >= 1, "dist.layer_ranks and dist.seq_ranks must be >= 1");
+  for (const auto& [key, v] : {std::pair<const char*, index_t>{"dist.layer_ranks", ds.layer_ranks},
+                               {"dist.seq_ranks", ds.seq_ranks}, {"dist.data_ranks", ds.data_ranks}})
+    require(v <= max_ranks, std::string(key) + " must be at most " + std::to_string(max_ranks) +
+                                " (a count of MPI ranks), got " + std::to_string(v));
   require(ds.data_ranks >= 0, "dist.data_ranks must be >= 0 (0: world size / (layer_ranks · seq_ranks))");
   require(ds.pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0 (0: 4 token blocks per layer rank)");
   require(ds.layer_ranks <= d.layers, "dist.layer_ranks (" + std::to_string(ds.layer_ranks) +
@@ -271,11 +314,7 @@ DistOptions Config::dist_options(const ModelDims& d) const {
 Settings Config::settings() const {
   Settings st;
   const auto d = st.model = model();
-  require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
-  require(d.vocab <= (std::int64_t(1) << 31) - 1, "model.vocab must fit in int32");
-  require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
-  require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");
-  require(d.layers >= 1, "model.layers must be >= 1 (got " + std::to_string(d.layers) + ")");
+  check_model_dims(d);
   st.data = data_options();
   st.grad = engine_options(d, st.data);
   st.run = run_options();

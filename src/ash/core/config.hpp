@@ -14,8 +14,16 @@
 namespace ash {
 
 
-// JSON parse that rejects duplicate keys (nlohmann keeps the last silently);
-// throws ash::Error naming `origin`.
+// Every JSON the tool reads (config files, --set values, a checkpoint's
+// /config) is nested at most this deep, and a config file is at most this big.
+constexpr std::size_t max_json_depth = 64;
+constexpr std::uintmax_t max_config_bytes = std::uintmax_t(1) << 20;
+
+// The deepest nesting of brackets in JSON text (outside strings).
+std::size_t json_depth(const std::string& text);
+
+// JSON parse that rejects duplicate keys (nlohmann keeps the last silently)
+// and nesting deeper than max_json_depth; throws ash::Error naming `origin`.
 nlohmann::json parse_json_strict(const std::string& text, const std::string& origin);
 
 class Config {

@@ -35,6 +35,21 @@ std::int64_t checked_parameter_count(const ModelDims& d) {
   return checked_add(checked_add(checked_mul(2, VP, "2 x vocab x width"), P, "parameters"), layers, "parameters");
 }
 
+void check_model_dims(const ModelDims& d) {
+  require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
+  require(d.vocab <= (std::int64_t(1) << 31) - 1, "model.vocab must fit in int32");
+  require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
+  require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");
+  require(d.layers >= 1, "model.layers must be >= 1 (got " + std::to_string(d.layers) + ")");
+  require(d.layers <= max_layers, "model.layers must be <= " + std::to_string(max_layers) + " (got " +
+                                      std::to_string(d.layers) + ")");
+  // One kernel team per (channel, state) sums the A_log gradient: a 32-bit league.
+  require(checked_mul(d.width, d.state, "model.width x model.state") <= (std::int64_t(1) << 31) - 1,
+          "sizes overflow: model.width x model.state (" + std::to_string(d.width) + " x " + std::to_string(d.state) +
+              ") must be below 2^31");
+  checked_parameter_count(d);
+}
+
 void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t seq_len) {
   const std::int64_t P = d.width, N = d.state, K = d.layers;
   // Parameters, gradient, Adam m and v, and the file image of all three, in double.

@@ -24,6 +24,16 @@ std::int64_t checked_parameter_count(const ModelDims& d);
 // Throws ash::Error ("sizes overflow: ...") when one does not fit in 64 bits.
 void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t seq_len);
 
+// Layer indices and rank counts are 32-bit (LayerRange, MPI): the largest
+// model.layers, and the largest dist.* rank count.
+constexpr std::int64_t max_layers = std::int64_t(1) << 30;
+constexpr std::int64_t max_ranks = (std::int64_t(1) << 31) - 1;
+
+// The model sizes a configuration or a checkpoint may hold (V >= 2 and in
+// int32, P, N >= 1, 1 <= K <= max_layers, every product checked); throws
+// ash::Error naming `origin` ("model.vocab" for a configuration).
+void check_model_dims(const ModelDims& d);
+
 // grad.layer_checkpoint as m >= 1: 0 ("auto") gives round(sqrt(K)).
 std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers);
 

@@ -87,10 +87,16 @@ std::uint64_t allreduce_max(std::uint64_t x, MPI_Comm comm);
 
 std::uint64_t& bytes_sent();
 
-// MPI_Init when needed (mpiexec or a singleton), MPI_Finalize at scope exit.
+// True when an MPI launcher (mpiexec, mpirun, srun) started this process: its
+// environment names the process's rank (Open MPI, MPICH/Hydra, PMI, PMIx, Slurm).
+bool launched_by_mpi();
+
+// MPI_Init when needed, MPI_Finalize at scope exit. only_under_launcher: no
+// MPI at all unless launched_by_mpi() (a one-process `ash` needs no MPI
+// start-up, which forks a singleton runtime); else also as a singleton.
 class Session {
  public:
-  Session(int* argc, char*** argv);
+  Session(int* argc, char*** argv, bool only_under_launcher = false);
   ~Session();
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -55,7 +55,8 @@ std::string DistributedEngine<S>::name() const {
 template <class S>
 TokenBlocks DistributedEngine<S>::blocks_for(index_t T) const {
   if (layer_->keeps_activations() || grid_.layout().S > 1) return TokenBlocks(T, T);  // E1, E2, sequence ranks: whole ranges
-  const index_t want = pipeline_blocks_ > 0 ? pipeline_blocks_ : 4 * grid_.layout().R;
+  const index_t asked = pipeline_blocks_ > 0 ? pipeline_blocks_ : 4 * index_t(grid_.layout().R);
+  const index_t want = asked < T ? asked : T;  // at most one token per block
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   // Block length: a whole number of E3 chunks, so the block-wise exact pass
   // sees the same chunks' structure as a whole-window one.

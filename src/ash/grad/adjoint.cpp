@@ -117,6 +117,7 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
                                const LayerParams<S>& grad) {
   const auto& s = store.shape();
   const index_t Tbar = (truncate_ <= 0 || truncate_ > s.T) ? s.T : truncate_;
+  require(s.rows() <= index_t(2147483647), "adjoint: more than 2^31 - 1 token rows (one kernel team per row)");
   work_.ensure("ash::e2::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
   const auto& act = store.kept(k);
   constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;

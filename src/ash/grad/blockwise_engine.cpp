@@ -27,7 +27,8 @@ std::string BlockwiseEngine<S>::name() const {
 index_t blockwise_block_length(const EngineOptions& opts, index_t T) {
   if (opts.truncate > 0 && opts.truncate < T) return T;  // the block method of T̄ needs the whole window
   const index_t C = opts.chunk < T ? opts.chunk : T;
-  const index_t want = opts.token_block > 0 ? opts.token_block : 4096;
+  index_t want = opts.token_block > 0 ? opts.token_block : 4096;
+  if (want > T) want = T;  // the whole window (and no overflow below)
   const index_t len = ((want + C - 1) / C) * C;  // whole chunks: the same chunk structure as one block
   return len < T ? len : T;
 }
@@ -38,7 +39,7 @@ double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
   const index_t Bt = x.extent(0), T = x.extent(1), P = d.width, N = d.state;
   const int K = int(d.layers);
-  const index_t m = opts_.layer_checkpoint;
+  const index_t m = segment_length(K);
   if (state_) {
     require(index_t(state_->size()) == K, "carried state: expected one state per layer");
     for (const auto& h : *state_)
@@ -91,8 +92,9 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
                                     const ParamSet<S>& grad) {
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = fw.blocks();
-  const index_t Bt = x.extent(0), T = x.extent(1), P = params.dims().width, m = opts_.layer_checkpoint;
+  const index_t Bt = x.extent(0), T = x.extent(1), P = params.dims().width;
   const int K = int(params.dims().layers);
+  const index_t m = segment_length(K);
   const auto gglobal = grad.global();
   const index_t nseg = m < index_t(K) + 1 ? m : index_t(K) + 1;  // inputs per segment
   std::vector<View2<S>> yseg;

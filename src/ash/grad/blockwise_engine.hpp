@@ -32,6 +32,11 @@ class BlockwiseEngine final : public GradientEngine<S> {
   index_t block_length(index_t T) const { return blockwise_block_length(opts_, T); }
 
  private:
+  // m, the layers per checkpointed segment: grad.layer_checkpoint, at most
+  // K + 1 (any larger m keeps no input but y_0 alike; layer indices stay 32-bit).
+  index_t segment_length(int K) const {
+    return opts_.layer_checkpoint < index_t(K) + 1 ? opts_.layer_checkpoint : index_t(K) + 1;
+  }
   void forward(const ParamSet<S>& params, const TokenView& x, BlockwiseForward<S>& fw,
                const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act);
   double backward(const ParamSet<S>& params, const TokenView& x, const BlockwiseForward<S>& fw,

@@ -6,7 +6,7 @@
 namespace ash {
 
 index_t head_chunk_rows(index_t requested, index_t V) {
-  if (requested > 0) return requested;
+  if (requested > 0) return requested < (index_t(1) << 30) ? requested : (index_t(1) << 30);  // a 32-bit team league
   if (host_backend) return 1024;
   const index_t per = (index_t(1) << 24) / (V > 0 ? V : 1);
   return per > 1024 ? per : 1024;
