@@ -140,6 +140,10 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
   EXPECT_EQ(run(g + "--max-memory 100000000").code, 0);
   // Token files that are not regular files fail at once.
   EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens /dev/zero --out " + out), "not a regular file");
+  // A read error (EIO) names the file.
+  EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens /proc/self/mem --out " + out),
+                     "error while reading token file '/proc/self/mem'");
+  EXPECT_CLEAR_ERROR(run("plan --config /proc/self/mem"), "error while reading config file '/proc/self/mem'");
   EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens " + fs::temp_directory_path().string() +
                          " --out " + out),
                      "not a regular file");
@@ -764,6 +768,17 @@ TEST(Reliability, SecondRunOnTheSameDirectoryFailsNamingThePid) {
     std::string line;
     for (const auto& s : args) line += "'" + s + "' ";
     EXPECT_CLEAR_ERROR(run(line), "is in use by another ash train (PID " + std::to_string(a.pid()) + ")");
+    // Every writer of the directory waits for its train: init and grad --out into it are refused.
+    const auto before = fs::exists(dir + "/checkpoint.h5") ? fs::last_write_time(dir + "/checkpoint.h5")
+                                                           : fs::file_time_type();
+    const auto m = tmp_path("lockmodel.h5");
+    ASSERT_EQ(run("init " + small_model + "--out " + m).code, 0);
+    EXPECT_CLEAR_ERROR(run("init " + small_model + "--out " + dir + "/checkpoint.h5"),
+                       "is in use by another ash train (PID " + std::to_string(a.pid()) + ")");
+    EXPECT_CLEAR_ERROR(run("grad --checkpoint " + m + " --tokens " + corpus + " --out " + dir + "/grad.h5"),
+                       "is in use by another ash train (PID " + std::to_string(a.pid()) + ")");
+    EXPECT_FALSE(fs::exists(dir + "/grad.h5"));
+    if (fs::exists(dir + "/checkpoint.h5")) EXPECT_EQ(fs::last_write_time(dir + "/checkpoint.h5"), before);
     ::kill(a.pid(), SIGKILL);  // a stale lock: the kernel drops the flock
     a.finish();
   }

@@ -17,6 +17,7 @@
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
+#include "ash/io/run_lock.hpp"
 #include "ash/io/tokens.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/kernels/half_storage.hpp"

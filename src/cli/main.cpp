@@ -56,6 +56,7 @@ template <class S>
 void run_init(const ash::Config& cfg, const std::string& out) {
   ash::ParamSet<S> params(cfg.model());
   ash::initialize(params, cfg.model().seed);
+  const auto lock = ash::RunLock::for_output(out);  // a run directory: not while its train runs
   ash::save_checkpoint(out, cfg, params);
   std::printf("wrote %s: V=%lld P=%lld N=%lld K=%lld, %lld parameters (%s), seed %llu\n", out.c_str(),
               (long long)cfg.model().vocab, (long long)cfg.model().width, (long long)cfg.model().state,
@@ -100,6 +101,8 @@ void run_grad(const GradArgs& a) {
   ctx.barrier();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
+  std::unique_ptr<ash::RunLock> lock;  // a run directory: not while its train runs (world rank 0 writes)
+  ctx.on_root([&] { lock = ash::RunLock::for_output(a.out); });
   ctx.save_gradients(a.out, cfg, loss, grad);
   const auto* pipe = ctx.pipeline_stats();
   const auto usage = ctx.allgather({ash::MemoryTracker::peak(ash::MemSpace::name()),

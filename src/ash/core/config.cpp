@@ -143,7 +143,12 @@ void Config::merge_file(const std::string& path) {
                                                std::to_string(max_config_bytes));
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "cannot open config file '" + path + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  try {  // libstdc++ reports a read error (EIO) by throwing from the stream buffer
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& e) {
+    throw Error("error while reading config file '" + path + "': " + e.code().message());
+  }
   merge(parse_json_strict(text, "config file '" + path + "'"), path);
 }
 

@@ -31,7 +31,12 @@ std::vector<std::uint32_t> load_tokens(const std::string& path) {
                                               ") does not fit in memory (" + format_bytes(mem) + ")");
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "cannot open token file '" + path + "'");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<unsigned char> bytes;
+  try {  // libstdc++ reports a read error (EIO) by throwing from the stream buffer
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& e) {
+    throw Error("error while reading token file '" + path + "': " + e.code().message());
+  }
   require(!in.bad(), "error while reading token file '" + path + "'");
   const std::size_t width = ends_with(path, ".u32") ? 4 : ends_with(path, ".u16") ? 2 : 1;
   require(bytes.size() % width == 0, "token file '" + path + "' has " + std::to_string(bytes.size()) +

@@ -18,6 +18,7 @@
 #include "ash/grad/engine.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
+#include "ash/io/run_lock.hpp"
 #include "ash/model/forward.hpp"
 #include "ash/train/optimizer.hpp"
 
@@ -77,39 +78,6 @@ class StopSignals {
 
  private:
   struct sigaction old_int_ {}, old_term_ {};
-};
-
-// One writer per run directory: flock on <out_dir>/.lock, held until train()
-// returns; the kernel drops it when the holder dies, so a stale lock never
-// blocks. The file holds the holder's PID for the message.
-class RunLock {
- public:
-  explicit RunLock(const std::string& dir) : path_(dir + "/.lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    require(fd_ >= 0, "cannot open the lock file '" + path_ + "': " + std::strerror(errno));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      char buf[32] = {0};
-      const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
-      ::close(fd_);
-      fd_ = -1;
-      std::string pid = n > 0 ? std::string(buf, std::size_t(n)) : std::string("unknown");
-      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-      throw Error("run.out_dir '" + dir + "' is in use by another ash train (PID " + pid +
-                  "); wait for it to finish or choose another run.out_dir");
-    }
-    // The lock holds even if this fails; only the PID in messages is missing.
-    const std::string me = std::to_string(::getpid()) + "\n";
-    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
-  }
-  ~RunLock() {
-    if (fd_ >= 0) ::close(fd_);  // releases the flock
-  }
-  RunLock(const RunLock&) = delete;
-  RunLock& operator=(const RunLock&) = delete;
-
- private:
-  std::string path_;
-  int fd_ = -1;
 };
 
 // Temp files of writers that were killed (checkpoint.h5.tmp.<pid>, the
