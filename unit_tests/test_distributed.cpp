@@ -183,7 +183,7 @@ TEST(Distributed, CheckpointsReshardBitwise) {
     ASSERT_TRUE(load_optimizer_state(one, pm, pv, &st));
     EXPECT_EQ(to_host(p), to_host(shard_of(full, range)));
     EXPECT_EQ(to_host(pm), to_host(shard_of(m, range)));
-    dist::save_checkpoint(grid, sharded, cfg, p, 3, 11, &pm, &pv, st);
+    dist::save_checkpoint(grid, sharded, cfg, p, 3, 11, OptimizerState<double>{&pm, &pv, st});
     if (world_rank() == 0) {
       const auto back = load_checkpoint<double>(sharded);
       ParamSet<double> bm(d), bv(d);

@@ -730,6 +730,56 @@ TEST(Reliability, IntegerKeysAtTheEdgesRunOrAreRefused) {
   EXPECT_CLEAR_ERROR(run("plan --set dist.seq_ranks=9223372036854775807"), "dist.seq_ranks must be at most");
 }
 
+// ---- 10. a resumed data cursor indexes the file it was written with -------
+
+TEST(Reliability, ResumedCursorsAreCheckedAgainstTheTokenFile) {
+  const auto corpus = corpus_file(), shorter = tmp_path("short.txt");
+  {  // the first 3000 bytes of the corpus: enough for windows, fewer tokens
+    std::ifstream in(corpus, std::ios::binary);
+    std::string text(3000, '\0');
+    in.read(&text[0], 3000);
+    write(shorter, text);
+  }
+  const std::string t = "timeout 120 " + std::string(ASH_CLI) + " ";
+  for (const std::string mode : {"--set data.sequential=true --set data.carry_state=true ",
+                                 "--set data.sequential=true "}) {
+    const auto dir = tmp_path("cursor");
+    fs::remove_all(dir);
+    const auto base = "train " + small_model + "--set data.batch=2 --set grad.engine=adjoint-exact " + mode +
+                      "--set optim.steps=6 --set run.log_every=100 --set run.out_dir=" + dir + " ";
+    auto r = run_shell(t + base + "--set data.train=" + corpus + " --until 3");
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto ckpt = dir + "/checkpoint.h5";
+    // Another file: refused, naming both.
+    r = run_shell(t + "train --resume " + ckpt + " --set data.train=" + shorter);
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("belongs to the other file"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(shorter), std::string::npos) << r.out;
+    // A cursor past the data (the identity removed, as in a file from an older writer): refused.
+    for (const std::int64_t cursor : {std::int64_t(100000), std::int64_t(1) << 40, std::int64_t(9223372036854775807)}) {
+      const auto edited = tmp_path("cursor_edit.h5");
+      fs::copy_file(ckpt, edited, fs::copy_options::overwrite_existing);
+      rewrite_attr_i64(edited, "data_cursor", cursor);
+      {
+        hid_t f = H5Fopen(edited.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        H5Adelete(f, "data_tokens");
+        H5Adelete(f, "data_fingerprint");
+        H5Fclose(f);
+      }
+      reseal(edited);
+      r = run_shell(t + "train --resume " + edited + " --set data.train=" + corpus + " --set run.out_dir=" +
+                    tmp_path("cursor_run"));
+      EXPECT_EQ(r.code, 2) << mode << cursor << ":\n" << r.out;
+      EXPECT_NE(r.out.find("data cursor " + std::to_string(cursor)), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find(corpus), std::string::npos) << r.out;
+      fs::remove_all(tmp_path("cursor_run"));
+    }
+    // The same file: the run continues.
+    r = run_shell(t + "train --resume " + ckpt + " --set data.train=" + corpus);
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
+}
+
 // ---- 4. never a bad state over a good one ----------------------------------
 
 TEST(Reliability, DivergingRunKeepsTheLastGoodCheckpoint) {

@@ -100,7 +100,7 @@ template <class S>
 void RunContext<S>::save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<S>& params,
                                     std::int64_t step, std::int64_t cursor, const OptimizerState<S>& opt) {
 #ifdef ASH_HAVE_MPI
-  if (mpi_) return dist::save_checkpoint(*mpi_->grid, path, cfg, params, step, cursor, opt.m, opt.v, opt.step);
+  if (mpi_) return dist::save_checkpoint(*mpi_->grid, path, cfg, params, step, cursor, opt);
 #endif
   ash::save_checkpoint(path, cfg, params, step, cursor, opt);
 }

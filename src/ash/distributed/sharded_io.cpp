@@ -29,18 +29,20 @@ ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard) {
 
 template <class S>
 void save_checkpoint(const Grid& grid, const std::string& path, const Config& cfg, const ParamSet<S>& params,
-                     std::int64_t step, std::int64_t cursor, const ParamSet<S>* m, const ParamSet<S>* v,
-                     std::int64_t opt_step) {
+                     std::int64_t step, std::int64_t cursor, const OptimizerState<S>& opt) {
   const auto full = gather(grid, params);
   ParamSet<S> fm, fv;
-  if (m && v) {
-    fm = gather(grid, *m);
-    fv = gather(grid, *v);
+  OptimizerState<S> whole;  // the gathered moments and the data identity
+  whole.data_tokens = opt.data_tokens;
+  whole.data_fingerprint = opt.data_fingerprint;
+  if (opt.m && opt.v) {
+    fm = gather(grid, *opt.m);
+    fv = gather(grid, *opt.v);
+    whole.m = &fm;
+    whole.v = &fv;
+    whole.step = opt.step;
   }
-  run_on_root(grid.world(), [&] {
-    ash::save_checkpoint(path, cfg, full, step, cursor,
-                         m && v ? OptimizerState<S>{&fm, &fv, opt_step} : OptimizerState<S>{});
-  });
+  run_on_root(grid.world(), [&] { ash::save_checkpoint(path, cfg, full, step, cursor, whole); });
 }
 
 template <class S>
@@ -53,8 +55,7 @@ void save_gradients(const Grid& grid, const std::string& path, const Config& cfg
 #define ASH_INSTANTIATE(S)                                                                                    \
   template ParamSet<S> gather<S>(const Grid&, const ParamSet<S>&);                                            \
   template void save_checkpoint<S>(const Grid&, const std::string&, const Config&, const ParamSet<S>&,        \
-                                   std::int64_t, std::int64_t, const ParamSet<S>*, const ParamSet<S>*,        \
-                                   std::int64_t);                                                             \
+                                   std::int64_t, std::int64_t, const OptimizerState<S>&);                     \
   template void save_gradients<S>(const Grid&, const std::string&, const Config&, double, const ParamSet<S>&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)

@@ -18,11 +18,11 @@ namespace ash::dist {
 template <class S>
 ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard);
 
-// Collective: rank 0 writes. m and v (Adam moments, shards) may be null.
+// Collective: rank 0 writes. opt.m and opt.v (Adam moments, shards) may be
+// null; a carried state (opt.carry) is not written from a sharded run.
 template <class S>
 void save_checkpoint(const Grid& grid, const std::string& path, const Config& cfg, const ParamSet<S>& params,
-                     std::int64_t step, std::int64_t cursor, const ParamSet<S>* m, const ParamSet<S>* v,
-                     std::int64_t opt_step);
+                     std::int64_t step, std::int64_t cursor, const OptimizerState<S>& opt);
 
 template <class S>
 void save_gradients(const Grid& grid, const std::string& path, const Config& cfg, double loss,

@@ -191,21 +191,24 @@ void read_header(Reader& r) {
   require(info.step >= 0, "'" + path + "': step " + std::to_string(info.step) + " is negative");
   info.data_cursor = read_attr_i64(file, "data_cursor", path);
   require(info.data_cursor >= 0, "'" + path + "': data_cursor " + std::to_string(info.data_cursor) + " is negative");
+  if (has_attr(file, "data_tokens")) {
+    info.data_tokens = read_attr_i64(file, "data_tokens", path);
+    require(info.data_tokens >= 0, "'" + path + "': data_tokens " + std::to_string(info.data_tokens) + " is negative");
+    info.data_fingerprint = std::uint64_t(read_attr_i64(file, "data_fingerprint", path));
+  }
   info.config.merge(parse_json_strict(read_attr_str(file, "config", path), "'" + path + "': config attribute"),
                     path + " (config attribute)");
 
   const auto cd = info.config.model();
   require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
-  require(info.dims.vocab >= 2 && info.dims.vocab < (std::int64_t(1) << 31) && info.dims.width >= 1 &&
-              info.dims.state >= 1 && info.dims.layers >= 1,
-          "'" + path + "': invalid model sizes");
-  // Sizes from a file are checked before they size an allocation. (The rest
-  // of the stored configuration is validated by whoever uses it, after
-  // --config / --set, so an old file with a since-tightened value still loads.)
+  // Sizes from a file are checked before they size an allocation, as a
+  // configuration's are. (The rest of the stored configuration is validated by
+  // whoever uses it, after --config / --set, so an old file with a
+  // since-tightened value still loads.)
   try {
-    checked_parameter_count(info.dims);
+    check_model_dims(info.dims);
   } catch (const Error& e) {
-    throw Error("'" + path + "': " + e.what());
+    throw Error("'" + path + "': invalid model sizes: " + e.what());
   }
 }
 
@@ -236,6 +239,10 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
       write_attr_i64(g, "step", opt.step);
     }
     if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry);
+    if (opt.data_tokens >= 0) {  // what the data cursor indexes
+      write_attr_i64(file, "data_tokens", opt.data_tokens);
+      write_attr_i64(file, "data_fingerprint", std::int64_t(opt.data_fingerprint));
+    }
     seal_header(file);
   });
 }

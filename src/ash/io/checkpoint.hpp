@@ -31,6 +31,8 @@ struct CheckpointInfo {
   std::string precision;  // "float" or "double": dtype of the stored parameters
   std::int64_t step = 0;
   std::int64_t data_cursor = 0;
+  std::int64_t data_tokens = -1;       // the token file the cursor indexes: its size (-1: not stored)
+  std::uint64_t data_fingerprint = 0;  // and its fingerprint (TokenDataset::fingerprint)
   Config config;
   struct Dataset {
     std::string path;
@@ -49,6 +51,10 @@ struct OptimizerState {
   // data.carry_state: the state each layer's next window starts from, stored
   // as /train/carry_state [K, Bt·P, N] so a resume continues bitwise.
   const std::vector<View2<S>>* carry = nullptr;
+  // The token file the data cursor indexes (TokenDataset::fingerprint): its
+  // token count and fingerprint, so a resume can tell another file (-1: none).
+  std::int64_t data_tokens = -1;
+  std::uint64_t data_fingerprint = 0;
 };
 
 template <class S>

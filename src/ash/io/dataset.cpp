@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ash/core/error.hpp"
+#include "ash/io/hdf5.hpp"
 
 namespace ash {
 
@@ -35,7 +36,35 @@ TokenDataset::TokenDataset(std::vector<std::uint32_t> tokens, index_t vocab, ind
 TokenDataset TokenDataset::from_file(const std::string& path, index_t vocab, index_t T, double valid_fraction,
                                      std::uint64_t seed, bool sequential, bool streams) {
   require(!path.empty(), "data.train is empty: name a token file (text, .u16 or .u32)");
-  return TokenDataset(load_tokens(path), vocab, T, valid_fraction, seed, sequential, streams);
+  TokenDataset d(load_tokens(path), vocab, T, valid_fraction, seed, sequential, streams);
+  d.path_ = path;
+  return d;
+}
+
+void TokenDataset::check_cursor(std::int64_t cursor, index_t batch) const {
+  if (!sequential_) return;  // random windows: the cursor is not read
+  const std::string file = path_.empty() ? std::string("the token data") : "token file '" + path_ + "'";
+  require(cursor >= 0, "data cursor " + std::to_string(cursor) + " is negative");
+  if (streams_) {
+    const index_t L = n_train_ / batch;
+    require(cursor <= L - T_, "data cursor " + std::to_string(cursor) + " is past the last window of " + file + ": " +
+                                  std::to_string(batch) + " streams of " + std::to_string(L) +
+                                  " training tokens take cursors 0.." + std::to_string(L - T_));
+  } else {
+    require(cursor < n_train_ - T_ + 1, "data cursor " + std::to_string(cursor) + " is outside " + file + ": " +
+                                            std::to_string(n_train_) + " training tokens take cursors 0.." +
+                                            std::to_string(n_train_ - T_));
+  }
+}
+
+std::uint64_t TokenDataset::fingerprint() const {
+  io::Digest h;
+  const std::int64_t n = std::int64_t(tokens_.size());
+  h.add(&n, sizeof n);
+  const std::size_t k = tokens_.size() < 4096 ? tokens_.size() : 4096;
+  h.add(tokens_.data(), k * sizeof(std::uint32_t));
+  h.add(tokens_.data() + (tokens_.size() - k), k * sizeof(std::uint32_t));
+  return h.value();
 }
 
 std::vector<index_t> TokenDataset::train_offsets(std::int64_t step, index_t batch, std::int64_t cursor) const {
@@ -45,10 +74,12 @@ std::vector<index_t> TokenDataset::train_offsets(std::int64_t step, index_t batc
     require(L >= T_, "data.carry_state: " + std::to_string(n_train_) + " training tokens make " +
                          std::to_string(batch) + " streams of " + std::to_string(L) + " tokens, shorter than T = " +
                          std::to_string(T_));
+    check_cursor(cursor, batch);  // never a read past the buffer
     for (index_t b = 0; b < batch; ++b) off[b] = b * L + cursor;
     return off;
   }
   const index_t span = n_train_ - T_ + 1;
+  check_cursor(cursor, batch);  // never a read past the buffer
   for (index_t b = 0; b < batch; ++b) {
     if (sequential_) {
       off[b] = (cursor + b * T_) % span;

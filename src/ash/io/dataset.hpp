@@ -36,6 +36,15 @@ class TokenDataset {
   // Start offsets (into the training part) that train_batch uses; for tests.
   std::vector<index_t> train_offsets(std::int64_t step, index_t batch, std::int64_t cursor) const;
 
+  // In sequential and stream modes a cursor from a checkpoint must index this
+  // file: throws ash::Error naming the file and the cursor when it is outside
+  // the training part (or past the last window of a stream).
+  void check_cursor(std::int64_t cursor, index_t batch) const;
+  // What a checkpoint stores with its cursor: the token count and an XXH3-64
+  // of the count and the first and last 4096 tokens.
+  std::uint64_t fingerprint() const;
+  const std::string& path() const { return path_; }
+
   index_t train_tokens() const { return n_train_; }
   index_t valid_tokens() const { return index_t(tokens_.size()) - n_train_; }
   index_t valid_windows() const { return valid_tokens() / T_; }
@@ -49,6 +58,7 @@ class TokenDataset {
 
  private:
   std::vector<std::uint32_t> tokens_;
+  std::string path_;  // from_file's, for messages
   index_t vocab_, T_, n_train_;
   std::uint64_t seed_;
   bool sequential_, streams_;

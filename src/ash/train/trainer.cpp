@@ -118,6 +118,7 @@ class Trainer {
   std::FILE* log_;
   const std::int64_t stop_;
   TokenDataset data_;
+  std::uint64_t fingerprint_;  // data_'s, stored with the cursor
   RunContext<S> ctx_;
   StopSignals signals_;  // SIGINT / SIGTERM: stop after the step with a checkpoint
   std::unique_ptr<RunLock> lock_;
@@ -153,6 +154,7 @@ Trainer<S>::Trainer(const Config& cfg, const Settings& st, const std::string& re
       stop_((until > 0 && until < st.optim.steps) ? until : st.optim.steps),
       data_(TokenDataset::from_file(st.data.train, d_.vocab, T_, st.data.valid_fraction, d_.seed, st.data.sequential,
                                     st.data.carry_state)),
+      fingerprint_(data_.fingerprint()),
       ctx_(st),
       params_(d_, ctx_.range()),
       grad_(d_, ctx_.range()),
@@ -202,6 +204,15 @@ void Trainer<S>::restore() {
     if (load_optimizer_state(resume_, opt_.m(), opt_.v(), &opt_step)) opt_.set_step(opt_step);
     step_ = info.step;
     cursor_ = info.data_cursor;
+    // A cursor indexes the file it was written with (sequential and stream modes).
+    if ((st_.data.sequential || st_.data.carry_state) && info.data_tokens >= 0)
+      require(info.data_tokens == index_t(data_.tokens().size()) && info.data_fingerprint == data_.fingerprint(),
+              "--resume: checkpoint '" + resume_ + "' was written reading a token file of " +
+                  std::to_string(info.data_tokens) + " tokens (fingerprint " + std::to_string(info.data_fingerprint) +
+                  "), and data.train '" + data_.path() + "' has " + std::to_string(data_.tokens().size()) +
+                  " tokens (fingerprint " + std::to_string(data_.fingerprint()) + "): its data cursor " +
+                  std::to_string(cursor_) + " belongs to the other file");
+    data_.check_cursor(cursor_, B_);
   }
   if (st_.data.carry_state) {
     for (index_t k = 0; k < d_.layers; ++k) carried_.emplace_back("ash::train::carried_state", B_ * d_.width, d_.state);
@@ -234,7 +245,8 @@ void Trainer<S>::save(std::int64_t at) {
     throw Error("the parameters after step " + std::to_string(at) + " give a non-finite loss (" +
                 std::to_string(probe) + "); stopped; " + last_good());
   ctx_.save_checkpoint(ckpt_path_, cfg_, params_, at, cursor_,
-                       OptimizerState<S>{&opt_.m(), &opt_.v(), opt_.step(), carried_.empty() ? nullptr : &carried_});
+                       OptimizerState<S>{&opt_.m(), &opt_.v(), opt_.step(), carried_.empty() ? nullptr : &carried_,
+                                         index_t(data_.tokens().size()), fingerprint_});
   sum_.checkpoint = ckpt_path_;
   good_path_ = ckpt_path_;
   good_step_ = at;
