@@ -140,6 +140,18 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
   EXPECT_EQ(run(g + "--max-memory 100000000").code, 0);
   // Token files that are not regular files fail at once.
   EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens /dev/zero --out " + out), "not a regular file");
+  // ash train with a huge state, depth or batch is refused before allocating,
+  // quoting the planned size, by default and under a small --max-memory; so is
+  // every verb that allocates a model (grad, eval, generate, init).
+  const auto tr = "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("huge") + " ";
+  for (const char* big : {"model.state=1000000", "model.layers=1000000", "data.batch=1000000"}) {
+    EXPECT_CLEAR_ERROR(run(tr + "--set " + big), "this configuration needs about");
+    EXPECT_CLEAR_ERROR(run(tr + "--set " + big + " --max-memory 1000000"), "--max-memory 976.6 KiB");
+  }
+  EXPECT_CLEAR_ERROR(run(tr + "--max-memory 1000"), "--max-memory");
+  EXPECT_CLEAR_ERROR(run("eval --checkpoint " + ckpt + " --tokens " + corpus + " --max-memory 1000"), "--max-memory");
+  EXPECT_CLEAR_ERROR(run("generate --checkpoint " + ckpt + " --prompt a --max-memory 1000"), "needs about");
+  EXPECT_FALSE(fs::exists(tmp_path("huge") + "/checkpoint.h5"));
   // A read error (EIO) names the file.
   EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens /proc/self/mem --out " + out),
                      "error while reading token file '/proc/self/mem'");
@@ -168,6 +180,13 @@ TEST(Reliability, AllocationFailureIsAClearError) {
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("out of memory"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp_path("big.h5")));
+  // An address-space limit too small to start (OpenBLAS's threads would retry forever): one line, exit 2.
+  for (const char* kib : {"100000", "150000", "220000"}) {
+    const auto [c3, o3] = run_shell("timeout 60 bash -c 'ulimit -v " + std::string(kib) + "; exec " +
+                                    std::string(ASH_CLI) + " plan'");
+    EXPECT_EQ(c3, 2) << kib << ": " << o3;
+    EXPECT_NE(o3.find("address-space limit (ulimit -v)"), std::string::npos) << o3;
+  }
   if (!host_backend) {  // the address-space limit stops the backend itself: a clear error too
     const auto [c2, o2] = run_shell("bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) + " init --out " +
                                     tmp_path("small.h5") + "'");

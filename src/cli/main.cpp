@@ -1,5 +1,7 @@
 // The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, plan, generate, inspect.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <cerrno>
@@ -243,11 +245,17 @@ int run_train(const Common& c, const std::string& resume, long long until) {
 }
 
 void run_generate(const std::string& ckpt, const std::string& prompt, long long n, double temperature,
-                  unsigned long long seed) {
+                  unsigned long long seed, std::uint64_t max_memory) {
   ash::require(!prompt.empty(), "--prompt must not be empty");
   ash::require(n >= 0, "--tokens must be >= 0");
   ash::require(std::isfinite(temperature) && temperature >= 0,
                "--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
+  // The model in double and its file image, checked before either is allocated
+  // (only the stored model sizes: the rest of the stored configuration is not used).
+  ash::Config sizes;
+  sizes.merge(nlohmann::json{{"model", ash::inspect_checkpoint(ckpt, ash::Verify::header).config.json()["model"]}},
+              "'" + ckpt + "': config attribute");
+  ash::check_memory(sizes, ash::Workload::init, 8, max_memory);
   ash::CheckpointInfo info;
   const auto params = ash::load_checkpoint<double>(ckpt, &info);
   std::vector<std::uint32_t> ids(prompt.begin(), prompt.end());
@@ -351,6 +359,7 @@ struct Verbs {
   long long gen_n = 200;
   double temperature = 0.8;
   unsigned long long gen_seed = 1;
+  std::uint64_t gen_max_memory = 0;
   std::string eval_ckpt, eval_tokens, eval_precision;
   Common eval_common;
   bool eval_carry = false;
@@ -404,6 +413,8 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample")->check(integer_in(0, 1LL << 30));
   v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)")->check(finite_number());
   v.generate->add_option("--seed", v.gen_seed, "sampling seed")->check(unsigned_integer());
+  v.generate->add_option("--max-memory", v.gen_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
+      ->check(unsigned_integer());
 
   v.eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
   v.eval->add_option("--checkpoint", v.eval_ckpt, "model checkpoint (.h5)")->required();
@@ -461,7 +472,7 @@ int run_verb(const Verbs& v) {
   } else if (*v.train) {
     return run_train(v.train_common, v.resume, v.until);
   } else if (*v.generate) {
-    run_generate(v.gen_ckpt, v.prompt, v.gen_n, v.temperature, v.gen_seed);
+    run_generate(v.gen_ckpt, v.prompt, v.gen_n, v.temperature, v.gen_seed, v.gen_max_memory);
   } else if (*v.plan) {
     return run_plan(v.plan_common, v.plan_workload,
                     v.plan_precision.empty() ? load_config(v.plan_common).settings().run.precision()
@@ -518,6 +529,20 @@ int main(int argc, char* argv[]) {
   // A file-size limit (ulimit -f) makes write() fail with EFBIG, reported
   // with the file's name, instead of killing the process (§7).
   std::signal(SIGXFSZ, SIG_IGN);
+  // Under an address-space limit (ulimit -v) below this, OpenBLAS's worker
+  // threads (started before main) retry their buffer allocations forever and
+  // the process never exits: say so and leave at once, skipping the exit
+  // handlers that would wait for them.
+  constexpr rlim_t min_address_space = rlim_t(256) << 20;
+  if (rlimit lim{}; ::getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+                    lim.rlim_cur < min_address_space) {
+    std::fprintf(stderr,
+                 "ash: error: the address-space limit (ulimit -v) is %llu KiB; ash needs at least %llu KiB to start "
+                 "(its BLAS threads reserve their buffers at start-up)\n",
+                 (unsigned long long)(lim.rlim_cur >> 10), (unsigned long long)(min_address_space >> 10));
+    std::fflush(stderr);
+    std::_Exit(2);
+  }
 #ifdef ASH_HAVE_MPI
   // MPI first, and only under a launcher: a one-process verb starts no MPI runtime.
   ash::dist::Session mpi(&argc, &argv, /*only_under_launcher=*/true);

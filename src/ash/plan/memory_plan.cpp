@@ -223,10 +223,10 @@ MemoryCapacity memory_space_capacity() {
   if (!host_backend) {
     std::size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return {0, "the GPU's memory"};
-    return {std::uint64_t(total_b), "the GPU's memory"};
+    return {std::uint64_t(usable_memory_fraction * double(total_b)), "90% of the GPU's memory"};
   }
 #endif
-  return {physical_memory_bytes(), "the machine's physical memory"};
+  return {std::uint64_t(usable_memory_fraction * double(physical_memory_bytes())), "90% of the machine's physical memory"};
 }
 
 void check_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::uint64_t limit) {

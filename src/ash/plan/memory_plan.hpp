@@ -43,8 +43,11 @@ inline MemoryPlan plan_memory(const Config& cfg, Workload w, std::size_t scalar_
 }
 
 // What the engines' memory space holds, which check_memory and `ash plan`
-// compare a plan with: physical memory on a host backend, the GPU's global
-// memory on CUDA (0 when unknown). `what` names it for messages.
+// compare a plan with (0 when unknown; `what` names it for messages): 90 % of
+// physical memory on a host backend, of the GPU's global memory on CUDA. The
+// rest is the system's and the process's own (a plan at 97 % of a host's memory
+// was killed by the kernel's out-of-memory killer, not refused).
+constexpr double usable_memory_fraction = 0.9;
 struct MemoryCapacity {
   std::uint64_t bytes = 0;
   std::string what;
