@@ -196,4 +196,49 @@ TEST_F(DistributedCli, LockIsHeldByTheWholeRun) {
   pclose(p);
 }
 
+
+// A batch system's warning before the time limit (Slurm's --signal=USR1@N
+// reaches every rank; here mpiexec forwards it): every rank finishes the same
+// step, rank 0 writes that step's checkpoint once, the job exits 138 and the
+// checkpoint resumes.
+TEST_F(DistributedCli, Sigusr1StopsEveryRankAfterTheSameStepWithACheckpoint) {
+  const auto dir = tmp_path("usr1");
+  std::filesystem::remove_all(dir);
+  const auto args = "train --set data.train=" + text +
+                    " --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=24"
+                    " --set optim.steps=100000000 --set run.log_every=100000000 --set run.ckpt_every=0"
+                    " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" + dir;
+  const std::string cmd = "echo $$; exec timeout -k 10 240 " + std::string(ASH_MPIEXEC) + " -n 2 " +
+                          std::string(ASH_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  ASSERT_NE(fgets(buf, sizeof buf, p), nullptr);
+  const pid_t timeout_pid = pid_t(std::stol(buf));
+  auto steps_logged = [&] {
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::size_t n = 0;
+    for (std::string row; std::getline(in, row);) ++n;
+    return n;
+  };
+  for (int i = 0; i < 600 && steps_logged() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(steps_logged(), 3u) << "no steps logged in 60 s";
+  // mpiexec is timeout's child; it forwards SIGUSR1 to every rank.
+  const auto child = run_shell("pgrep -P " + std::to_string(timeout_pid));
+  ASSERT_EQ(child.code, 0) << child.out;
+  ::kill(pid_t(std::stol(child.out)), SIGUSR1);
+  std::string out;
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  EXPECT_EQ(WEXITSTATUS(st), 138) << out;
+  EXPECT_EQ(count(out, "interrupted by SIGUSR1 after step"), 1u) << out;
+  CheckpointInfo info;
+  ash::load_checkpoint<float>(dir + "/checkpoint.h5", &info);
+  EXPECT_EQ(std::int64_t(steps_logged()), info.step) << "the checkpoint is the last step logged";
+  const auto resumed = mpirun(2, "train --resume " + dir + "/checkpoint.h5 --set dist.layer_ranks=2 --set optim.steps=" +
+                                     std::to_string(info.step + 2));
+  EXPECT_EQ(resumed.code, 0) << resumed.out;
+}
+
 }  // namespace ash::test

@@ -867,7 +867,7 @@ TEST(Reliability, SecondRunOnTheSameDirectoryFailsNamingThePid) {
 
 TEST(Reliability, SigtermFinishesTheStepWritesACheckpointAndExits143) {
   const auto corpus = corpus_file();
-  for (const int sig : {SIGTERM, SIGINT}) {
+  for (const int sig : {SIGTERM, SIGINT, SIGUSR1}) {
     const auto dir = tmp_path("sig" + std::to_string(sig));
     fs::remove_all(dir);
     Child a(train_args(dir, corpus, 100000000));
@@ -878,7 +878,7 @@ TEST(Reliability, SigtermFinishesTheStepWritesACheckpointAndExits143) {
     EXPECT_EQ(WEXITSTATUS(st), 128 + sig) << a.out();
     std::smatch m;
     const std::string out = a.out();
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("interrupted by SIG(TERM|INT) after step ([0-9]+): checkpoint (\\S+)")))
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("interrupted by SIG(TERM|INT|USR1) after step ([0-9]+): checkpoint (\\S+)")))
         << out;
     EXPECT_EQ(m[3].str(), dir + "/checkpoint.h5");
     EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), std::stoll(m[2].str()));

@@ -224,7 +224,7 @@ int run_train(const Common& c, const std::string& resume, long long until) {
   if (s.signal != 0) {
     // §7: interrupted, checkpoint written; 128 + signal like a shell.
     std::printf("interrupted by %s after step %lld: checkpoint %s (step %lld); continue with --resume %s\n",
-                s.signal == SIGINT ? "SIGINT" : "SIGTERM", (long long)s.last_step, s.checkpoint.c_str(),
+                s.signal == SIGINT ? "SIGINT" : s.signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)s.last_step, s.checkpoint.c_str(),
                 (long long)s.last_step, s.checkpoint.c_str());
     std::fflush(stdout);
     return 128 + s.signal;

@@ -45,17 +45,18 @@ index_t bad_values(const View1<S>& v) {
   return bad;
 }
 
-// SIGINT / SIGTERM: the first asks the loop to stop after the current step
-// with a checkpoint; the handler then restores the defaults, so a second
-// signal ends the process at once.
+// SIGINT / SIGTERM / SIGUSR1 (a batch system's warning before the time
+// limit: Slurm's --signal=USR1@N): the first asks the loop to stop after the
+// current step with a checkpoint; the handler then restores the defaults, so a
+// second signal ends the process at once.
+constexpr int stop_signals[] = {SIGINT, SIGTERM, SIGUSR1};
 volatile std::sig_atomic_t g_signal = 0;
 extern "C" void on_stop_signal(int sig) {
   g_signal = sig;
   struct sigaction dfl {};  // sigaction is async-signal-safe
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
-  sigaction(SIGINT, &dfl, nullptr);
-  sigaction(SIGTERM, &dfl, nullptr);
+  for (const int s : stop_signals) sigaction(s, &dfl, nullptr);
 }
 
 // Installs the handlers for the lifetime of one train() call.
@@ -66,18 +67,16 @@ class StopSignals {
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
+    for (int i = 0; i < 3; ++i) sigaction(stop_signals[i], &sa, &old_[i]);
   }
   ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
+    for (int i = 0; i < 3; ++i) sigaction(stop_signals[i], &old_[i], nullptr);
   }
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_[3] {};
 };
 
 // Temp files of writers that were killed (checkpoint.h5.tmp.<pid>, the
@@ -95,7 +94,6 @@ void remove_stale_temps(const std::string& dir) {
   for (const auto& p : stale) std::filesystem::remove(p, ec);
 }
 
-// One `ash train` run: the state of the loop and the pieces of one step.
 template <class S>
 class Trainer {
  public:
@@ -120,7 +118,7 @@ class Trainer {
   TokenDataset data_;
   std::uint64_t fingerprint_;  // data_'s, stored with the cursor
   RunContext<S> ctx_;
-  StopSignals signals_;  // SIGINT / SIGTERM: stop after the step with a checkpoint
+  StopSignals signals_;  // SIGINT / SIGTERM / SIGUSR1: stop after the step with a checkpoint
   std::unique_ptr<RunLock> lock_;
   ParamSet<S> params_, grad_;
   AdamW<S> opt_;
