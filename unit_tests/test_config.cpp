@@ -50,6 +50,17 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
   EXPECT_EQ(c.settings().data.seq_len, Config().settings().data.seq_len);
 }
 
+// Found by fuzz/fuzz_config: a value that is not valid UTF-8 made the error
+// message itself throw (nlohmann's dump), an internal error instead of exit 2.
+TEST(Config, InvalidUtf8IsAClearError) {
+  Config c;
+  EXPECT_NE(what_of([&] { c.set("data.train=a\xc2" "b"); }).find("is not valid UTF-8"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.set("model.width=2\xc2"); }).find("'model.width' expects a number"), std::string::npos);
+  EXPECT_NE(what_of([&] { c.merge(nlohmann::json{{"run", {{"out_dir", "r\xff"}}}}, "f.json"); }).find("UTF-8"),
+            std::string::npos);
+  EXPECT_EQ(c.json().dump(), Config().json().dump()) << "nothing applied";
+}
+
 TEST(Config, ValidateRejectsInconsistentSizes) {
   for (const char* bad : {"model.vocab=1", "model.width=0", "model.layers=0", "model.state=0", "data.seq_len=0",
                           "data.seq_len=1", "data.batch=0", "grad.chunk=0", "dist.layer_ranks=5", "dist.data_ranks=-1",

@@ -56,8 +56,17 @@ void merge_into(nlohmann::json& dst, const nlohmann::json& src, const std::strin
     if (d.is_object()) {
       merge_into(d, it.value(), key, origin);
     } else {
+      // (dump with replacement: a value that is not valid UTF-8 must not throw from the message)
       require(same_kind(d, it.value()), origin + ": config key '" + key + "' expects a " +
-                                            std::string(d.type_name()) + ", got " + it.value().dump());
+                                            std::string(d.type_name()) + ", got " +
+                                            it.value().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      if (it.value().is_string()) {  // stored as JSON in checkpoints: it must serialise
+        try {
+          (void)it.value().dump();
+        } catch (const nlohmann::json::exception&) {
+          throw Error(origin + ": config key '" + key + "' is not valid UTF-8");
+        }
+      }
       if (it.value().is_number_float())
         require(std::isfinite(it.value().get<double>()), origin + ": config key '" + key + "' is not finite");
       // A float key stays a float, so a stored 0 compares by value with 0.05

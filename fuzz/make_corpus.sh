@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Seed corpora for the fuzz targets, generated (nothing binary is committed):
+#   make_corpus.sh OUT_DIR ASH_BINARY
+# OUT_DIR/config/  JSON configurations (valid, and near misses)
+# OUT_DIR/tokens/  token files' bytes (first byte: 0 text, 1 .u16, 2 .u32)
+# OUT_DIR/checkpoint/  edit lists for fuzz_checkpoint, and OUT_DIR/checkpoint.h5,
+#                  the valid checkpoint they edit (written by `ash init`)
+set -euo pipefail
+out=$1
+ash=$2
+mkdir -p "$out/config" "$out/tokens" "$out/checkpoint"
+n=0
+for doc in '{}' \
+  '{"model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234}}' \
+  '{"data": {"seq_len": 256, "batch": 4, "sequential": true, "carry_state": true}}' \
+  '{"grad": {"engine": "adjoint-exact", "truncate": 0, "chunk": 64, "wave": "auto", "layer_checkpoint": "auto"}}' \
+  '{"optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0}}' \
+  '{"run": {"out_dir": "run", "precision": "double", "storage": "bf16"}, "dist": {"layer_ranks": 2, "seq_ranks": 1}}' \
+  '{"model": {"width": 8, "width": 9}}' '{"model": {"layers": 2.5}}' '[[[[[[1]]]]]]' '{"a": "\u0000"}'; do
+  printf '%s' "$doc" > "$out/config/seed$((n++))"
+done
+printf '\000%s' "the quick brown fox jumps over the lazy dog" > "$out/tokens/text"
+printf '\001\001\000\002\000\003\000\377\377' > "$out/tokens/u16"
+printf '\002\001\000\000\000\377\377\377\377' > "$out/tokens/u32"
+"$ash" init --set model.vocab=16 --set model.width=4 --set model.state=2 --set model.layers=1 \
+  --out "$out/checkpoint.h5" > /dev/null
+size=$(stat -c %s "$out/checkpoint.h5")
+for i in 0 1 2 3 4 5 6 7; do  # a few single-byte edits spread over the file
+  python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<IB', ($i * $size) // 8 + 17, 1 << ($i % 8)))" \
+    > "$out/checkpoint/edit$i"
+done
