@@ -5,6 +5,8 @@
 
 #include "ash/distributed/distributed_engine.hpp"
 #include "ash/distributed/sharded_io.hpp"
+#include "ash/grad/blockwise_engine.hpp"
+#include "ash/plan/memory_plan.hpp"
 #include "test_helpers.hpp"
 
 namespace ash::test {
@@ -259,6 +261,186 @@ TEST(Distributed, SequenceCarryOnALongMemoryModel) {
   const auto whole = grad_of(o, m, x), halves = grad_of(o, m, split);
   EXPECT_GT(rel_l2(halves, whole), 1e-2) << "the carry matters on this model";
   expect_layouts_match(3, T, 2, o, 0, true, &m);
+}
+
+// The memory levers under layer and data ranks (issue: levers under every
+// layout): the block-wise pass of one process on each rank's layer range, y
+// and g blocks handed between the ranks. Equal to one process with the same
+// levers: bitwise with one replica (the same kernels on the same blocks), to
+// 1e-12 with several (the batch's sums split over replicas). With 16-bit
+// storage a layer range that starts off the checkpoint grid (k0 not a
+// multiple of m) keeps its first input as one more rounded input: then within
+// twice what 16-bit storage costs one process.
+namespace {
+
+EngineOptions lever_options(Storage st, index_t m, index_t block, bool detach = false, index_t Tbar = 0) {
+  auto o = engine_options("adjoint-exact", Tbar, detach);
+  o.chunk = 4;
+  o.wave = 8;
+  o.storage = st;
+  o.layer_checkpoint = m;
+  o.token_block = block;
+  return o;
+}
+
+bool ranks_on_grid(const ModelDims& d, int R, index_t m) {
+  for (int r = 1; r < R; ++r)
+    if (LayerRange::block(d, r, R).k0 % m != 0) return false;
+  return true;
+}
+
+void expect_levers_match(int K, index_t T, index_t batch, const EngineOptions& o) {
+  const auto d = tiny_dims(K);
+  const auto full = random_model<double>(d, 700 + K);
+  const auto x = random_tokens(batch, T, d.vocab, 710 + K);
+  ASSERT_TRUE(o.low_memory());
+  double ref_loss = 0;
+  ParamSet<double> ref_g(d);
+  BlockwiseEngine<double>(o).compute(full, x, ref_g);
+  ref_loss = BlockwiseEngine<double>(o).compute(full, x, ref_g);
+  const auto ref = to_host(ref_g);
+  auto full_storage = o;
+  full_storage.storage = Storage::full;
+  const auto ref_full = grad_of(full_storage, full, x);
+  const double rounding = rel_l2(ref, ref_full);  // what 16-bit storage costs one process (0 with float)
+  for (const Lay& l : layouts(K)) {
+    if (l.D > batch) continue;
+    const dist::Grid grid(layout_config(d, l.R, l.D, batch));
+    const auto params = shard_of(full, grid.range(d));
+    ParamSet<double> grad(d, grid.range(d));
+    dist::DistributedEngine<double> engine(grid, o);
+    const double loss = engine.compute(params, x, grad);
+    const auto whole = dist::gather(grid, grad);
+    const std::string what = tag(l, o, 0) + " " + storage_name(o.storage) + " m=" + std::to_string(o.layer_checkpoint);
+    const bool on_grid = o.storage == Storage::full || ranks_on_grid(d, l.R, o.layer_checkpoint);
+    if (l.D == 1 && on_grid) {
+      EXPECT_EQ(loss, ref_loss) << what;
+      if (world_rank() == 0) EXPECT_EQ(to_host(whole), ref) << what << " (bitwise)";
+    } else if (on_grid) {
+      EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss)) << what;
+      if (world_rank() == 0) expect_close(to_host(whole), ref, d, 1e-12, what);
+    } else {
+      EXPECT_NEAR(loss, ref_loss, 1e-2 * std::abs(ref_loss)) << what;
+      if (world_rank() == 0) EXPECT_LE(rel_l2(to_host(whole), ref), 2 * rounding) << what;
+      EXPECT_GT(rounding, 0.0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Distributed, MemoryLeversMatchOneProcess) {
+  for (int K : {4, 5}) {
+    expect_levers_match(K, 29, 4, lever_options(Storage::full, 1, 8));   // token blocks alone
+    expect_levers_match(K, 29, 4, lever_options(Storage::full, 2, 8));   // layer checkpointing
+    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 1, 8));   // 16-bit storage
+    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 12));  // both
+    expect_levers_match(K, 29, 4, lever_options(Storage::fp16, 3, 8));
+    expect_levers_match(K, 29, 4, lever_options(Storage::full, 9, 8));   // m > K: only y_0
+    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true));     // paper mode
+    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true, 6));  // a window: one block
+  }
+}
+
+// data.carry_state under layer and data ranks: two consecutive windows, the
+// second starting from the first's state; the second gradient and the state
+// a checkpoint gathers equal one process.
+TEST(Distributed, CarriedStateMatchesOneProcess) {
+  const int K = 4;
+  const index_t B = 4, T = 21;
+  const auto d = tiny_dims(K);
+  const auto full = random_model<double>(d, 720);
+  const auto x1 = random_tokens(B, T, d.vocab, 721), x2 = random_tokens(B, T, d.vocab, 722);
+  auto o = lever_options(Storage::full, 2, 8);  // (bf16 off the checkpoint grid rounds one more input)
+  o.carry_state = true;
+  auto states = [&] {
+    std::vector<View2<double>> h;
+    for (int k = 0; k < K; ++k) h.emplace_back("h", B * d.width, d.state);
+    return h;
+  };
+  auto ref_h = states();
+  BlockwiseEngine<double> ref_engine(o);
+  ref_engine.set_carried_state(&ref_h);
+  ParamSet<double> ref_g(d);
+  ref_engine.compute(full, x1, ref_g);
+  const double ref_loss = ref_engine.compute(full, x2, ref_g);
+  const auto ref = to_host(ref_g);
+  for (const Lay& l : layouts(K)) {
+    if (l.D > B) continue;
+    Config c = layout_config(d, l.R, l.D, B);
+    const dist::Grid grid(c);
+    const auto params = shard_of(full, grid.range(d));
+    ParamSet<double> grad(d, grid.range(d));
+    auto h = states();
+    dist::DistributedEngine<double> engine(grid, o);
+    engine.set_carried_state(&h);
+    engine.compute(params, x1, grad);
+    const double loss = engine.compute(params, x2, grad);
+    const auto whole = dist::gather(grid, grad);
+    const std::string what = tag(l, o, 0) + " carried state";
+    EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss)) << what;
+    if (world_rank() == 0) expect_close(to_host(whole), ref, d, 1e-12, what);
+    // The checkpoint gathers every rank's rows of every layer onto rank 0.
+    const std::string path = tmp_path("dist_carry_" + std::to_string(l.R) + "x" + std::to_string(l.D) + "_np" +
+                                      std::to_string(world_size()) + ".h5");
+    dist::save_checkpoint(grid, path, c, params, 2, 0, OptimizerState<double>{nullptr, nullptr, 0, &h});
+    if (world_rank() == 0) {
+      auto loaded = states();
+      ASSERT_TRUE(load_carried_state(path, loaded));
+      for (int k = 0; k < K; ++k) {
+        const auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), loaded[k]);
+        const auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ref_h[k]);
+        for (index_t i = 0; i < index_t(a.extent(0)); ++i)
+          for (index_t n = 0; n < index_t(a.extent(1)); ++n)
+            ASSERT_NEAR(a(i, n), b(i, n), 1e-12 * (1 + std::abs(b(i, n)))) << what << " layer " << k;
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// The planner per rank (docs/design.md §8): the busiest rank's plan within
+// 10 % of the largest measured Kokkos peak over the ranks, with the levers.
+TEST(Distributed, PlanIsTheBusiestRanksPeak) {
+  const std::vector<std::vector<std::string>> configs{
+      {"run.storage=bf16", "grad.layer_checkpoint=2", "grad.token_block=256"},
+      {"run.storage=float", "grad.layer_checkpoint=1", "grad.token_block=512"},
+      {"run.storage=fp16", "grad.layer_checkpoint=3", "grad.token_block=256", "grad.detach_inputs=true"},
+  };
+  for (const auto& levers : configs)
+    for (const Lay& l : layouts(4)) {
+      if (l.D > 2) continue;  // a replica needs a window
+      const auto d = tiny_dims(4, 64, 32, 8);
+      Config c = layout_config(d, l.R, l.D, 2);
+      for (const auto& kv : {"grad.engine=adjoint-exact", "data.seq_len=2048", "grad.chunk=32", "grad.wave=256"})
+        c.set(kv);
+      for (const auto& kv : levers) c.set(kv);
+      c.validate();
+      const auto st = c.settings();
+      const dist::Grid grid(st);
+      const std::string sp = MemSpace::name();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto base = MemoryTracker::current(sp);
+      MemoryTracker::reset_peak();
+      {
+        ParamSet<float> params(d, grid.range(d));
+        initialize(params, d.seed);
+        ParamSet<float> grad(d, grid.range(d));
+        const auto x = random_tokens(2, 2048, d.vocab, 5);
+        dist::DistributedEngine<float> engine(grid, st.grad);
+        engine.compute(params, x, grad);
+        Kokkos::fence();
+      }
+      std::uint64_t peak = MemoryTracker::peak(sp) - base;
+      MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+      const double planned = plan_memory(st, Workload::grad, 4).total(), measured = double(peak);
+      std::string what = "R=" + std::to_string(l.R) + " D=" + std::to_string(l.D);
+      for (const auto& kv : levers) what += " " + kv;
+      if (world_rank() == 0)
+        std::printf("  plan/measured %.3f (%.2f / %.2f MiB): %s\n", planned / measured, planned / 1048576.0,
+                    measured / 1048576.0, what.c_str());
+      EXPECT_LE(std::fabs(planned - measured), 0.10 * measured) << what;
+    }
 }
 
 TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {

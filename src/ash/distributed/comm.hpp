@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "ash/core/config.hpp"
 #include "ash/core/types.hpp"
@@ -27,6 +28,8 @@ struct Layout {
   // This rank's tokens [begin, end) of a window of T (uneven when S does not divide T).
   std::int64_t seq_begin(std::int64_t T) const { return T * seq_rank / S; }
   std::int64_t seq_end(std::int64_t T) const { return T * (seq_rank + 1) / S; }
+  // This replica's windows [first, second) of a batch of B (uneven when D does not divide B).
+  std::pair<std::int64_t, std::int64_t> windows(std::int64_t B) const { return {B * data_rank / D, B * (data_rank + 1) / D}; }
   // The same layout as seen by world rank w: its coordinates in the grid.
   Layout for_rank(int w) const;
   // The layout of dist.* on a world of `world_size` ranks; throws ash::Error

@@ -36,18 +36,28 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
-  require(!opts.low_memory(),
-          "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run in one process; "
-          "they are not implemented for dist.* rank layouts yet");
+  if (opts.low_memory()) {
+    require(grid.layout().S == 1,
+            "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run with dist.seq_ranks = 1 "
+            "(layer and data ranks); not with sequence ranks yet");
+    levers_ = std::make_unique<BlockwiseEngine<S>>(opts);
+  }
   require(grid.layout().S == 1 || (opts.exact_adjoint() && opts.truncate == 0),
           "dist.seq_ranks > 1 runs adjoint-exact without a window (exact or --detach-inputs): E1 and E2 keep whole "
           "windows, and a window T-bar's block method would need the next rank's T-bar tokens (not exchanged)");
 }
 
 template <class S>
+void DistributedEngine<S>::set_carried_state(std::vector<View2<S>>* state) {
+  require(state == nullptr || levers_ != nullptr,
+          name() + ": this engine does not carry state across windows (data.carry_state selects the block-wise one)");
+  carried_ = state;
+}
+
+template <class S>
 std::string DistributedEngine<S>::name() const {
   const auto& l = grid_.layout();
-  return layer_->name() + " on " + std::to_string(l.R) + " layer rank(s) x " +
+  return (levers_ ? levers_->name() : layer_->name()) + " on " + std::to_string(l.R) + " layer rank(s) x " +
          (l.S > 1 ? std::to_string(l.S) + " sequence rank(s) x " : std::string()) + std::to_string(l.D) +
          " data rank(s)" + (layer_->detached() ? ", paper mode" : ", exact mode");
 }
@@ -66,12 +76,17 @@ TokenBlocks DistributedEngine<S>::blocks_for(index_t T) const {
 }
 
 template <class S>
-TokenView DistributedEngine<S>::my_windows(const TokenView& x) const {
+std::pair<index_t, index_t> DistributedEngine<S>::my_window_range(index_t B) const {
   const auto& l = grid_.layout();
-  const index_t B = x.extent(0);
   require(B >= l.D, "a batch of " + std::to_string(B) + " windows cannot be shared by " + std::to_string(l.D) +
                         " data replicas");
-  const index_t b0 = B * l.data_rank / l.D, b1 = B * (l.data_rank + 1) / l.D;
+  return l.windows(B);
+}
+
+template <class S>
+TokenView DistributedEngine<S>::my_windows(const TokenView& x) const {
+  const index_t B = x.extent(0);
+  const auto [b0, b1] = my_window_range(B);
   if (b0 == 0 && b1 == B) return x;
   TokenView mine("ash::dist::x", b1 - b0, x.extent(1));
   Kokkos::deep_copy(mine, Kokkos::subview(x, Kokkos::make_pair(b0, b1), Kokkos::ALL()));
@@ -248,6 +263,40 @@ void DistributedEngine<S>::backward_wavefront(const ParamSet<S>& params, Pass& p
   for (int k = k0; k < k1; ++k) ps.store.release(k);
 }
 
+// The levers on this rank's layer range: the block-wise pass of one process
+// with y and g blocks handed between layer ranks (a pipeline over token
+// blocks in both directions, exact or paper mode alike).
+template <class S>
+double DistributedEngine<S>::compute_blockwise(const ParamSet<S>& params, const TokenView& x_all,
+                                               const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const MPI_Comm lc = grid_.layers();
+  const TokenView x = my_windows(x_all);
+  const index_t T = x.extent(1), P = params.dims().width;
+  RangeLinks<S> links;
+  if (!lay.first()) {
+    links.y_in = [&](index_t, const View2<S>& y) { timed([&] { recv(y, lay.layer_rank - 1, tag_y, lc); }); };
+    links.g_out = [&](index_t, const View2<S>& g) { timed([&] { send(g, lay.layer_rank - 1, tag_g, lc); }); };
+  }
+  if (!lay.last()) {
+    links.y_out = [&](index_t, const View2<S>& y) { timed([&] { send(y, lay.layer_rank + 1, tag_y, lc); }); };
+    links.g_in = [&](index_t, const View2<S>& g) { timed([&] { recv(g, lay.layer_rank + 1, tag_g, lc); }); };
+  }
+  std::vector<View2<S>> state;  // this rank's layers, this replica's rows
+  if (carried_) {
+    const auto [b0, b1] = my_window_range(x_all.extent(0));
+    const LayerRange range = params.range();
+    require(index_t(carried_->size()) == params.dims().layers, "carried state: expected one state per layer");
+    for (int k = range.k0; k < range.k1; ++k)
+      state.push_back(Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * P, b1 * P), Kokkos::ALL()));
+  }
+  const index_t blen = pipeline_blocks_ > 0 ? blocks_for(T).len : levers_->block_length(T);
+  stats_.blocks = (T + blen - 1) / blen;
+  const double loss = levers_->compute_range(params, x, index_t(x_all.extent(0)) * (T - 1), TokenBlocks(blen, T),
+                                             links, carried_ ? &state : nullptr, grad);
+  return finish(loss, grad);
+}
+
 template <class S>
 double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad) {
   const auto t_start = Clock::now();
@@ -258,6 +307,28 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange range = grid_.range(d);
   require(params.range() == range && grad.range() == range,
           "distributed engine: the parameters are not this rank's shard of the layout");
+  const double loss = levers_ ? compute_blockwise(params, x_all, grad) : compute_pipeline(params, x_all, grad);
+  Kokkos::fence();
+  const double wall = seconds_since(t_start);
+  const MPI_Comm lc = grid_.layers();
+  stats_.bytes_sent = bytes_sent() - sent0;
+  double sums[2] = {wall - comm_s_, 0};
+  MPI_Allreduce(MPI_IN_PLACE, sums, 1, MPI_DOUBLE, MPI_SUM, lc);
+  double wmax = wall;
+  MPI_Allreduce(MPI_IN_PLACE, &wmax, 1, MPI_DOUBLE, MPI_MAX, lc);
+  stats_.wall_s = wmax;
+  stats_.busy_fraction = wmax > 0 ? sums[0] / (double(lay.R) * wmax) : 1.0;
+  stats_.max_bytes_sent = allreduce_max(stats_.bytes_sent, grid_.world());
+  return loss;
+}
+
+// Without levers: the forward pipeline, the head, one backward mode, finish.
+template <class S>
+double DistributedEngine<S>::compute_pipeline(const ParamSet<S>& params, const TokenView& x_all,
+                                              const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const auto& d = params.dims();
+  const LayerRange range = grid_.range(d);
   const ExecSpace& exec = layer_->execution_space();
   // This replica's windows, then this sequence rank's token range [t_a, t_b).
   Pass ps;
@@ -293,21 +364,8 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
     backward_wavefront(params, ps, grad);
   layer_->release();
   if (lay.first()) embedding_backward(ps.x, ps.g, gglobal.embedding, exec);  // the residual stream's g_0
-  loss = finish(loss, grad);
-
-  Kokkos::fence();
-  const double wall = seconds_since(t_start);
-  const MPI_Comm lc = grid_.layers();
   stats_.blocks = ps.blk.n;
-  stats_.bytes_sent = bytes_sent() - sent0;
-  double sums[2] = {wall - comm_s_, 0};
-  MPI_Allreduce(MPI_IN_PLACE, sums, 1, MPI_DOUBLE, MPI_SUM, lc);
-  double wmax = wall;
-  MPI_Allreduce(MPI_IN_PLACE, &wmax, 1, MPI_DOUBLE, MPI_MAX, lc);
-  stats_.wall_s = wmax;
-  stats_.busy_fraction = wmax > 0 ? sums[0] / (double(lay.R) * wmax) : 1.0;
-  stats_.max_bytes_sent = allreduce_max(stats_.bytes_sent, grid_.world());
-  return loss;
+  return finish(loss, grad);
 }
 
 template <class S>

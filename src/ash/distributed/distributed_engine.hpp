@@ -28,6 +28,7 @@
 
 #include "ash/distributed/comm.hpp"
 #include "ash/distributed/pipeline_stats.hpp"
+#include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/model/blockwise_forward.hpp"
@@ -47,6 +48,9 @@ class DistributedEngine final : public GradientEngine<S> {
   // Forward only: L on every rank (validation).
   double loss(const ParamSet<S>& params, const TokenView& x);
   const PipelineStats& stats() const { return stats_; }
+  // data.carry_state: one [B·P, N] state per layer of the whole model and
+  // batch (this rank reads and writes its layers' rows of its windows).
+  void set_carried_state(std::vector<View2<S>>* state) override;
   // A test seam: fn runs on every rank between the head and the backward of
   // compute() (the CLI's fault injection for "a failing rank ends every rank").
   void set_before_backward(std::function<void()> fn) { before_backward_ = std::move(fn); }
@@ -55,6 +59,12 @@ class DistributedEngine final : public GradientEngine<S> {
   struct Pass;  // one compute(): this rank's tokens, store, g and block states
   TokenBlocks blocks_for(index_t T) const;
   TokenView my_windows(const TokenView& x) const;
+  std::pair<index_t, index_t> my_window_range(index_t B) const;  // this replica's windows [b0, b1)
+  // The memory levers (opts.low_memory()): the block-wise E3 on this rank's
+  // layer range, y and g blocks handed between the layer ranks.
+  double compute_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
+  // Without levers: the forward pipeline, the head, one backward mode.
+  double compute_pipeline(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
   // Layers [k0, k1) on this rank's token range, store.input(k0) filled: with
   // sequence ranks, each layer's state before the range comes from an
   // exclusive scan of the ranges' state maps (kept in h_start for the backward).
@@ -81,6 +91,8 @@ class DistributedEngine final : public GradientEngine<S> {
   index_t pipeline_blocks_;
   std::unique_ptr<LayerAdjoint<S>> layer_;
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
+  std::unique_ptr<BlockwiseEngine<S>> levers_;  // the memory levers' pass, else nullptr
+  std::vector<View2<S>>* carried_ = nullptr;
   std::function<void()> before_backward_;
   PipelineStats stats_;
   double comm_s_ = 0;  // time inside MPI calls during compute()

@@ -27,6 +27,40 @@ ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard) {
   return full;
 }
 
+namespace {
+
+// The whole carried state on world rank 0: each rank contributes its layers'
+// rows of its windows (the rest zero), summed over the world.
+template <class S>
+std::vector<View2<S>> gather_carry(const Grid& grid, const ModelDims& d, const std::vector<View2<S>>& carry) {
+  const auto& lay = grid.layout();
+  require(index_t(carry.size()) == d.layers, "carried state: expected one state per layer");
+  const index_t rows = carry.empty() ? 0 : carry[0].extent(0), N = d.state, P = d.width;
+  const index_t per = rows * N;
+  View1<S> flat("ash::dist::carry_sum", index_t(carry.size()) * per);
+  const LayerRange mine = grid.range(d);
+  if (lay.seq_rank == lay.S - 1) {
+    const auto w = lay.windows(rows / P);
+    for (int k = mine.k0; k < mine.k1; ++k) {
+      const auto part = Kokkos::subview(carry[std::size_t(k)], Kokkos::make_pair(w.first * P, w.second * P), Kokkos::ALL());
+      const auto dst = Kokkos::subview(flat, Kokkos::make_pair(index_t(k) * per + w.first * P * N,
+                                                                index_t(k) * per + w.second * P * N));
+      const Unmanaged2<S> dst2(dst.data(), part.extent(0), N);
+      Kokkos::deep_copy(dst2, part);
+    }
+  }
+  allreduce_sum(flat, grid.world());
+  std::vector<View2<S>> whole;
+  if (lay.world_rank != 0) return whole;
+  for (index_t k = 0; k < index_t(carry.size()); ++k) {
+    whole.emplace_back("ash::dist::carry_whole", rows, N);
+    Kokkos::deep_copy(whole.back(), Unmanaged2<S>(flat.data() + k * per, rows, N));
+  }
+  return whole;
+}
+
+}  // namespace
+
 template <class S>
 void save_checkpoint(const Grid& grid, const std::string& path, const Config& cfg, const ParamSet<S>& params,
                      std::int64_t step, std::int64_t cursor, const OptimizerState<S>& opt) {
@@ -41,6 +75,11 @@ void save_checkpoint(const Grid& grid, const std::string& path, const Config& cf
     whole.m = &fm;
     whole.v = &fv;
     whole.step = opt.step;
+  }
+  std::vector<View2<S>> carry;
+  if (opt.carry && !opt.carry->empty()) {
+    carry = gather_carry(grid, params.dims(), *opt.carry);
+    whole.carry = &carry;
   }
   run_on_root(grid.world(), [&] { ash::save_checkpoint(path, cfg, full, step, cursor, whole); });
 }

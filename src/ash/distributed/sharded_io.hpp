@@ -19,7 +19,9 @@ template <class S>
 ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard);
 
 // Collective: rank 0 writes. opt.m and opt.v (Adam moments, shards) may be
-// null; a carried state (opt.carry) is not written from a sharded run.
+// null. A carried state (opt.carry: every layer's [B·P, N], of which each rank
+// holds its layers' rows of its windows) is summed onto rank 0 from the ranks
+// that hold it (sequence rank S-1, where a window ends).
 template <class S>
 void save_checkpoint(const Grid& grid, const std::string& path, const Config& cfg, const ParamSet<S>& params,
                      std::int64_t step, std::int64_t cursor, const OptimizerState<S>& opt);

@@ -1,10 +1,31 @@
 #include "ash/grad/blockwise_engine.hpp"
 
+#include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "ash/core/error.hpp"
 
 namespace ash {
+
+// One compute_range(): the layer range, its segments and what it keeps.
+template <class S>
+struct BlockwiseEngine<S>::Range {
+  int k0 = 0, k1 = 0, K = 0;
+  bool first = true, last = true;  // the range has the embedding, the head
+  index_t Bt = 0, T = 0, targets = 0;
+  const RangeLinks<S>* links = nullptr;
+  const std::vector<View2<S>>* state = nullptr;
+  // Segment starts, ascending: k0, then every multiple of m in (k0, top()].
+  // A segment's inputs run from its start to the next start - 1 (to top() for the last).
+  std::vector<int> starts;
+  std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
+  std::unique_ptr<BlockwiseForward<S>> fw;
+  LayerActivations<S> act;
+  int top() const { return last ? K : k1 - 1; }  // the highest layer input the range holds (y_K: the head's)
+  int end_of(std::size_t i) const { return i + 1 < starts.size() ? starts[i + 1] - 1 : top(); }
+  const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
+};
 
 template <class S>
 BlockwiseEngine<S>::BlockwiseEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
@@ -37,100 +58,131 @@ template <class S>
 double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
-  const index_t Bt = x.extent(0), T = x.extent(1), P = d.width, N = d.state;
-  const int K = int(d.layers);
-  const index_t m = segment_length(K);
-  if (state_) {
-    require(index_t(state_->size()) == K, "carried state: expected one state per layer");
-    for (const auto& h : *state_)
-      require(index_t(h.extent(0)) == Bt * P && index_t(h.extent(1)) == N,
+  const index_t T = x.extent(1);
+  const double loss = compute_range(params, x, index_t(x.extent(0)) * (T - 1), TokenBlocks(block_length(T), T),
+                                    RangeLinks<S>{}, state_, grad);
+  return loss;
+}
+
+template <class S>
+double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenView& x, index_t targets,
+                                         const TokenBlocks& blocks, const RangeLinks<S>& links,
+                                         const std::vector<View2<S>>* state, const ParamSet<S>& grad) {
+  const auto& d = params.dims();
+  const LayerRange& lr = params.range();
+  require(grad.range() == lr, "BlockwiseEngine: the gradient is not the parameters' range");
+  Range r;
+  r.k0 = lr.k0;
+  r.k1 = lr.k1;
+  r.K = int(d.layers);
+  r.first = lr.embedding;
+  r.last = lr.head;
+  r.Bt = x.extent(0);
+  r.T = x.extent(1);
+  r.targets = targets;
+  r.links = &links;
+  r.state = state;
+  require((r.first || (links.y_in && links.g_out)) && (r.last || (links.y_out && links.g_in)),
+          "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
+  const index_t P = d.width, N = d.state;
+  if (state) {
+    require(index_t(state->size()) == index_t(r.k1 - r.k0), "carried state: expected one state per layer");
+    for (const auto& h : *state)
+      require(index_t(h.extent(0)) == r.Bt * P && index_t(h.extent(1)) == N,
               "carried state: expected [batch·P, N] per layer");
   }
+  // m, the layers per checkpointed segment: grad.layer_checkpoint, at most
+  // K + 1 (any larger m keeps no input but y_0 alike; layer indices stay 32-bit).
+  const index_t m = std::min<index_t>(opts_.layer_checkpoint, index_t(r.K) + 1);
+  r.starts.push_back(r.k0);
+  for (index_t c = (index_t(r.k0) / m + 1) * m; c <= index_t(r.top()); c += m) r.starts.push_back(int(c));
+  r.kept.resize(std::size_t(r.K - r.k0 + 1));
+  for (const int c : r.starts)
+    if (c > 0) r.kept[std::size_t(c - r.k0)] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, r.Bt * r.T, P);
   grad.fill_zero();
-  // Kept layer inputs y_k, k = m, 2m, ... <= K (y_0 is the embedding's, recomputed).
-  std::vector<StoredRows<S>> kept(K + 1);
-  for (int k = int(m); k <= K; k += int(m)) kept[k] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, Bt * T, P);
   // The state before each (layer, block); block 0's is the carried state (or zero).
-  BlockwiseForward<S> fw(d, 0, K, Bt, TokenBlocks(block_length(T), T), true);
-  if (state_)
-    for (int k = 0; k < K; ++k) fw.start_from(k, (*state_)[k], layer_.execution_space());
-  const LayerActivations<S> act(SeqShape{Bt, fw.blocks().len}, d, LayerActivations<S>::projections_only);
-  forward(params, x, fw, kept, act);
-  const double loss = backward(params, x, fw, kept, act, grad);
+  r.fw = std::make_unique<BlockwiseForward<S>>(d, r.k0, r.k1, r.Bt, blocks, true);
+  if (state)
+    for (int k = r.k0; k < r.k1; ++k) r.fw->start_from(k, (*state)[std::size_t(k - r.k0)], layer_.execution_space());
+  r.act = LayerActivations<S>(SeqShape{r.Bt, blocks.len}, d, LayerActivations<S>::projections_only);
+  forward(params, x, r);
+  const double loss = backward(params, x, r, grad);
   layer_.release();
   return loss;
 }
 
 // Blocks in order, the state of every layer carried along; the kept inputs stored.
 template <class S>
-void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, BlockwiseForward<S>& fw,
-                                 const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act) {
+void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, Range& r) {
   const ExecSpace& exec = layer_.execution_space();
-  const TokenBlocks& blk = fw.blocks();
-  const index_t Bt = x.extent(0), T = x.extent(1), P = params.dims().width;
-  const int K = int(params.dims().layers);
-  View2<S> ya("ash::lowmem::y_block", Bt * blk.len, P), yb("ash::lowmem::y_block_next", Bt * blk.len, P);
+  const TokenBlocks& blk = r.fw->blocks();
+  const index_t P = params.dims().width;
+  View2<S> ya("ash::lowmem::y_block", r.Bt * blk.len, P), yb("ash::lowmem::y_block_next", r.Bt * blk.len, P);
   for (index_t j = 0; j < blk.n; ++j) {
-    const index_t rows = fw.rows(j);
+    const index_t rows = r.fw->rows(j);
     View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-    embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
-    const auto act_j = first_rows(act, rows);
-    for (int k = 0; k < K; ++k) {
-      const View2<S> h = fw.advance(params.layer(k), k, j, y, act_j, yo, exec);
-      if (j + 1 == blk.n && state_) Kokkos::deep_copy(exec, (*state_)[k], h);
+    if (r.first)
+      embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
+    else
+      r.links->y_in(j, y);
+    if (r.k0 > 0) r.kept_input(r.k0).put(y, r.T, blk.start(j), blk.size(j), exec);
+    const auto act_j = first_rows(r.act, rows);
+    for (int k = r.k0; k < r.k1; ++k) {
+      const View2<S> h = r.fw->advance(params.layer(k), k, j, y, act_j, yo, exec);
+      if (j + 1 == blk.n && r.state) Kokkos::deep_copy(exec, (*r.state)[std::size_t(k - r.k0)], h);
       std::swap(y, yo);
-      if (!kept[k + 1].empty()) kept[k + 1].put(y, T, blk.start(j), blk.size(j), exec);
+      if (k + 1 <= r.top() && !r.kept_input(k + 1).empty()) r.kept_input(k + 1).put(y, r.T, blk.start(j), blk.size(j), exec);
     }
+    if (!r.last) r.links->y_out(j, y);
   }
 }
 
-// Blocks last to first; in each, segments of m layers top down, each
-// segment's inputs recomputed from its kept input and the kept states.
+// Blocks last to first; in each, segments top down, each segment's inputs
+// recomputed from its kept input and the kept states.
 template <class S>
-double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& x, const BlockwiseForward<S>& fw,
-                                    const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act,
-                                    const ParamSet<S>& grad) {
+double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad) {
   const ExecSpace& exec = layer_.execution_space();
-  const TokenBlocks& blk = fw.blocks();
-  const index_t Bt = x.extent(0), T = x.extent(1), P = params.dims().width;
-  const int K = int(params.dims().layers);
-  const index_t m = segment_length(K);
+  const TokenBlocks& blk = r.fw->blocks();
+  const index_t P = params.dims().width;
   const auto gglobal = grad.global();
-  const index_t nseg = m < index_t(K) + 1 ? m : index_t(K) + 1;  // inputs per segment
+  int nseg = 0;  // inputs of the longest segment
+  for (std::size_t i = 0; i < r.starts.size(); ++i) nseg = std::max(nseg, r.end_of(i) - r.starts[i] + 1);
   std::vector<View2<S>> yseg;
-  for (index_t i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", Bt * blk.len, P);
-  View2<S> gb("ash::lowmem::g_block", Bt * blk.len, P);
-  std::vector<ExactCarry<S>> carry(K);
-  const index_t targets = Bt * (T - 1);
+  for (int i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", r.Bt * blk.len, P);
+  View2<S> gb("ash::lowmem::g_block", r.Bt * blk.len, P);
+  std::vector<ExactCarry<S>> carry(std::size_t(r.k1 - r.k0));
   double loss = 0;
-  const int c_top = int((K / m) * m);
   for (index_t j = blk.n - 1; j >= 0; --j) {
-    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = fw.rows(j);
+    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = r.fw->rows(j);
     const TokenView xb = token_block(x, t0, Tj);
-    const auto act_j = first_rows(act, rows);
+    const auto act_j = first_rows(r.act, rows);
     const View2<S> g = first_rows(gb, rows);
-    for (int c = c_top; c >= 0; c -= int(m)) {
-      const int e = c + int(nseg) - 1 < K ? c + int(nseg) - 1 : K;  // the segment's inputs: y_c .. y_e
+    if (!r.last) r.links->g_in(j, g);
+    for (std::size_t i = r.starts.size(); i-- > 0;) {
+      const int c = r.starts[i], e = r.end_of(i);  // the segment's inputs: y_c .. y_e
       const View2<S> y0 = first_rows(yseg[0], rows);
       if (c == 0)
         embedding_forward(params.global().embedding, xb, y0, exec);
       else
-        kept[c].get(y0, T, t0, Tj, exec);
+        r.kept_input(c).get(y0, r.T, t0, Tj, exec);
       for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw
-        fw.replay(params.layer(k), k, j, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows),
-                  exec);
-      if (e == K) {  // the head on y_K's rows: the block's share of L and g_K
-        const TokenView xh = token_block(x, t0, (blk.end(j) < T ? blk.end(j) + 1 : T) - t0);
-        loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,
-                             targets, exec);
+        r.fw->replay(params.layer(k), k, j, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows),
+                     exec);
+      if (r.last && e == r.K) {  // the head on y_K's rows: the block's share of L and g_K
+        const TokenView xh = token_block(x, t0, (blk.end(j) < r.T ? blk.end(j) + 1 : r.T) - t0);
+        loss += head_loss<S>(params.global(), xh, first_rows(yseg[r.K - c], rows), g, &gglobal, opts_.head_chunk,
+                             r.targets, exec);
       }
-      for (int k = (e < K ? e : K - 1); k >= c; --k) {
-        const View2<S> h0 = (j > 0 || state_) ? fw.state_before(k, j) : View2<S>();
-        layer_.backward_block(params.layer(k), fw.shape(j), first_rows(yseg[k - c], rows), g, h0,
-                              blk.n > 1 ? &carry[k] : nullptr, grad.layer(k));
+      for (int k = std::min(e, r.k1 - 1); k >= c; --k) {
+        const View2<S> h0 = (j > 0 || r.state) ? r.fw->state_before(k, j) : View2<S>();
+        layer_.backward_block(params.layer(k), r.fw->shape(j), first_rows(yseg[k - c], rows), g, h0,
+                              blk.n > 1 ? &carry[std::size_t(k - r.k0)] : nullptr, grad.layer(k));
       }
     }
-    embedding_backward(xb, g, gglobal.embedding, exec);
+    if (r.first)
+      embedding_backward(xb, g, gglobal.embedding, exec);
+    else
+      r.links->g_out(j, g);
   }
   return loss;
 }

@@ -8,6 +8,13 @@
 // before each (layer, block); backward blocks last to first, segments of m
 // layers recomputed from the kept states, E3's backward_block per layer.
 // With float storage the gradient is bitwise the same for every m.
+//
+// The same pass runs on a layer range [k0, k1) of an MPI layer pipeline
+// (distributed/distributed_engine.hpp): RangeLinks hand a block's y to the
+// next range and its g to the one before, so the levers compose with every
+// rank layout. A range keeps its first input (unless it is y_0, recomputed
+// from the embedding) as one more segment start.
+#include <functional>
 #include <vector>
 
 #include "ash/grad/adjoint_exact.hpp"
@@ -20,6 +27,15 @@ namespace ash {
 // rounded up to whole E3 chunks; the whole window with a window T̄.
 index_t blockwise_block_length(const EngineOptions& opts, index_t T);
 
+// How a layer range meets the ranges before and after it, one token block j
+// at a time ([Bt·Tj, P] block rows). Empty functions: the range has the
+// embedding (no y_in / g_out) or the head (no y_out / g_in).
+template <class S>
+struct RangeLinks {
+  std::function<void(index_t j, const View2<S>& y)> y_in, y_out;  // forward: receive y_{k0}, send y_{k1}
+  std::function<void(index_t j, const View2<S>& g)> g_in, g_out;  // backward: receive g_{k1}, send g_{k0}
+};
+
 template <class S>
 class BlockwiseEngine final : public GradientEngine<S> {
  public:
@@ -29,18 +45,21 @@ class BlockwiseEngine final : public GradientEngine<S> {
   double compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) override;
   void set_carried_state(std::vector<View2<S>>* state) override { state_ = state; }
 
+  // The pass on params' layer range (a shard of the model): x the windows of
+  // this replica, `targets` the whole batch's target count (the loss is their
+  // mean), blocks the token blocks, state (when not null) the carried state
+  // of layer k at index k - k0. Returns the head's share of the loss (0
+  // without the head). grad is zeroed first.
+  double compute_range(const ParamSet<S>& params, const TokenView& x, index_t targets, const TokenBlocks& blocks,
+                       const RangeLinks<S>& links, const std::vector<View2<S>>* state, const ParamSet<S>& grad);
+
   index_t block_length(index_t T) const { return blockwise_block_length(opts_, T); }
+  const ExecSpace& execution_space() const { return layer_.execution_space(); }
 
  private:
-  // m, the layers per checkpointed segment: grad.layer_checkpoint, at most
-  // K + 1 (any larger m keeps no input but y_0 alike; layer indices stay 32-bit).
-  index_t segment_length(int K) const {
-    return opts_.layer_checkpoint < index_t(K) + 1 ? opts_.layer_checkpoint : index_t(K) + 1;
-  }
-  void forward(const ParamSet<S>& params, const TokenView& x, BlockwiseForward<S>& fw,
-               const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act);
-  double backward(const ParamSet<S>& params, const TokenView& x, const BlockwiseForward<S>& fw,
-                  const std::vector<StoredRows<S>>& kept, const LayerActivations<S>& act, const ParamSet<S>& grad);
+  struct Range;  // one compute_range(): the range, its segments and kept inputs
+  void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
+  double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;
   AdjointExactLayer<S> layer_;
   std::vector<View2<S>>* state_ = nullptr;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -50,24 +51,52 @@ using Phases = std::vector<std::pair<std::string, Items>>;
 struct Planner {
   const Settings& cfg;
   const EngineOptions& o;
+  LayerRange lr;  // this rank's layers (the whole model on one process)
   double S, V, P, N;
-  std::int64_t K, Ti;  // layers on the busiest rank, tokens per window on this rank
+  std::int64_t K, Ti;  // layers on this rank, tokens per window on this rank
   double T, B, M;
   double hc;  // head chunk rows
 
-  Planner(const Settings& c, std::size_t scalar_bytes, std::int64_t R, std::int64_t Sq)
+  Planner(const Settings& c, std::size_t scalar_bytes, const LayerRange& range, std::int64_t Sq, std::int64_t D)
       : cfg(c),
         o(c.grad),
+        lr(range),
         S(double(scalar_bytes)),
         V(double(c.model.vocab)),
         P(double(c.model.width)),
         N(double(c.model.state)),
-        K((c.model.layers + R - 1) / R),
+        K(range.k1 - range.k0),
         Ti((c.data.seq_len + Sq - 1) / Sq),
         T(double(Ti)),
-        B(double(c.data.batch)),
+        B(double((c.data.batch + D - 1) / D)),  // this replica's windows
         M(B * T),
         hc(double(head_chunk_rows(c.grad.head_chunk, c.model.vocab))) {}
+
+  // Parameters of this rank's shard (embedding on the first, final norm and head on the last).
+  double shard_parameters() const {
+    const double per_layer = P * P + 3 * P * N + 3 * P;
+    return double(K) * per_layer + (lr.embedding ? V * P : 0) + (lr.head ? P + V * P : 0);
+  }
+  // data.carry_state: every layer's state of the whole batch (ash train keeps it all on every rank).
+  double carried_state() const {
+    return double(cfg.model.layers) * double(cfg.data.batch) * P * N * S;
+  }
+  // The block-wise pass's segment starts on this range (BlockwiseEngine::compute_range):
+  // k0, then the multiples of m up to the highest input held; kept: those > 0.
+  void segments(std::int64_t& kept, std::int64_t& longest) const {
+    const std::int64_t Km = cfg.model.layers, m = std::min<std::int64_t>(o.layer_checkpoint, Km + 1);
+    const std::int64_t top = lr.head ? Km : lr.k1 - 1;
+    kept = lr.k0 > 0 ? 1 : 0;
+    longest = 0;
+    std::int64_t c = lr.k0;
+    for (std::int64_t next = (lr.k0 / m + 1) * m;; next += m) {
+      const std::int64_t e = next <= top ? next - 1 : top;
+      longest = std::max(longest, e - c + 1);
+      if (next > top) break;
+      ++kept;
+      c = next;
+    }
+  }
 
   double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
   double head(double rows, double chunk_rows, bool g) const {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
@@ -98,24 +127,24 @@ struct Planner {
     const std::int64_t m = o.layer_checkpoint;
     const std::int64_t blen = blockwise_block_length(o, Ti);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen);
-    const std::int64_t nkept = K / m;  // y_m, y_2m, ... <= y_K
-    const std::int64_t nseg = std::min<std::int64_t>(m, K + 1);
+    std::int64_t nkept = 0, nseg = 0;  // y_m, y_2m, ... <= y_K (and a rank's first input); inputs per segment
+    segments(nkept, nseg);
     persistent.push_back({std::to_string(nkept) + " kept layer input(s), " + storage_name(o.storage),
                           double(nkept) * M * P * double(storage_bytes(o.storage, scalar_bytes))});
     persistent.push_back({"states at block starts (K x blocks)", double(K) * nb * B * P * N * S});
     persistent.push_back({"block projections + running state", proj(rb) + B * P * N * S});
-    if (o.carry_state) persistent.push_back({"carried state", double(K) * B * P * N * S});
+    if (o.carry_state) persistent.push_back({"carried state", carried_state()});
     phases.push_back({"forward", {{"block activations (in, out)", 2 * rb * P * S}}});
     Items back{{"segment inputs + g of a block", double(nseg + 1) * rb * P * S}, {"E3 block projections", proj(rb)}};
     if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", 2 * double(K) * B * P * N * S});
     // E3's scratch lives through the pass, so from the second block on the
     // head's chunk comes on top of it; with one block the head runs first.
-    const double e3 = e3_scratch(B, blen), hd = head(rb, hc, true);
+    const double e3 = e3_scratch(B, blen), hd = lr.head ? head(rb, hc, true) : 0.0;
     auto emb = back;  // each block ends with its embedding backward, E3's scratch still held
     emb.push_back({"E3 wave scratch", e3});
-    emb.push_back({"embedding backward segments", emb_partial(rb)});
+    if (lr.embedding) emb.push_back({"embedding backward segments", emb_partial(rb)});
     if (nb > 1 || e3 >= hd) back.push_back({"E3 wave scratch", e3});
-    if (nb > 1 || hd > e3) back.push_back({"head chunk", hd});
+    if (lr.head && (nb > 1 || hd > e3)) back.push_back({"head chunk", hd});
     phases.push_back({"backward", back});
     phases.push_back({"embedding backward", emb});
     return "adjoint-exact over token blocks of " + std::to_string(blen) + ", " + storage_name(o.storage) +
@@ -175,11 +204,16 @@ struct Peak {
 
 }  // namespace
 
-MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows) {
+namespace {
+
+MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows,
+                     const LayerRange& lr) {
   const std::int64_t R = std::max<std::int64_t>(1, cfg.dist.layer_ranks);
   const std::int64_t Sq = std::max<std::int64_t>(1, cfg.dist.seq_ranks);
-  const Planner pl(cfg, scalar_bytes, R, Sq);
-  const double S = pl.S, cnt = double(checked_parameter_count(cfg.model));
+  const std::int64_t D = std::max<std::int64_t>(1, cfg.dist.data_ranks);
+  const Planner pl(cfg, scalar_bytes, lr, Sq, D);
+  const bool multi = R > 1 || Sq > 1 || D > 1;
+  const double S = pl.S, cnt = multi ? pl.shard_parameters() : double(checked_parameter_count(cfg.model));
   MemoryPlan plan;
   // What every phase holds.
   plan.items.push_back({"parameters", cnt * S});
@@ -191,7 +225,8 @@ MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes
   }
   plan.items.push_back({"gradient", cnt * S});
   if (w == Workload::train) plan.items.push_back({"optimizer (Adam m, v)", 2 * cnt * S});
-  plan.items.push_back({"token ids", pl.M * 4});
+  plan.items.push_back({"token ids", double(cfg.data.batch) * double(cfg.data.seq_len) * 4});
+  if (D > 1) plan.items.push_back({"this replica's token ids", pl.M * 4});
 
   Phases phases;
   Items persistent;  // engine memory held across the phases below
@@ -206,7 +241,7 @@ MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes
     plan.items.push_back({"validation token ids", nv * T * 4});
     const double Mv = std::min(nv, B) * T;  // rows of one scored batch
     Items keep;
-    if (cfg.grad.carry_state) keep.push_back({"carried state", double(pl.K) * B * P * pl.N * S});
+    if (cfg.grad.carry_state) keep.push_back({"carried state", pl.carried_state()});
     Items val{{"validation activations (y, next y, projections)", 2 * Mv * P * S + pl.proj(Mv)},
               {"validation head chunk", pl.head(Mv, 1024, false)}};
     if (nv > B) val.push_back({"validation batch token ids", Mv * 4});
@@ -214,8 +249,41 @@ MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes
   }
   plan.phase = peak.phase;
   plan.items.insert(plan.items.end(), peak.items.begin(), peak.items.end());
-  if (R > 1 || Sq > 1) plan.engine += " (per rank, approximate for dist.* layouts)";
+  if (multi)
+    plan.engine += blockwise && Sq == 1 ? " (per rank: the busiest of layers " + std::to_string(lr.k0) + ".." +
+                                              std::to_string(lr.k1 - 1) + ")"
+                                        : " (per rank, approximate for dist.* layouts)";
   return plan;
+}
+
+}  // namespace
+
+// One process: the whole model. dist.* layouts: the largest plan of the
+// layer ranks that differ (the first and last hold the embedding and the
+// head; the first K mod R hold one layer more; where a range starts on the
+// checkpoint grid changes its kept inputs), so a plan is the busiest rank's.
+MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::int64_t valid_windows) {
+  const int R = int(std::max<std::int64_t>(1, cfg.dist.layer_ranks));
+  if (R == 1) return plan_rank(cfg, w, scalar_bytes, valid_windows, LayerRange::all(cfg.model));
+  MemoryPlan best;
+  double best_total = -1;
+  const std::int64_t m = std::max<std::int64_t>(1, cfg.grad.layer_checkpoint);
+  // Ranks 0, R-1 and between them the first few of each kind (the layer
+  // count changes after rank K mod R; the grid phase repeats within 2m ranks).
+  std::vector<int> ranks;
+  const int head = int(std::min<std::int64_t>(R, std::min<std::int64_t>(256, 2 * m + 4)));
+  const int more = int(cfg.model.layers % R);
+  for (int r = 0; r < head; ++r) ranks.push_back(r);
+  for (int r = std::max(0, more - 2); r < std::min(R, more + 2); ++r) ranks.push_back(r);
+  for (int r = std::max(0, R - 3); r < R; ++r) ranks.push_back(r);
+  for (const int r : ranks) {
+    const auto p = plan_rank(cfg, w, scalar_bytes, valid_windows, LayerRange::block(cfg.model, r, R));
+    if (p.total() > best_total) {
+      best_total = p.total();
+      best = p;
+    }
+  }
+  return best;
 }
 
 MemoryCapacity memory_space_capacity() {
