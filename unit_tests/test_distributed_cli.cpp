@@ -126,6 +126,40 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
   }
 }
 
+// The memory levers under rank layouts (bf16 storage, layer checkpointing,
+// token blocks, a carried state): training equals one process, and a
+// checkpoint with a carried state resumes on another layout.
+TEST_F(DistributedCli, MemoryLeversTrainAndResumeAcrossLayouts) {
+  auto dir = [&](const std::string& n) {
+    std::filesystem::remove_all(tmp_path(n));
+    return " --set run.out_dir=" + tmp_path(n);
+  };
+  const std::string levers = train +
+                             " --set run.storage=bf16 --set grad.layer_checkpoint=3 --set grad.token_block=8"
+                             " --set data.sequential=true --set data.carry_state=true";
+  ASSERT_EQ(run(levers + dir("lev1")).code, 0);
+  const auto ref = losses(tmp_path("lev1"));
+  ASSERT_EQ(ref.size(), 6u);
+  struct Run {
+    int n, R;
+  };
+  for (const auto& [n, R] : {Run{2, 2}, Run{2, 1}, Run{4, 2}}) {
+    const auto name = "lev_n" + std::to_string(n) + "R" + std::to_string(R);
+    const auto r = mpirun(n, levers + dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("bf16 storage, layer checkpoint 3, carried state"), std::string::npos) << r.out;
+    expect_same_losses(losses(tmp_path(name)), ref, name);
+  }
+  // Stop after 3 steps on 2 layer ranks, resume on 2 data ranks: the carried state crosses layouts.
+  ASSERT_EQ(mpirun(2, levers + dir("lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
+  const auto rb = mpirun(2, levers + dir("lev_b") + " --resume " + tmp_path("lev_a") +
+                                "/checkpoint.h5 --set dist.layer_ranks=1");
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  auto both = losses(tmp_path("lev_a"));
+  for (double l : losses(tmp_path("lev_b"))) both.push_back(l);
+  expect_same_losses(both, ref, "R=2 then D=2 with a carried state");
+}
+
 TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
   const auto ckpt = tmp_path("m.h5");
   ASSERT_EQ(run("init --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=32 "
