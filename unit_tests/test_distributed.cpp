@@ -242,6 +242,34 @@ TEST(Distributed, SequenceRanksMatchOneProcess) {
   }
 }
 
+// The paper's window T̄ across sequence ranks: each range reads the next
+// range's first T̄ - 1 tokens (g and every layer's input) as a halo. T̄ = 2
+// (a one-token halo), 6, 8 (= the shortest range at S = 4, plus one) and
+// T̄ >= T (the full detached gradient); K = 4 and 5 with R = 2 at 4 ranks.
+TEST(Distributed, WindowsAcrossSequenceRanksMatchOneProcess) {
+  for (int K : {4, 5}) {
+    for (index_t Tbar : {2, 6, 8, 40}) {
+      auto o = engine_options("adjoint-exact", Tbar, true);
+      o.chunk = 4;
+      o.wave = 8;
+      expect_layouts_match(K, 29, 4, o, 0, true);
+    }
+  }
+  // A range shorter than T-bar - 1 (with a range after it) is refused on every rank.
+  if (world_size() != 4) return;
+  const auto d = tiny_dims(2);
+  auto o = engine_options("adjoint-exact", 6, true);
+  o.chunk = 4;
+  const dist::Grid grid(layout_config(d, 1, 1, 4, 4));
+  const auto full = random_model<double>(d, 730);
+  ParamSet<double> grad(d, grid.range(d));
+  dist::DistributedEngine<double> engine(grid, o);
+  const auto fits = random_tokens(4, 21, d.vocab, 731);  // ranges of 5, 5, 5, 6 tokens
+  EXPECT_NO_THROW(engine.compute(shard_of(full, grid.range(d)), fits, grad));
+  const auto too_short = random_tokens(4, 13, d.vocab, 732);  // ranges of 3, 3, 3, 4
+  expect_error([&] { engine.compute(shard_of(full, grid.range(d)), too_short, grad); }, "each range needs >= T-bar - 1");
+}
+
 // A model whose A is close to 1 (a = -exp(-8)): the state and μ carry across
 // the whole window, so a range that started from h = 0 or μ = 0 would be far
 // off. The first check shows how far: the same tokens as two separate windows.
@@ -447,7 +475,7 @@ TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {
   if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   const auto d = tiny_dims(2);
   const dist::Grid grid(layout_config(d, 1, world_size() / 2, 4, 2));
-  for (const auto& o : {engine_options("adjoint"), engine_options("backprop"), engine_options("adjoint-exact", 6, true)})
+  for (const auto& o : {engine_options("adjoint"), engine_options("backprop"), engine_options("adjoint", 6, true)})
     EXPECT_THROW(dist::DistributedEngine<double>(grid, o), Error) << method_name(o.method);
   EXPECT_THROW(dist::Layout::from_config(layout_config(d, 1, 1, 4, 3), 0, 2), Error);  // 2 ranks, S = 3
   Config c = layout_config(d, 1, 1, 4, 4);

@@ -1,5 +1,6 @@
 #include "ash/distributed/distributed_engine.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -9,7 +10,7 @@ namespace ash::dist {
 
 namespace {
 
-constexpr int tag_y = 11, tag_g = 12;
+constexpr int tag_y = 11, tag_g = 12, tag_halo = 13;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -22,6 +23,7 @@ template <class S>
 struct DistributedEngine<S>::Pass {
   TokenView x, x_head;     // this rank's tokens (x_head: one more, the last row's target, unless the window ends)
   index_t T = 0, Bt = 0;   // tokens per sequence of this rank's range, sequences
+  index_t T_all = 0;       // tokens per window
   index_t targets = 0;     // the whole batch's target count (the loss is its mean)
   ActivationStore<S> store;
   TokenBlocks blk;                             // the pipeline's token blocks (n = 1: whole ranges)
@@ -42,9 +44,14 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
             "(layer and data ranks); not with sequence ranks yet");
     levers_ = std::make_unique<BlockwiseEngine<S>>(opts);
   }
-  require(grid.layout().S == 1 || (opts.exact_adjoint() && opts.truncate == 0),
-          "dist.seq_ranks > 1 runs adjoint-exact without a window (exact or --detach-inputs): E1 and E2 keep whole "
-          "windows, and a window T-bar's block method would need the next rank's T-bar tokens (not exchanged)");
+  require(grid.layout().S == 1 || opts.exact_adjoint(),
+          "dist.seq_ranks > 1 runs adjoint-exact (exact, --detach-inputs, or a window T-bar with --detach-inputs): "
+          "E1 and E2 keep whole windows");
+  if (grid.layout().S > 1 && opts.truncate > 0) {
+    EngineOptions whole = opts;
+    whole.truncate = 0;
+    untruncated_ = make_layer_adjoint<S>(whole);
+  }
 }
 
 template <class S>
@@ -192,12 +199,63 @@ void DistributedEngine<S>::backward_ranges(const ParamSet<S>& params, Pass& ps, 
   } else if (layer_->detached()) {
     timed([&] { broadcast(ps.g, lay.R - 1, lc); });
   }
+  if (opts_.truncate > 0 && opts_.truncate < ps.T_all) return backward_window_ranges(params, ps, grad);
+  BlockAdjoint<S>* method = untruncated_ ? untruncated_->block_adjoint() : blockwise_;  // T̄ >= T: no window
   for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
-    blockwise_->backward_range(params.layer(k), k, ps.store, ps.g, ps.h_range[k - ps.store.k0()], exchange,
+    method->backward_range(params.layer(k), k, ps.store, ps.g, ps.h_range[k - ps.store.k0()], exchange,
                                grad.layer(k));
     ps.store.release(k);
   }
   if (!lay.first() && !layer_->detached()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
+}
+
+// The paper's window T̄ over sequence ranks (paper mode: g is every layer's
+// cotangent): μ_T̄ of a range's last T̄-1 tokens reads the next range's first
+// T̄-1 tokens, so each rank receives that halo of g once and of every layer's
+// input from the next rank, Bt·(T̄-1)·P values each; the state before the
+// range is the forward's. Only the range's own tokens add to the gradient.
+template <class S>
+void DistributedEngine<S>::backward_window_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_->execution_space();
+  const index_t P = params.dims().width, Bt = ps.Bt, T = ps.T, Tbar = opts_.truncate, T_all = ps.T_all;
+  const index_t H = std::min<index_t>(Tbar - 1, T_all - lay.seq_end(T_all));  // the halo this rank reads
+  const index_t H_prev = lay.seq_rank > 0 ? std::min<index_t>(Tbar - 1, T_all - lay.seq_begin(T_all)) : 0;
+  for (int r = 1; r < lay.S; ++r) {  // every rank checks every range: all throw alike, none waits for a halo
+    const index_t a = T_all * r / lay.S, b = T_all * (r + 1) / lay.S;
+    require(std::min<index_t>(Tbar - 1, T_all - a) <= b - a,
+            "dist.seq_ranks: a window T-bar = " + std::to_string(Tbar) + " reads up to " + std::to_string(Tbar - 1) +
+                " tokens past a token range, and sequence rank " + std::to_string(r) + " holds " +
+                std::to_string(b - a) + "; use fewer sequence ranks or a smaller grad.truncate (each range needs >= "
+                "T-bar - 1 tokens)");
+  }
+  const MPI_Comm sc = grid_.seq();
+  View2<S> out("ash::dist::halo_out", Bt * H_prev, P), in("ash::dist::halo_in", Bt * H, P);
+  auto halo = [&](const View2<S>& own) {  // own's first H_prev tokens to the previous range; the next range's into `in`
+    if (H_prev > 0) {
+      copy_block_rows(own, out, BlockRows{H_prev, T, 0}, true, exec);
+      exec.fence();
+      timed([&] { send(out, lay.seq_rank - 1, tag_halo, sc); });
+    }
+    if (H > 0) timed([&] { recv(in, lay.seq_rank + 1, tag_halo, sc); });
+  };
+  const index_t Te = T + H;
+  View2<S> g_halo("ash::dist::g_halo", Bt * H, P), y_ext("ash::dist::y_ext", Bt * Te, P),
+      g_ext("ash::dist::g_ext", Bt * Te, P);
+  halo(ps.g);
+  Kokkos::deep_copy(exec, g_halo, in);
+  for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
+    halo(ps.store.input(k));
+    copy_block_rows(y_ext, ps.store.input(k), BlockRows{T, Te, 0}, false, exec);
+    copy_block_rows(g_ext, ps.g, BlockRows{T, Te, 0}, false, exec);  // again per layer: the halo rows are masked
+    if (H > 0) {
+      copy_block_rows(y_ext, in, BlockRows{H, Te, T}, false, exec);
+      copy_block_rows(g_ext, g_halo, BlockRows{H, Te, T}, false, exec);
+    }
+    blockwise_->backward_window_range(params.layer(k), SeqShape{Bt, Te}, y_ext, g_ext,
+                                      ps.h_range[k - ps.store.k0()], T, grad.layer(k));
+    ps.store.release(k);
+  }
 }
 
 // Paper mode: one broadcast of g, then no communication.
@@ -338,6 +396,7 @@ double DistributedEngine<S>::compute_pipeline(const ParamSet<S>& params, const T
   ps.x = lay.S > 1 ? token_block(x_rows, t_a, t_b - t_a) : x_rows;
   ps.x_head = lay.S > 1 ? token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a) : x_rows;
   ps.T = ps.x.extent(1);
+  ps.T_all = T_all;
   ps.Bt = ps.x.extent(0);
   ps.targets = index_t(x_all.extent(0)) * (T_all - 1);
   grad.fill_zero();
@@ -363,6 +422,7 @@ double DistributedEngine<S>::compute_pipeline(const ParamSet<S>& params, const T
   else
     backward_wavefront(params, ps, grad);
   layer_->release();
+  if (untruncated_) untruncated_->release();
   if (lay.first()) embedding_backward(ps.x, ps.g, gglobal.embedding, exec);  // the residual stream's g_0
   stats_.blocks = ps.blk.n;
   return finish(loss, grad);

@@ -74,6 +74,7 @@ class DistributedEngine final : public GradientEngine<S> {
   void forward_blocks(const ParamSet<S>& params, Pass& ps);
   // The backward modes of docs/design.md §2 (E4).
   void backward_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);     // sequence ranks (E3)
+  void backward_window_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);  // ... with a window T̄
   void backward_detached(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);   // paper mode
   void backward_whole(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);      // g_k handed over once
   void backward_wavefront(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);  // E3 exact, token blocks
@@ -91,6 +92,7 @@ class DistributedEngine final : public GradientEngine<S> {
   index_t pipeline_blocks_;
   std::unique_ptr<LayerAdjoint<S>> layer_;
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
+  std::unique_ptr<LayerAdjoint<S>> untruncated_;  // sequence ranks, T̄ >= T: the same method without a window
   std::unique_ptr<BlockwiseEngine<S>> levers_;  // the memory levers' pass, else nullptr
   std::vector<View2<S>>* carried_ = nullptr;
   std::function<void()> before_backward_;

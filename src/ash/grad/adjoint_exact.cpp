@@ -285,6 +285,22 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
 }
 
 template <class S>
+void AdjointExactLayer<S>::backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
+                                                 const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
+                                                 const LayerParams<S>& grad) {
+  require(opts_.detach_inputs, "adjoint-exact: a window (--truncate) needs --detach-inputs");
+  require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
+  if (index_t(block_act_.yhat.extent(0)) != s_ext.rows()) {
+    ModelDims d;
+    d.width = p.W_delta.extent(0);
+    d.state = p.W_B.extent(0);
+    block_act_ = LayerActivations<S>(s_ext, d, LayerActivations<S>::projections_only);
+  }
+  ssm_layer_project(p, y_ext, block_act_, this->exec_);
+  run(p, s_ext, y_ext, block_act_, g_ext, h0, nullptr, grad, own_T);
+}
+
+template <class S>
 void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store,
                                           const View2<S>& g, const View2<S>& h0,
                                           const typename BlockAdjoint<S>::Exchange& exchange,
@@ -339,8 +355,9 @@ void AdjointExactLayer<S>::release() {
 template <class S>
 void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, const View2<S>& y,
                                const LayerActivations<S>& act, const View2<S>& g, const View2<S>& h0,
-                               ExactCarry<S>* carry, const LayerParams<S>& grad) {
+                               ExactCarry<S>* carry, const LayerParams<S>& grad, index_t own_T) {
   const index_t T = s.T, Bt = s.batch, P = layer.W_delta.extent(0), N = layer.W_B.extent(0);
+  const index_t own = own_T > 0 ? own_T : T;
   const bool window = opts_.truncate > 0 && opts_.truncate < T;
   require(!(window && carry), "adjoint-exact: a window runs on whole windows, not token blocks");
   const index_t Tbar = window ? opts_.truncate : T;
@@ -395,7 +412,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const ExecSpace& exec = this->exec_;
   if (chunked_h) boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
   if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
-  for (index_t w0 = 0; w0 < T; w0 += W) {  // in order: the sequential form carries h from wave to wave
+  for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
     const index_t Ww = (w0 + W < T) ? W : T - w0;
     if (chunked_h) {
       ASH_WITH_LANE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
@@ -404,6 +421,16 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
                                                       mubuf, exec));
     }
     if (window) wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
+    if (w0 + Ww > own) {  // halo rows: μ and g are zero there, so they add nothing (the VJPs are linear in both)
+      const index_t h0t = own - w0, nh = w0 + Ww - own;
+      const View2<S> gg = g;
+      Kokkos::parallel_for(
+          "ash::e3::mask_halo", Range(exec, 0, Bt * nh * P), KOKKOS_LAMBDA(const index_t i) {
+            const index_t b = i / (nh * P), t = h0t + (i / P) % nh, q = i % P;
+            gg(b * T + w0 + t, q) = S(0);
+            for (index_t n = 0; n < N; ++n) mubuf(b * Ww + t, q, n) = S(0);
+          });
+    }
     // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
     // only rows of this wave or later ones, and the carries were taken first.
     ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, Abuf, cot, grad, g,

@@ -42,10 +42,16 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   void backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
                       const View2<S>& h0, const typename BlockAdjoint<S>::Exchange& exchange,
                       const LayerParams<S>& grad) override;
+  void backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
+                             const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
+                             const LayerParams<S>& grad) override;
 
  private:
+  // own_T > 0: only the first own_T tokens of each sequence contribute (the
+  // rest is a halo the window reads); those waves past it are skipped.
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,
-           const View2<S>& g, const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad);
+           const View2<S>& g, const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad,
+           index_t own_T = 0);
   EngineOptions opts_;
   LayerActivations<S> block_act_;  // projections of one token block (backward_block)
   // run()'s buffers, kept from one layer (and token block) to the next of a

@@ -51,6 +51,13 @@ class BlockAdjoint {
   // before the range (empty: zero).
   virtual void backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
                               const View2<S>& h0, const Exchange& exchange, const LayerParams<S>& grad) = 0;
+  // The paper's window T̄ (detached) on one token range of a longer window:
+  // y_ext and g_ext hold the range's own_T tokens per sequence and after them
+  // the next range's first tokens (up to T̄ - 1, the halo μ_T̄ reads); only
+  // the own tokens contribute to grad. g_ext's halo rows are overwritten.
+  virtual void backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
+                                     const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
+                                     const LayerParams<S>& grad) = 0;
 };
 
 template <class S>
