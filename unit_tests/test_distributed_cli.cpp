@@ -84,6 +84,18 @@ TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
   double ls = 0;
   expect_close(to_host(load_gradients(seq, d, &ls)), a, d, 1e-12, "S=2");
   EXPECT_NEAR(ls, l1, 1e-12 * l1);
+  // The paper's window across the two ranges (a halo of T-bar - 1 tokens), and bf16 + layer checkpointing on R = 2.
+  for (const std::string extra : {std::string("--detach-inputs --truncate 7 "), std::string("--set run.storage=bf16 "
+                                  "--set grad.layer_checkpoint=2 --set grad.token_block=8 ")}) {
+    const bool window = extra.find("truncate") != std::string::npos;
+    const auto ref = tmp_path("ref_x.h5"), got = tmp_path("got_x.h5");
+    ASSERT_EQ(run(g + extra + "--out " + ref).code, 0);
+    const auto rx = mpirun(2, g + extra + (window ? "--set dist.seq_ranks=2" : "--set dist.layer_ranks=2") + " --out " + got);
+    ASSERT_EQ(rx.code, 0) << rx.out;
+    double lr = 0, lx = 0;
+    expect_close(to_host(load_gradients(got, d, &lx)), to_host(load_gradients(ref, d, &lr)), d, 1e-12, extra);
+    EXPECT_NEAR(lx, lr, 1e-12 * lr) << extra;
+  }
 }
 
 // Six steps: the same losses on every layout (sequence ranks included),
