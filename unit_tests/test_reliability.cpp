@@ -892,7 +892,9 @@ TEST(Reliability, SigtermFinishesTheStepWritesACheckpointAndExits143) {
 }
 
 // The first signal asks for a clean stop; a second one ends the process at
-// once (default action), e.g. when the step is long.
+// once (default action), e.g. when the step is long. The same SIGTERM again
+// within a second is one signal delivered twice (Slurm does so at the time
+// limit: from slurmstepd and through srun) and still stops cleanly.
 TEST(Reliability, SecondSignalEndsTrainingAtOnce) {
   // Seconds per step on the CI machine; a GPU finishes a step of 2 x 16K
   // tokens before the second signal, so a run that is already gone by then
@@ -909,6 +911,8 @@ TEST(Reliability, SecondSignalEndsTrainingAtOnce) {
     ASSERT_TRUE(a.wait_for("step      1")) << a.out();
     ::kill(a.pid(), SIGTERM);
     ::usleep(20000);  // the first signal is handled (two pending SIGTERMs would merge into one)
+    ::kill(a.pid(), SIGTERM);  // the same signal again, at once: ignored
+    ::usleep(1200000);         // past the repeat window
     siginfo_t info{};
     const bool running = ::waitid(P_PID, id_t(a.pid()), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0;
     if (running || T >= (index_t(1) << 22)) {
@@ -918,8 +922,33 @@ TEST(Reliability, SecondSignalEndsTrainingAtOnce) {
       EXPECT_EQ(WTERMSIG(st), SIGTERM);
       return;
     }
-    a.finish();
+    const int st = a.finish();  // the step ended within the window: a clean stop despite the repeat
+    ASSERT_TRUE(WIFEXITED(st)) << a.out();
+    EXPECT_EQ(WEXITSTATUS(st), 143) << a.out();
   }
+}
+
+// Slurm's double SIGTERM during a long step: one clean stop with a checkpoint.
+TEST(Reliability, SameSigtermTwiceWithinASecondStopsOnceWithACheckpoint) {
+  const auto corpus = tmp_path("long2.txt");
+  write(corpus, std::string(std::size_t(3 * 16384), 'a'));
+  const auto dir = tmp_path("repeat");
+  fs::remove_all(dir);
+  Child a({"train", "--set", "model.width=64", "--set", "model.state=16", "--set", "data.seq_len=16384", "--set",
+           "data.batch=2", "--set", "grad.engine=adjoint-exact", "--set", "data.valid_fraction=0", "--set",
+           "data.train=" + corpus, "--set", "optim.steps=100000", "--set", "run.log_every=1", "--set",
+           "run.ckpt_every=0", "--set", "run.out_dir=" + dir});
+  ASSERT_TRUE(a.wait_for("step      1")) << a.out();
+  ::kill(a.pid(), SIGTERM);
+  ::usleep(20000);
+  ::kill(a.pid(), SIGTERM);
+  const int st = a.finish();
+  ASSERT_TRUE(WIFEXITED(st)) << "killed by signal " << (WIFSIGNALED(st) ? WTERMSIG(st) : 0) << "\n" << a.out();
+  EXPECT_EQ(WEXITSTATUS(st), 143) << a.out();
+  std::smatch m;
+  const std::string out = a.out();
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("interrupted by SIGTERM after step ([0-9]+)"))) << out;
+  EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), std::stoll(m[1].str()));
 }
 
 }  // namespace ash::test

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 
@@ -47,16 +48,29 @@ index_t bad_values(const View1<S>& v) {
 
 // SIGINT / SIGTERM / SIGUSR1 (a batch system's warning before the time
 // limit: Slurm's --signal=USR1@N): the first asks the loop to stop after the
-// current step with a checkpoint; the handler then restores the defaults, so a
-// second signal ends the process at once.
+// current step with a checkpoint; a second signal ends the process at once
+// (the default action), except the same SIGTERM or SIGUSR1 again within a
+// second: Slurm delivers one SIGTERM to each task twice (from slurmstepd, and
+// forwarded by srun, which gets it too) at the time limit or on scancel.
 constexpr int stop_signals[] = {SIGINT, SIGTERM, SIGUSR1};
+constexpr long long repeat_window_ns = 1000000000LL;
 volatile std::sig_atomic_t g_signal = 0;
+timespec g_first_signal{};  // when g_signal was set; only the handler touches it (the mask keeps it from nesting)
 extern "C" void on_stop_signal(int sig) {
-  g_signal = sig;
-  struct sigaction dfl {};  // sigaction is async-signal-safe
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe, as are sigaction and raise
+  if (g_signal == 0) {
+    g_first_signal = now;
+    g_signal = sig;
+    return;
+  }
+  const long long since = (now.tv_sec - g_first_signal.tv_sec) * 1000000000LL + (now.tv_nsec - g_first_signal.tv_nsec);
+  if (sig == g_signal && sig != SIGINT && since < repeat_window_ns) return;  // one signal delivered twice
+  struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   for (const int s : stop_signals) sigaction(s, &dfl, nullptr);
+  raise(sig);  // blocked until the handler returns, then the default action
 }
 
 // Installs the handlers for the lifetime of one train() call.
@@ -67,6 +81,7 @@ class StopSignals {
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
+    for (const int s : stop_signals) sigaddset(&sa.sa_mask, s);
     for (int i = 0; i < 3; ++i) sigaction(stop_signals[i], &sa, &old_[i]);
   }
   ~StopSignals() {
