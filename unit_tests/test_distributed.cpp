@@ -297,8 +297,8 @@ TEST(Distributed, SequenceCarryOnALongMemoryModel) {
 // levers: bitwise with one replica (the same kernels on the same blocks), to
 // 1e-12 with several (the batch's sums split over replicas). With 16-bit
 // storage a layer range that starts off the checkpoint grid (k0 not a
-// multiple of m) keeps its first input as one more rounded input: then within
-// twice what 16-bit storage costs one process.
+// multiple of m) keeps other inputs than one process: then within twice
+// what 16-bit storage costs one process.
 namespace {
 
 EngineOptions lever_options(Storage st, index_t m, index_t block, bool detach = false, index_t Tbar = 0) {

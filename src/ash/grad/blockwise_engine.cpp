@@ -16,7 +16,7 @@ struct BlockwiseEngine<S>::Range {
   index_t Bt = 0, T = 0, targets = 0;
   const RangeLinks<S>* links = nullptr;
   const std::vector<View2<S>>* state = nullptr;
-  // Segment starts, ascending: k0, then every multiple of m in (k0, top()].
+  // Segment starts, ascending: k0, k0 + m, k0 + 2m, ... <= top() (one process: 0, m, 2m, ...).
   // A segment's inputs run from its start to the next start - 1 (to top() for the last).
   std::vector<int> starts;
   std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
@@ -95,7 +95,7 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   // K + 1 (any larger m keeps no input but y_0 alike; layer indices stay 32-bit).
   const index_t m = std::min<index_t>(opts_.layer_checkpoint, index_t(r.K) + 1);
   r.starts.push_back(r.k0);
-  for (index_t c = (index_t(r.k0) / m + 1) * m; c <= index_t(r.top()); c += m) r.starts.push_back(int(c));
+  for (index_t c = index_t(r.k0) + m; c <= index_t(r.top()); c += m) r.starts.push_back(int(c));
   r.kept.resize(std::size_t(r.K - r.k0 + 1));
   for (const int c : r.starts)
     if (c > 0) r.kept[std::size_t(c - r.k0)] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, r.Bt * r.T, P);

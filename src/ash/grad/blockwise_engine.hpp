@@ -12,8 +12,9 @@
 // The same pass runs on a layer range [k0, k1) of an MPI layer pipeline
 // (distributed/distributed_engine.hpp): RangeLinks hand a block's y to the
 // next range and its g to the one before, so the levers compose with every
-// rank layout. A range keeps its first input (unless it is y_0, recomputed
-// from the embedding) as one more segment start.
+// rank layout. A range's segments start at its first layer k0 and every m-th
+// after it; the first input (unless it is y_0, recomputed from the
+// embedding) arrives from another rank and is kept.
 #include <functional>
 #include <vector>
 

@@ -82,14 +82,14 @@ struct Planner {
     return double(cfg.model.layers) * double(cfg.data.batch) * P * N * S;
   }
   // The block-wise pass's segment starts on this range (BlockwiseEngine::compute_range):
-  // k0, then the multiples of m up to the highest input held; kept: those > 0.
+  // k0, k0 + m, ... up to the highest input held; kept: those > 0.
   void segments(std::int64_t& kept, std::int64_t& longest) const {
     const std::int64_t Km = cfg.model.layers, m = std::min<std::int64_t>(o.layer_checkpoint, Km + 1);
     const std::int64_t top = lr.head ? Km : lr.k1 - 1;
     kept = lr.k0 > 0 ? 1 : 0;
     longest = 0;
     std::int64_t c = lr.k0;
-    for (std::int64_t next = (lr.k0 / m + 1) * m;; next += m) {
+    for (std::int64_t next = lr.k0 + m;; next += m) {
       const std::int64_t e = next <= top ? next - 1 : top;
       longest = std::max(longest, e - c + 1);
       if (next > top) break;
