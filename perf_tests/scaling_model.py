@@ -30,9 +30,12 @@ Model (every time in seconds; rows = Bd*Ts with Bd = ceil(B/D) windows, Ts = cei
   D*S > 1: the gradient shard is summed (allreduce, recursive halving/doubling):
       2*ceil(log2 n)*alpha + 2*(n-1)/n * shard*s/beta,  n = D*S.
   memory per rank (the planner's E3 terms, design.md §8; k = max k_r): s * [2*shard (parameters, gradient)
-      + rows*P (g) + rows*(2P+2N+1) (one layer's projections) + k*nb*Bd*P*N (block-start states)
+      + rows*P (g) + rows*(2P+2N+1) (one layer's projections)
       + max((k+1)*rows*P + head chunk, k*rows*P + E3 scratch)]  (the head's phase or the backward's),
-      E3 scratch = wave of W tokens (3*Bd*W*P*N + cotangents) + 3*Bd*ceil(Ts/C)*P*N chunk carries.
+      E3 scratch = wave of W tokens (3*Bd*W*P*N + cotangents) + 3*Bd*ceil(Ts/C)*P*N chunk carries;
+  with token blocks: k+1 whole-window rows*P (inputs, g), k*nb*Bd*P*N block-start states, one
+      block's projections, and the larger of the head's phase (the last rank's output, one head chunk)
+      and a block's buffers (4 [Bd*blen, P], 2k carries, E3 scratch on blen tokens).
 """
 import argparse, json, math, os, re, statistics, subprocess, sys, tempfile
 
@@ -111,10 +114,16 @@ def predict(pr, R, S, D, T, B=1, mode="exact", net=None):
     gpu = pr["wave"] == "gpu"
     W = min(Ts, max(1024, 2**24 // (Bd * P * N)) if gpu else 1024)  # E3's wave (grad.wave "auto")
     hc = min(rows, max(1024, 2**24 // V) if gpu else 1024)            # the head's chunk (grad.head_chunk "auto")
-    k = max(ks)
-    scratch = 3 * Bd * W * P * N + Bd * W * (3 * P + 2 * N) + 3 * Bd * -(-Ts // pr["C"]) * P * N
-    mem = s * (2 * shard + rows * P + rows * (2 * P + 2 * N + 1) + (k * nb * Bd * P * N if nb > 1 else 0)
-               + max((k + 1) * rows * P + hc * (1 + 2 * P + V), k * rows * P + scratch))
+    k, C = max(ks), pr["C"]
+    scratch = lambda Wv, Tv: 3 * Bd * Wv * P * N + Bd * Wv * (3 * P + 2 * N) + 3 * Bd * -(-Tv // C) * P * N
+    proj = lambda r: r * (2 * P + 2 * N + 1)
+    if nb > 1:  # token blocks: whole-window layer inputs (and the last rank's output and g), per-block scratch
+        seq = Bd * blen
+        mem = s * (2 * shard + (k + 1) * rows * P + k * nb * Bd * P * N + proj(seq)
+                   + max(rows * P + hc * (1 + 2 * P + V), 4 * seq * P + 2 * k * Bd * P * N + scratch(min(W, blen), blen)))
+    else:
+        mem = s * (2 * shard + rows * P + proj(rows) + max((k + 1) * rows * P + hc * (1 + 2 * P + V),
+                                                          k * rows * P + scratch(W, Ts)))
     return {"time": total, "mem": mem, "parts": t, "blocks": nb}
 
 
@@ -222,6 +231,7 @@ def validate(a):
     tok = corpus(work, 8192 * 4 + 1)
     rows = []
     for R, S, D, mode, T, B in VALIDATION:
+        T //= a.shrink
         ck = init(a.ash, work, pr["P"], pr["N"], a.layers, T, B)
         l0 = load()
         secs, peak, reps = median3(lambda: ash_grad(a.ash, work, ck, tok, R, S, D, mode), a.reps)
@@ -356,6 +366,7 @@ def main():
     v.add_argument("--reps", type=int, default=3)
     v.add_argument("--latency", type=float, default=2e-6, help="MPI latency on this machine (shared memory), s")
     v.add_argument("--bandwidth", type=float, default=5e9, help="MPI bandwidth on this machine, bytes/s")
+    v.add_argument("--shrink", type=int, default=1, help="divide every T by this (a quick check)")
     v.add_argument("--out")
     for name in ("project", "smoke"):
         p = sub.add_parser(name)
