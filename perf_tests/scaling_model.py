@@ -3,9 +3,11 @@
 memory per rank and efficiency of one exact gradient (E3) on R x S x D ranks.
 
   measure  --ash ASH --out P.json     R = 1 runs of `ash eval` / `ash grad` at K = 1 and 8:
-                                      per layer-token forward and backward times (exact and paper mode)
-  validate --ash ASH --profile P.json  1-4 rank runs of `ash grad` under mpiexec, 3 repetitions,
-                                      the median against the model's prediction
+                                      per layer-token forward and backward times (exact and paper mode),
+                                      the contention of concurrent processes, seq_factor (one S = 2 run)
+  validate --ash ASH --profile P.json  1-4 rank runs of `ash grad` under mpiexec, 3 repetitions, the
+                                      median and the fastest against the model's prediction
+                                      (--from OUT.json: re-predict an earlier run's measurements)
   project  --profile P.json|h100      R x S x D up to 1,024 GPUs and 2^24 tokens; weak and strong
                                       scaling tables and figures, network as a parameter
   smoke                               project() on a tiny built-in profile, with checks that can fail
