@@ -26,8 +26,6 @@ struct DistributedEngine<S>::Pass {
   index_t T_all = 0;       // tokens per window
   index_t targets = 0;     // the whole batch's target count (the loss is its mean)
   ActivationStore<S> store;
-  TokenBlocks blk;                             // the pipeline's token blocks (n = 1: whole ranges)
-  std::unique_ptr<BlockwiseForward<S>> fw;     // token blocks: the block-wise forward and its states
   std::vector<View2<S>> h_range;               // [layer]: h before this sequence rank's range
   View2<S> g;                                  // g_k, [Bt·T, P]
   SeqShape shape() const { return SeqShape{Bt, T}; }
@@ -38,12 +36,12 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
-  if (opts.low_memory()) {
-    require(grid.layout().S == 1,
-            "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run with dist.seq_ranks = 1 "
-            "(layer and data ranks); not with sequence ranks yet");
-    levers_ = std::make_unique<BlockwiseEngine<S>>(opts);
-  }
+  require(!opts.low_memory() || grid.layout().S == 1,
+          "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run with dist.seq_ranks = 1 "
+          "(layer and data ranks); not with sequence ranks yet");
+  // E3 on layer and data ranks: the block-wise pass on each rank's layer
+  // range, token blocks of y and g flowing both ways (the levers, when set).
+  if (opts.exact_adjoint() && grid.layout().S == 1) levers_ = std::make_unique<BlockwiseEngine<S>>(opts);
   require(grid.layout().S == 1 || opts.exact_adjoint(),
           "dist.seq_ranks > 1 runs adjoint-exact (exact, --detach-inputs, or a window T-bar with --detach-inputs): "
           "E1 and E2 keep whole windows");
@@ -67,19 +65,6 @@ std::string DistributedEngine<S>::name() const {
   return (levers_ ? levers_->name() : layer_->name()) + " on " + std::to_string(l.R) + " layer rank(s) x " +
          (l.S > 1 ? std::to_string(l.S) + " sequence rank(s) x " : std::string()) + std::to_string(l.D) +
          " data rank(s)" + (layer_->detached() ? ", paper mode" : ", exact mode");
-}
-
-template <class S>
-TokenBlocks DistributedEngine<S>::blocks_for(index_t T) const {
-  if (layer_->keeps_activations() || grid_.layout().S > 1) return TokenBlocks(T, T);  // E1, E2, sequence ranks: whole ranges
-  const index_t asked = pipeline_blocks_ > 0 ? pipeline_blocks_ : 4 * index_t(grid_.layout().R);
-  const index_t want = asked < T ? asked : T;  // at most one token per block
-  const index_t C = opts_.chunk < T ? opts_.chunk : T;
-  // Block length: a whole number of E3 chunks, so the block-wise exact pass
-  // sees the same chunks' structure as a whole-window one.
-  index_t len = (T + want - 1) / want;
-  len = ((len + C - 1) / C) * C;
-  return TokenBlocks(len < T ? len : T, T);
 }
 
 template <class S>
@@ -128,7 +113,6 @@ void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationSt
 
 template <class S>
 void DistributedEngine<S>::forward(const ParamSet<S>& params, Pass& ps) {
-  if (ps.blk.n > 1) return forward_blocks(params, ps);
   const auto& lay = grid_.layout();
   const MPI_Comm lc = grid_.layers();
   const int k0 = ps.store.k0();
@@ -141,42 +125,6 @@ void DistributedEngine<S>::forward(const ParamSet<S>& params, Pass& ps) {
     timed([&] { send(ps.store.output(), lay.layer_rank + 1, tag_y, lc); });
     ps.store.release_output();
   }
-}
-
-// Token blocks flow through the layer ranks: while rank r runs block j, rank
-// r-1 runs block j+1. Each layer's state is carried from block to block (kept
-// before every block in exact mode, for the reverse wavefront).
-template <class S>
-void DistributedEngine<S>::forward_blocks(const ParamSet<S>& params, Pass& ps) {
-  const auto& lay = grid_.layout();
-  const auto& d = params.dims();
-  const MPI_Comm lc = grid_.layers();
-  const ExecSpace& exec = layer_->execution_space();
-  const int k0 = ps.store.k0(), k1 = ps.store.k1();
-  const TokenBlocks& blk = ps.blk;
-  ps.fw = std::make_unique<BlockwiseForward<S>>(d, k0, k1, ps.Bt, blk, !layer_->detached());
-  View2<S> ya("ash::dist::y_block", ps.Bt * blk.len, d.width), yb("ash::dist::y_block_next", ps.Bt * blk.len, d.width);
-  const LayerActivations<S> act(SeqShape{ps.Bt, blk.len}, d, LayerActivations<S>::projections_only);
-  for (index_t j = 0; j < blk.n; ++j) {
-    const index_t rows = ps.fw->rows(j);
-    const BlockRows map{blk.size(j), ps.T, blk.start(j)};
-    View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-    if (lay.first())
-      embedding_forward(params.global().embedding, token_block(ps.x, blk.start(j), blk.size(j)), y, exec);
-    else
-      timed([&] { recv(y, lay.layer_rank - 1, tag_y, lc); });
-    const auto act_j = first_rows(act, rows);
-    for (int k = k0; k < k1; ++k) {
-      copy_block_rows(ps.store.input(k), y, map, false, exec);
-      ps.fw->advance(params.layer(k), k, j, y, act_j, yo, exec);
-      std::swap(y, yo);
-    }
-    if (lay.last())
-      copy_block_rows(ps.store.output(), y, map, false, exec);
-    else
-      timed([&] { send(y, lay.layer_rank + 1, tag_y, lc); });
-  }
-  if (!lay.last()) ps.store.release_output();
 }
 
 // E3 on token ranges: per layer, μ's carry from the later ranges.
@@ -286,41 +234,6 @@ void DistributedEngine<S>::backward_whole(const ParamSet<S>& params, Pass& ps, c
   if (!lay.first()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
 }
 
-// E3 exact: the reverse wavefront over token blocks, last block first, each
-// layer from the state the forward kept before the block.
-template <class S>
-void DistributedEngine<S>::backward_wavefront(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
-  require(blockwise_ != nullptr, "distributed engine: token blocks need adjoint-exact");
-  const auto& lay = grid_.layout();
-  const MPI_Comm lc = grid_.layers();
-  const ExecSpace& exec = layer_->execution_space();
-  const index_t P = params.dims().width;
-  const int k0 = ps.store.k0(), k1 = ps.store.k1();
-  const TokenBlocks& blk = ps.blk;
-  if (lay.first() && !lay.last()) ps.g = View2<S>("ash::g", ps.shape().rows(), P);
-  View2<S> ga("ash::dist::g_block", ps.Bt * blk.len, P), yk("ash::dist::y_layer_block", ps.Bt * blk.len, P);
-  std::vector<ExactCarry<S>> carry(k1 - k0);
-  for (index_t j = blk.n - 1; j >= 0; --j) {
-    const index_t rows = ps.fw->rows(j);
-    const BlockRows map{blk.size(j), ps.T, blk.start(j)};
-    const View2<S> gj = first_rows(ga, rows), yj = first_rows(yk, rows);
-    if (lay.last())
-      copy_block_rows(ps.g, gj, map, true, exec);
-    else
-      timed([&] { recv(gj, lay.layer_rank + 1, tag_g, lc); });
-    for (int k = k1 - 1; k >= k0; --k) {
-      copy_block_rows(ps.store.input(k), yj, map, true, exec);
-      blockwise_->backward_block(params.layer(k), ps.fw->shape(j), yj, gj,
-                                 j > 0 ? ps.fw->state_before(k, j) : View2<S>(), &carry[k - k0], grad.layer(k));
-    }
-    if (lay.first())
-      copy_block_rows(ps.g, gj, map, false, exec);
-    else
-      timed([&] { send(gj, lay.layer_rank - 1, tag_g, lc); });
-  }
-  for (int k = k0; k < k1; ++k) ps.store.release(k);
-}
-
 // The levers on this rank's layer range: the block-wise pass of one process
 // with y and g blocks handed between layer ranks (a pipeline over token
 // blocks in both directions, exact or paper mode alike).
@@ -348,7 +261,8 @@ double DistributedEngine<S>::compute_blockwise(const ParamSet<S>& params, const 
     for (int k = range.k0; k < range.k1; ++k)
       state.push_back(Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * P, b1 * P), Kokkos::ALL()));
   }
-  const index_t blen = pipeline_blocks_ > 0 ? blocks_for(T).len : levers_->block_length(T);
+  if (before_backward_) links.before_backward = before_backward_;
+  const index_t blen = pipeline_block_length(opts_, T, grid_.layout().R, pipeline_blocks_);
   stats_.blocks = (T + blen - 1) / blen;
   const double loss = levers_->compute_range(params, x, index_t(x_all.extent(0)) * (T - 1), TokenBlocks(blen, T),
                                              links, carried_ ? &state : nullptr, grad);
@@ -402,7 +316,6 @@ double DistributedEngine<S>::compute_pipeline(const ParamSet<S>& params, const T
   grad.fill_zero();
   const auto gglobal = grad.global();
   ps.store = ActivationStore<S>(ps.shape(), d, range.k0, range.k1, layer_->store(), layer_->keeps_activations());
-  ps.blk = blocks_for(ps.T);
 
   forward(params, ps);
   double loss = 0;
@@ -417,14 +330,12 @@ double DistributedEngine<S>::compute_pipeline(const ParamSet<S>& params, const T
     backward_ranges(params, ps, grad);
   else if (layer_->detached())
     backward_detached(params, ps, grad);
-  else if (ps.blk.n == 1)
-    backward_whole(params, ps, grad);
   else
-    backward_wavefront(params, ps, grad);
+    backward_whole(params, ps, grad);
   layer_->release();
   if (untruncated_) untruncated_->release();
   if (lay.first()) embedding_backward(ps.x, ps.g, gglobal.embedding, exec);  // the residual stream's g_0
-  stats_.blocks = ps.blk.n;
+  stats_.blocks = 1;
   return finish(loss, grad);
 }
 

@@ -3,16 +3,17 @@
 // Alg. 1 and 4). Each rank holds only its layers' parameters, activations and
 // gradients (a LayerRange of the model); replicas share the batch's windows.
 //
-//  forward   y flows rank to rank. With E3 (which keeps only layer inputs) it
-//            runs in token blocks, so ranks work on different blocks at once:
-//            the state h of every layer is carried from block to block.
-//  head      the last layer rank: loss and g = ∂L/∂y_K.
-//  backward  paper mode (every layer input detached: E2, E3 --detach-inputs,
-//            E1 --detach-inputs): g is broadcast and every rank differentiates
-//            its layers at once, with no further communication.
-//            exact mode, E3: g_k flows back rank to rank in token blocks from
-//            the last to the first (μ carries from later to earlier tokens, so
-//            this reverse wavefront is exact); E1: whole windows, one hand-off.
+//  E3        (S = 1) each rank runs the block-wise pass of one process
+//            (grad/blockwise_engine.hpp) on its layers: token blocks of y flow
+//            rank to rank forward, the last rank's head makes g per block in
+//            the backward, and g blocks flow back from the last block to the
+//            first (μ carries from later to earlier tokens, so this reverse
+//            wavefront is exact; in paper mode g passes through unchanged).
+//            Every layer's state is kept at block starts; the memory levers
+//            apply per rank.
+//  E1, E2    whole windows: y flows rank to rank, the last rank's head makes
+//            g; paper mode (E2, E1 --detach-inputs) broadcasts g and every
+//            rank differentiates its layers at once; E1 exact hands g back once.
 //  sequence  (context parallelism, E3 only) each rank holds one token range of
 //            every window; per layer, the state before the range comes from an
 //            exclusive scan of the ranges' affine state maps, and μ's carry
@@ -57,7 +58,6 @@ class DistributedEngine final : public GradientEngine<S> {
 
  private:
   struct Pass;  // one compute(): this rank's tokens, store, g and block states
-  TokenBlocks blocks_for(index_t T) const;
   TokenView my_windows(const TokenView& x) const;
   std::pair<index_t, index_t> my_window_range(index_t B) const;  // this replica's windows [b0, b1)
   // The memory levers (opts.low_memory()): the block-wise E3 on this rank's
@@ -71,13 +71,11 @@ class DistributedEngine final : public GradientEngine<S> {
   void forward_range(const ParamSet<S>& params, ActivationStore<S>& store, std::vector<View2<S>>& h_start);
   // The forward over the layer ranks: whole ranges, or token blocks in a pipeline.
   void forward(const ParamSet<S>& params, Pass& ps);
-  void forward_blocks(const ParamSet<S>& params, Pass& ps);
   // The backward modes of docs/design.md §2 (E4).
   void backward_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);     // sequence ranks (E3)
   void backward_window_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);  // ... with a window T̄
   void backward_detached(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);   // paper mode
   void backward_whole(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);      // g_k handed over once
-  void backward_wavefront(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);  // E3 exact, token blocks
   // Replica sums of the gradient and loss, the loss on every rank, stats.
   double finish(double loss, const ParamSet<S>& grad);
   template <class Fn>

@@ -54,6 +54,16 @@ index_t blockwise_block_length(const EngineOptions& opts, index_t T) {
   return len < T ? len : T;
 }
 
+index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks) {
+  if (opts.token_block > 0 || (opts.truncate > 0 && opts.truncate < T)) return blockwise_block_length(opts, T);
+  const index_t asked = blocks > 0 ? blocks : 4 * R;
+  const index_t want = asked < T ? asked : T;  // at most one token per block
+  const index_t C = opts.chunk < T ? opts.chunk : T;
+  index_t len = (T + want - 1) / want;
+  len = ((len + C - 1) / C) * C;  // whole chunks: the same chunk structure as one block
+  return len < T ? len : T;
+}
+
 template <class S>
 double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
@@ -106,6 +116,7 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
     for (int k = r.k0; k < r.k1; ++k) r.fw->start_from(k, (*state)[std::size_t(k - r.k0)], layer_.execution_space());
   r.act = LayerActivations<S>(SeqShape{r.Bt, blocks.len}, d, LayerActivations<S>::projections_only);
   forward(params, x, r);
+  if (links.before_backward) links.before_backward();
   const double loss = backward(params, x, r, grad);
   layer_.release();
   return loss;

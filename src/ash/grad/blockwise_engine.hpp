@@ -27,6 +27,9 @@ namespace ash {
 // Tokens per block for a window of T tokens: opts.token_block (0: 4096),
 // rounded up to whole E3 chunks; the whole window with a window T̄.
 index_t blockwise_block_length(const EngineOptions& opts, index_t T);
+// The same over R layer ranks (the MPI pipeline): grad.token_block when set,
+// else `blocks` blocks per window (0: 4 per layer rank), whole chunks each.
+index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks);
 
 // How a layer range meets the ranges before and after it, one token block j
 // at a time ([Bt·Tj, P] block rows). Empty functions: the range has the
@@ -35,6 +38,7 @@ template <class S>
 struct RangeLinks {
   std::function<void(index_t j, const View2<S>& y)> y_in, y_out;  // forward: receive y_{k0}, send y_{k1}
   std::function<void(index_t j, const View2<S>& g)> g_in, g_out;  // backward: receive g_{k1}, send g_{k0}
+  std::function<void()> before_backward;                           // a test seam: between the two passes
 };
 
 template <class S>

@@ -125,7 +125,10 @@ struct Planner {
   // The block-wise engine (a memory lever set): returns the plan's engine name.
   std::string blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
     const std::int64_t m = o.layer_checkpoint;
-    const std::int64_t blen = blockwise_block_length(o, Ti);
+    const bool multi = cfg.dist.layer_ranks > 1 || cfg.dist.seq_ranks > 1 || cfg.dist.data_ranks > 1;
+    const std::int64_t blen = multi ? pipeline_block_length(o, Ti, std::max<std::int64_t>(1, cfg.dist.layer_ranks),
+                                                            cfg.dist.pipeline_blocks)
+                                    : blockwise_block_length(o, Ti);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen);
     std::int64_t nkept = 0, nseg = 0;  // y_m, y_2m, ... <= y_K (and a rank's first input); inputs per segment
     segments(nkept, nseg);
@@ -230,7 +233,8 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
 
   Phases phases;
   Items persistent;  // engine memory held across the phases below
-  const bool blockwise = cfg.grad.exact_adjoint() && cfg.grad.low_memory();
+  // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
+  const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
   plan.engine = blockwise ? pl.blockwise(scalar_bytes, persistent, phases) : pl.whole_window(persistent, phases);
   Peak peak;
   for (const auto& ph : phases) peak.consider(ph.first, persistent, ph.second);
