@@ -274,14 +274,20 @@ template <class S>
 void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
                                           const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>* carry,
                                           const LayerParams<S>& grad) {
+  run(p, sb, y_blk, project_block(p, sb, y_blk), g_blk, h0, carry, grad);
+}
+
+template <class S>
+const LayerActivations<S>& AdjointExactLayer<S>::project_block(const LayerParams<S>& p, const SeqShape& sb,
+                                                               const View2<S>& y) {
   if (index_t(block_act_.yhat.extent(0)) != sb.rows()) {
     ModelDims d;
     d.width = p.W_delta.extent(0);
     d.state = p.W_B.extent(0);
     block_act_ = LayerActivations<S>(sb, d, LayerActivations<S>::projections_only);
   }
-  ssm_layer_project(p, y_blk, block_act_, this->exec_);
-  run(p, sb, y_blk, block_act_, g_blk, h0, carry, grad);
+  ssm_layer_project(p, y, block_act_, this->exec_);
+  return block_act_;
 }
 
 template <class S>
@@ -290,14 +296,7 @@ void AdjointExactLayer<S>::backward_window_range(const LayerParams<S>& p, const 
                                                  const LayerParams<S>& grad) {
   require(opts_.detach_inputs, "adjoint-exact: a window (--truncate) needs --detach-inputs");
   require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
-  if (index_t(block_act_.yhat.extent(0)) != s_ext.rows()) {
-    ModelDims d;
-    d.width = p.W_delta.extent(0);
-    d.state = p.W_B.extent(0);
-    block_act_ = LayerActivations<S>(s_ext, d, LayerActivations<S>::projections_only);
-  }
-  ssm_layer_project(p, y_ext, block_act_, this->exec_);
-  run(p, s_ext, y_ext, block_act_, g_ext, h0, nullptr, grad, own_T);
+  run(p, s_ext, y_ext, project_block(p, s_ext, y_ext), g_ext, h0, nullptr, grad, own_T);
 }
 
 template <class S>

@@ -47,6 +47,8 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
                              const LayerParams<S>& grad) override;
 
  private:
+  // block_act_ sized for sb and filled with y's projections.
+  const LayerActivations<S>& project_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y);
   // own_T > 0: only the first own_T tokens of each sequence contribute (the
   // rest is a halo the window reads); those waves past it are skipped.
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,
