@@ -13,7 +13,7 @@ PY="$1" SRC="$2" WORK="$3" CLI="$4"
 mkdir -p "$WORK"
 VENV="$WORK/venv"
 # The working tree's contents (edits not yet committed count too).
-hash=$(cd "$SRC" && git ls-files -z -- src cmake python CMakeLists.txt pyproject.toml 2>/dev/null |
+hash=$(cd "$SRC" && git ls-files -z -- src cmake python/src python/adjoint_sharding python/CMakeLists.txt CMakeLists.txt pyproject.toml 2>/dev/null |
        xargs -0 sha256sum | sha256sum | cut -c1-16)
 [ -n "$hash" ] || hash=nogit
 if [ "$(cat "$WORK/installed.hash" 2>/dev/null)" != "$hash" ] || ! "$VENV/bin/python" -c "import adjoint_sharding" 2>/dev/null; then
