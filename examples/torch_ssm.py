@@ -7,7 +7,7 @@ Then the same model, from the same initial weights on the same batches, in plain
 PyTorch autograd (the chunked scan of perf_tests/torch_baseline.py), and both
 losses and peak memory side by side (docs/python.md).
 
-    python examples/torch_ssm.py [--steps 60] [--T 2048] [--batch 2] [--width 64 --state 16 --layers 4]
+    python examples/torch_ssm.py [--steps 60] [--T 1024] [--batch 2] [--width 64 --state 16 --layers 4]
                                  [--text FILE] [--lr 3e-3] [--threads 2] [--no-baseline]
 
 Text: every fortune file of Debian's `fortunes` package (/usr/share/games/fortunes),
@@ -126,7 +126,7 @@ def train(name, model, batches, lr, log_every):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--state", type=int, default=16)
