@@ -2,6 +2,10 @@
 # The whole test suite from nothing: install, configure, build, ctest.
 # The JAX oracle's Python environment is created once and reused:
 #   ${ASH_VENV:-~/.cache/adjoint-sharding/venv} with pinned jax, h5py, numpy, matplotlib from PyPI.
+# So is the Python package's (docs/python.md, "Tests"):
+#   ${ASH_PY_VENV:-~/.cache/adjoint-sharding/pyvenv} with pinned numpy, h5py, pytest, nanobind,
+#   scikit-build-core and torch (PyPI's wheel, ~5.5 min and 5.4 GB once; ASH_PY_TORCH=0: no torch,
+#   the torch tests are skipped).
 set -euo pipefail
 ASH_VENV="${ASH_VENV:-$HOME/.cache/adjoint-sharding/venv}"
 if ! "$ASH_VENV/bin/python" -c "import jax, h5py, numpy" 2>/dev/null; then
@@ -22,7 +26,21 @@ if ! "$ASH_VENV/bin/python" -c "import matplotlib" 2>/dev/null; then
   echo "[setup] adding matplotlib to $ASH_VENV"
   "$ASH_VENV/bin/pip" install -q --disable-pip-version-check "matplotlib==3.10.8"
 fi
+ASH_PY_VENV="${ASH_PY_VENV:-$HOME/.cache/adjoint-sharding/pyvenv}"
+ASH_PY_PACKAGES=("numpy==2.4.6" "h5py==3.16.0" "pytest==9.2.0" "nanobind==3.1.0" "scikit-build-core==1.1.2")
+if ! "$ASH_PY_VENV/bin/python" -c "import numpy, h5py, pytest, nanobind, scikit_build_core" 2>/dev/null; then
+  echo "[setup] creating $ASH_PY_VENV (numpy, h5py, pytest, nanobind, scikit-build-core)"
+  rm -rf "$ASH_PY_VENV"
+  python3 -m venv "$ASH_PY_VENV"
+  "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check "${ASH_PY_PACKAGES[@]}"
+fi
+if [ "${ASH_PY_TORCH:-1}" != 0 ] && ! "$ASH_PY_VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "[setup] adding torch to $ASH_PY_VENV (PyPI's wheel: several minutes, once)"
+  "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check "torch==2.15.0" || \
+    echo "[setup] torch could not be installed: the torch tests will be skipped" >&2
+fi
 export ASH_CMAKE_ARGS="${ASH_CMAKE_ARGS:-} -DASH_ORACLE_PYTHON=$ASH_VENV/bin/python"
+export ASH_CMAKE_ARGS="$ASH_CMAKE_ARGS -DASH_ENABLE_PYTHON=ON -DPython_EXECUTABLE=$ASH_PY_VENV/bin/python"
 source "$(dirname "${BASH_SOURCE[0]}")/../cmake/setup.sh"
 cd "$ASH_BUILD_DIR"
 ctest --output-on-failure -j "$(nproc)" --timeout 1200

@@ -15,6 +15,7 @@
 #include "ash/grad/engine.hpp"
 #include "ash/grad/layer_adjoint.hpp"
 #include "ash/grad/blockwise_engine.hpp"
+#include "ash/grad/stack_adjoint.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
 #include "ash/io/run_lock.hpp"

@@ -22,7 +22,11 @@ struct BlockwiseEngine<S>::Range {
   std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
   std::unique_ptr<BlockwiseForward<S>> fw;
   LayerActivations<S> act;
+  bool input_again = false;  // the range's input y_{k0} comes again from links->y_in in the backward
   int top() const { return last ? K : k1 - 1; }  // the highest layer input the range holds (y_K: the head's)
+  // Whether segment start y_c is kept in the forward: not when it is recomputed
+  // (the embedding's y_0) or read again (an input the caller holds).
+  bool keeps(int c) const { return !(c == 0 && first) && !(c == k0 && !first && input_again); }
   int end_of(std::size_t i) const { return i + 1 < starts.size() ? starts[i + 1] - 1 : top(); }
   const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
 };
@@ -92,6 +96,7 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   r.targets = targets;
   r.links = &links;
   r.state = state;
+  r.input_again = !r.first && links.y_in_again;
   require((r.first || (links.y_in && links.g_out)) && (r.last || (links.y_out && links.g_in)),
           "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
   const index_t P = d.width, N = d.state;
@@ -108,7 +113,7 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   for (index_t c = index_t(r.k0) + m; c <= index_t(r.top()); c += m) r.starts.push_back(int(c));
   r.kept.resize(std::size_t(r.K - r.k0 + 1));
   for (const int c : r.starts)
-    if (c > 0) r.kept[std::size_t(c - r.k0)] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, r.Bt * r.T, P);
+    if (r.keeps(c)) r.kept[std::size_t(c - r.k0)] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, r.Bt * r.T, P);
   grad.fill_zero();
   // The state before each (layer, block); block 0's is the carried state (or zero).
   r.fw = std::make_unique<BlockwiseForward<S>>(d, r.k0, r.k1, r.Bt, blocks, true);
@@ -136,7 +141,7 @@ void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, 
       embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
     else
       r.links->y_in(j, y);
-    if (r.k0 > 0) r.kept_input(r.k0).put(y, r.T, blk.start(j), blk.size(j), exec);
+    if (r.keeps(r.k0)) r.kept_input(r.k0).put(y, r.T, blk.start(j), blk.size(j), exec);
     const auto act_j = first_rows(r.act, rows);
     for (int k = r.k0; k < r.k1; ++k) {
       const View2<S> h = r.fw->advance(params.layer(k), k, j, y, act_j, yo, exec);
@@ -172,8 +177,10 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
     for (std::size_t i = r.starts.size(); i-- > 0;) {
       const int c = r.starts[i], e = r.end_of(i);  // the segment's inputs: y_c .. y_e
       const View2<S> y0 = first_rows(yseg[0], rows);
-      if (c == 0)
+      if (c == 0 && r.first)
         embedding_forward(params.global().embedding, xb, y0, exec);
+      else if (c == r.k0 && r.input_again)
+        r.links->y_in(j, y0);
       else
         r.kept_input(c).get(y0, r.T, t0, Tj, exec);
       for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw

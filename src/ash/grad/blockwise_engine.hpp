@@ -39,6 +39,11 @@ struct RangeLinks {
   std::function<void(index_t j, const View2<S>& y)> y_in, y_out;  // forward: receive y_{k0}, send y_{k1}
   std::function<void(index_t j, const View2<S>& g)> g_in, g_out;  // backward: receive g_{k1}, send g_{k0}
   std::function<void()> before_backward;                           // a test seam: between the two passes
+  // True when y_in may be called again for the same block in the backward
+  // (the caller holds the range's input: a stack of layers alone,
+  // grad/stack_adjoint.hpp); false (a pipeline receiving from a rank): the
+  // range keeps its input in the storage format.
+  bool y_in_again = false;
 };
 
 template <class S>

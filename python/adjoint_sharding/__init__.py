@@ -1,0 +1,162 @@
+"""adjoint_sharding: exact O(T)-memory adjoint gradients for residual SSM language models.
+
+The Python face of the C++ library (docs/python.md). Functions here take a
+checkpoint path and token arrays and return numpy arrays; the PyTorch module
+of the K layers is adjoint_sharding.torch.SSMStack.
+
+    import numpy as np, adjoint_sharding as ash
+    loss, grads = ash.grad("model.h5", np.frombuffer(b"hello world" * 20, np.uint8), seq_len=64)
+    grads["layers/000/W_delta"].shape   # (P, P)
+
+Errors are adjoint_sharding.Error (a ValueError) with the `ash` tool's one-line messages.
+"""
+import json as _json
+
+import numpy as _np
+
+from . import _core
+from ._core import Error
+
+__all__ = ["Error", "grad", "load", "save", "init", "evaluate", "train", "generate", "plan", "default_config",
+           "backend"]
+
+backend = _core.backend  # the Kokkos execution space the library was built for ("Serial", "OpenMP", ...)
+
+
+def _tokens(tokens, what="tokens"):
+    """A 1-D integer (or bytes) array as contiguous uint32, checked."""
+    if isinstance(tokens, (bytes, bytearray, memoryview)):
+        tokens = _np.frombuffer(tokens, dtype=_np.uint8)
+    a = _np.asarray(tokens)
+    if a.ndim != 1:
+        raise Error(f"{what} must be a 1-D array of token ids, got {a.ndim} dimensions {tuple(a.shape)}")
+    if a.dtype.kind not in "iu":
+        raise Error(f"{what} must hold integers (int or uint8..uint64), got dtype {a.dtype}")
+    if a.size and a.dtype.kind == "i" and int(a.min()) < 0:
+        raise Error(f"{what} holds a negative id ({int(a.min())})")
+    if a.size and int(a.max()) > 0xFFFFFFFF:
+        raise Error(f"{what} holds an id >= 2^32 ({int(a.max())})")
+    return _np.ascontiguousarray(a, dtype=_np.uint32)
+
+
+def _precision(p):
+    if p is None:
+        return ""
+    if p in ("float", "float32", _np.float32):
+        return "float"
+    if p in ("double", "float64", _np.float64):
+        return "double"
+    raise Error(f"precision must be None, 'float' or 'double', got {p!r}")
+
+
+def _config_json(config):
+    if isinstance(config, str):
+        return config
+    return _json.dumps(config)
+
+
+def grad(checkpoint_path, tokens, *, seq_len, batch=1, engine="adjoint-exact", truncate=0, detach_inputs=False,
+         precision=None, storage=None, layer_checkpoint=None, token_block=None, set=()):
+    """(loss, grads): what `ash grad` computes for the first `batch` windows of `seq_len` tokens.
+
+    tokens: 1-D integer or uint8 array (or bytes). grads: dict keyed by the gradient
+    file's paths under /grad ("embedding", "final_norm", "head", "layers/000/W_delta", ...)
+    with numpy arrays in the compute precision (precision=None: the checkpoint's).
+    storage ("float", "bf16", "fp16"; run.storage), layer_checkpoint (grad.layer_checkpoint)
+    and token_block (grad.token_block) are the memory levers of docs/design.md §8 (None: the
+    checkpoint's configuration); `set` is a list of "key=value" like `ash grad --set`.
+    """
+    o = _core.GradOptions()
+    o.seq_len = int(seq_len)
+    o.batch = int(batch)
+    o.engine = str(engine)
+    o.truncate = int(truncate)
+    o.detach_inputs = bool(detach_inputs)
+    o.storage = "" if storage is None else str(storage)
+    o.layer_checkpoint = -1 if layer_checkpoint is None else int(layer_checkpoint)
+    o.token_block = -1 if token_block is None else int(token_block)
+    o.sets = [str(s) for s in set]
+    return _core.grad(str(checkpoint_path), _tokens(tokens), o, _precision(precision))
+
+
+class Checkpoint(dict):
+    """A loaded checkpoint: a dict name -> numpy array (the /params paths), plus
+    .config (dict), .precision ("float" or "double") and .step."""
+
+    def __init__(self, params, config, precision, step=0):
+        super().__init__(params)
+        self.config = config
+        self.precision = precision
+        self.step = step
+
+
+def load(path):
+    """Reads a checkpoint (docs/file_format.md): a Checkpoint (dict of numpy arrays)."""
+    d = _core.load(str(path))
+    return Checkpoint(d["params"], _json.loads(d["config"]), d["precision"], d["step"])
+
+
+def save(path, params, config=None, precision=None, step=0):
+    """Writes a checkpoint that `ash` reads. params: dict name -> array (every tensor of the
+    model; a Checkpoint keeps its own config and precision unless given)."""
+    if config is None:
+        config = getattr(params, "config", None)
+    if config is None:
+        raise Error("save: no config (pass config=, or a Checkpoint from load())")
+    precision = _precision(precision or getattr(params, "precision", None)) or "float"
+    dt = _np.float32 if precision == "float" else _np.float64
+    arrays = {k: _np.ascontiguousarray(v, dtype=dt) for k, v in dict(params).items()}
+    _core.save(str(path), _config_json(config), arrays, precision, int(step))
+
+
+def default_config():
+    """Every configuration key with its default (docs/design.md §4), as a dict."""
+    return _json.loads(_core.default_config())
+
+
+def init(config, precision="float"):
+    """A fresh model as `ash init` makes it (seeded by model.seed): a Checkpoint, not written."""
+    cfg = config if isinstance(config, dict) else _json.loads(config)
+    full = default_config()
+    for sec, vals in cfg.items():
+        if isinstance(vals, dict) and isinstance(full.get(sec), dict):
+            full[sec].update(vals)
+        else:
+            full[sec] = vals
+    precision = _precision(precision) or "float"
+    return Checkpoint(_core.init_params(_config_json(cfg), precision), full, precision, 0)
+
+
+def evaluate(checkpoint_path, tokens, *, seq_len, batch=1, precision=None):
+    """Forward-only loss over consecutive windows of `tokens` (`ash eval`): a dict with
+    loss (nats/token), bits_per_token and targets."""
+    nats, bits, n = _core.evaluate(str(checkpoint_path), _tokens(tokens), int(seq_len), int(batch),
+                                   _precision(precision))
+    return {"loss": nats, "bits_per_token": bits, "targets": n}
+
+
+def train(config, progress=None, *, resume=None, until=0):
+    """`ash train` with a configuration dict (or JSON text): progress(line) is called with each
+    progress line the tool would print. Returns a summary dict (last_loss, val_bits,
+    checkpoint, peak_bytes, ...)."""
+    return _core.train(_config_json(config), progress, "" if resume is None else str(resume), int(until))
+
+
+def generate(checkpoint_path, prompt, n, *, temperature=1.0, seed=0):
+    """Samples n tokens after prompt (bytes, str or token ids), as `ash generate`: bytes for a byte
+    vocabulary (V <= 256) when prompt is bytes or str, else a numpy array of ids."""
+    as_text = isinstance(prompt, (str, bytes, bytearray))
+    if isinstance(prompt, str):
+        prompt = prompt.encode()
+    ids = _tokens(prompt, "prompt")
+    out = _np.asarray(_core.generate(str(checkpoint_path), ids, int(n), float(temperature), int(seed)),
+                      dtype=_np.uint32)
+    if as_text and (out.size == 0 or int(out.max()) < 256):
+        return bytes(out.astype(_np.uint8))
+    return out
+
+
+def plan(config, workload="train", precision=None):
+    """The memory planner (`ash plan`): dict with items (bytes per component), total, capacity
+    of this machine's memory space, engine, phase and the printed table."""
+    return _core.plan(_config_json(config), str(workload), _precision(precision))

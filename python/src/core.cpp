@@ -1,0 +1,499 @@
+// adjoint_sharding._core: the library's Python binding (nanobind). Stateless
+// functions: parameters cross as dicts of numpy arrays (copied into a
+// ParamSet per call: O(parameters)); the per-token arrays of the layer stack
+// (y_0, y_K, g: O(B·T·P)) cross without copies, as views of the caller's
+// buffer (numpy through the buffer protocol, torch through DLPack).
+// No Kokkos object outlives a call, so Kokkos can be finalised at exit
+// (docs/python.md).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ash/ash.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, ash::MemSpace>::accessible,
+              "the Python binding needs a host-accessible Kokkos memory space (Serial, OpenMP, Threads)");
+
+bool g_we_initialized = false;
+
+bool kokkos_finalized() {
+#if KOKKOS_VERSION >= 30700
+  return Kokkos::is_finalized();
+#else
+  return false;  // Kokkos 3.4-3.6 cannot say; this module finalises only what it started, once
+#endif
+}
+
+void finalize_kokkos() {
+  if (g_we_initialized && Kokkos::is_initialized() && !kokkos_finalized()) Kokkos::finalize();
+  g_we_initialized = false;
+}
+
+template <class S>
+using Array = nb::ndarray<nb::numpy, S>;
+
+// A numpy array (owned by Python) holding a copy of `n` values at src with `shape`.
+template <class S>
+nb::object to_numpy(const S* src, const std::vector<std::int64_t>& shape) {
+  std::size_t n = 1;
+  std::vector<std::size_t> sh;
+  for (auto d : shape) {
+    n *= std::size_t(d);
+    sh.push_back(std::size_t(d));
+  }
+  S* buf = new S[n > 0 ? n : 1];
+  if (n) std::memcpy(buf, src, n * sizeof(S));
+  nb::capsule owner(buf, [](void* p) noexcept { delete[] static_cast<S*>(p); });
+  return nb::cast(Array<S>(buf, sh.size(), sh.data(), owner));
+}
+
+template <class S>
+nb::dict paramset_to_dict(const ash::ParamSet<S>& ps) {
+  nb::dict out;
+  Kokkos::fence();
+  for (const auto& t : ps.tensors()) out[t.name.c_str()] = to_numpy<S>(ps.data().data() + t.offset, t.shape);
+  return out;
+}
+
+// Copies every tensor of ps's layout from `params` (a mapping name -> array of
+// that shape; any float dtype, converted by numpy on the Python side).
+template <class S>
+void dict_to_paramset(const nb::dict& params, const ash::ParamSet<S>& ps) {
+  for (const auto& t : ps.tensors()) {
+    ash::require(params.contains(t.name.c_str()), "parameter '" + t.name + "' is missing");
+    nb::ndarray<S, nb::c_contig, nb::device::cpu> a;
+    ash::require(nb::try_cast(params[t.name.c_str()], a),
+                 "parameter '" + t.name + "' must be a C-contiguous " + (sizeof(S) == 8 ? "float64" : "float32") +
+                     " CPU array");
+    std::string want = "[", got = "[";
+    bool same = a.ndim() == t.shape.size();
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      want += (i ? ", " : "") + std::to_string(t.shape[i]);
+      if (same && std::int64_t(a.shape(i)) != t.shape[i]) same = false;
+    }
+    for (std::size_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+    ash::require(same, "parameter '" + t.name + "' has shape " + got + "], expected " + want + "]");
+    if (t.size()) std::memcpy(ps.data().data() + t.offset, a.data(), std::size_t(t.size()) * sizeof(S));
+  }
+}
+
+using Ids = nb::ndarray<const std::uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+std::vector<std::uint32_t> ids_of(const Ids& a) { return std::vector<std::uint32_t>(a.data(), a.data() + a.shape(0)); }
+
+ash::Config checkpoint_config(const std::string& path) {
+  ash::Config cfg = ash::inspect_checkpoint(path).config;
+  cfg.reset_section("dist");
+  return cfg;
+}
+
+// Keyword options of grad(): the same keys `ash grad` sets.
+struct GradOptions {
+  std::int64_t seq_len = 0, batch = 1;
+  std::string engine = "adjoint-exact";
+  std::int64_t truncate = 0;
+  bool detach_inputs = false;
+  std::string storage;                // "" : the checkpoint's run.storage
+  std::int64_t layer_checkpoint = -1; // -1: the checkpoint's
+  std::int64_t token_block = -1;
+  std::vector<std::string> sets;      // extra key=value assignments (--set)
+};
+
+template <class S>
+std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector<std::uint32_t>& tokens,
+                                      const ash::Config& cfg, std::size_t) {
+  const ash::Settings st = cfg.settings();
+  ash::check_memory(st, ash::Workload::grad, sizeof(S), 0);
+  const auto T = st.data.seq_len, B = st.data.batch;
+  const auto x = ash::make_windows(tokens, B, T, st.model.vocab);
+  const auto params = ash::load_checkpoint<S>(ckpt);
+  ash::ParamSet<S> grad(st.model);
+  auto engine = ash::make_engine<S>(st.grad);
+  double loss;
+  {
+    nb::gil_scoped_release nogil;
+    loss = engine->compute(params, x, grad);
+    Kokkos::fence();
+  }
+  ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
+  return {loss, paramset_to_dict(grad)};
+}
+
+std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens,
+                                 const GradOptions& o, const std::string& precision) {
+  ash::Config cfg = checkpoint_config(ckpt);
+  const ash::ModelDims stored = cfg.model();
+  cfg.set_all(o.sets);
+  ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
+  cfg.merge(nlohmann::json{{"grad", {{"engine", o.engine}}}}, "--engine");
+  cfg.set("data.seq_len=" + std::to_string(o.seq_len));
+  cfg.set("data.batch=" + std::to_string(o.batch));
+  cfg.set("grad.truncate=" + std::to_string(o.truncate));
+  if (o.detach_inputs) cfg.set("grad.detach_inputs=true");
+  if (!o.storage.empty()) cfg.set("run.storage=" + o.storage);
+  if (o.layer_checkpoint >= 0) cfg.set("grad.layer_checkpoint=" + std::to_string(o.layer_checkpoint));
+  if (o.token_block >= 0) cfg.set("grad.token_block=" + std::to_string(o.token_block));
+  const std::string prec = precision.empty() ? ash::inspect_checkpoint(ckpt).precision : precision;
+  ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
+  return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg, 4) : grad_impl<double>(ckpt, ids_of(tokens), cfg, 8);
+}
+
+// {config (JSON text), precision, step, data_cursor, params}
+nb::dict load(const std::string& path) {
+  ash::CheckpointInfo info = ash::inspect_checkpoint(path);
+  nb::dict out;
+  out["config"] = info.config.json().dump();
+  out["precision"] = info.precision;
+  out["step"] = info.step;
+  out["data_cursor"] = info.data_cursor;
+  if (info.precision == "float")
+    out["params"] = paramset_to_dict(ash::load_checkpoint<float>(path));
+  else
+    out["params"] = paramset_to_dict(ash::load_checkpoint<double>(path));
+  return out;
+}
+
+template <class S>
+void save_impl(const std::string& path, const ash::Config& cfg, const nb::dict& params, std::int64_t step) {
+  ash::ParamSet<S> ps(cfg.model());
+  dict_to_paramset(params, ps);
+  ash::save_checkpoint(path, cfg, ps, step);
+}
+
+void save(const std::string& path, const std::string& config_json, const nb::dict& params,
+          const std::string& precision, std::int64_t step) {
+  ash::Config cfg;
+  cfg.merge(nlohmann::json::parse(config_json), "config");
+  cfg.validate();
+  ash::require(precision == "float" || precision == "double",
+               "precision must be 'float' or 'double', got '" + precision + "'");
+  if (precision == "float")
+    save_impl<float>(path, cfg, params, step);
+  else
+    save_impl<double>(path, cfg, params, step);
+}
+
+ash::Config config_from(const std::string& config_json) {
+  ash::Config cfg;
+  cfg.merge(nlohmann::json::parse(config_json), "config");
+  cfg.validate();
+  return cfg;
+}
+
+nb::dict init_params(const std::string& config_json, const std::string& precision) {
+  const ash::Config cfg = config_from(config_json);
+  ash::require(precision == "float" || precision == "double",
+               "precision must be 'float' or 'double', got '" + precision + "'");
+  if (precision == "float") {
+    ash::ParamSet<float> ps(cfg.model());
+    ash::initialize(ps, cfg.model().seed);
+    return paramset_to_dict(ps);
+  }
+  ash::ParamSet<double> ps(cfg.model());
+  ash::initialize(ps, cfg.model().seed);
+  return paramset_to_dict(ps);
+}
+
+// Loss over consecutive windows of a token array (`ash eval`): (nats/token, bits/token, targets).
+template <class S>
+std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, const std::vector<std::uint32_t>& ids,
+                                                       std::int64_t T, std::int64_t B, const ash::Config& cfg) {
+  const auto params = ash::load_checkpoint<S>(ckpt);
+  ash::require(ids.size() >= 2, "the token array has " + std::to_string(ids.size()) + " token(s): nothing to predict");
+  ash::EvalTotals tot;
+  {
+    nb::gil_scoped_release nogil;
+    tot = ash::evaluate_windows(params, ids, T, B, cfg.settings().grad.head_chunk);
+  }
+  return {tot.nats / double(tot.targets), tot.bits_per_token(), std::int64_t(tot.targets)};
+}
+
+std::tuple<double, double, std::int64_t> evaluate(const std::string& ckpt, const Ids& tokens,
+                                                  std::int64_t seq_len, std::int64_t batch,
+                                                  const std::string& precision) {
+  ash::Config cfg = checkpoint_config(ckpt);
+  cfg.set("data.seq_len=" + std::to_string(seq_len));
+  cfg.set("data.batch=" + std::to_string(batch));
+  cfg.validate();
+  const std::string prec = precision.empty() ? ash::inspect_checkpoint(ckpt).precision : precision;
+  ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
+  const auto ids = ids_of(tokens);
+  return prec == "float" ? evaluate_impl<float>(ckpt, ids, seq_len, batch, cfg)
+                         : evaluate_impl<double>(ckpt, ids, seq_len, batch, cfg);
+}
+
+// A FILE* whose lines go to a Python callable (train's progress).
+struct LineSink {
+  nb::object callback;
+  std::string pending;
+  bool failed = false;
+  std::optional<nb::python_error> error;  // the callback's exception, re-raised after train
+};
+
+ssize_t sink_write(void* cookie, const char* buf, size_t size) {
+  auto* s = static_cast<LineSink*>(cookie);
+  s->pending.append(buf, size);
+  std::size_t nl;
+  while ((nl = s->pending.find('\n')) != std::string::npos) {
+    const std::string line = s->pending.substr(0, nl);
+    s->pending.erase(0, nl + 1);
+    if (s->failed || !s->callback.is_valid() || s->callback.is_none()) continue;
+    nb::gil_scoped_acquire gil;
+    try {
+      s->callback(line);
+    } catch (nb::python_error& e) {
+      s->failed = true;
+      s->error.emplace(e);
+    }
+  }
+  return ssize_t(size);
+}
+
+nb::dict train(const std::string& config_json, nb::object progress, const std::string& resume, std::int64_t until) {
+  ash::Config cfg = config_from(config_json);
+  if (!resume.empty()) {
+    ash::Config merged = ash::inspect_checkpoint(resume).config;
+    merged.reset_section("dist");
+    merged.merge(nlohmann::json::parse(config_json), "config");
+    merged.validate();
+    cfg = merged;
+  }
+  ash::check_memory(cfg, ash::Workload::train, cfg.settings().run.scalar_bytes(), 0);
+  LineSink sink{progress};
+  cookie_io_functions_t fns{nullptr, sink_write, nullptr, nullptr};
+  std::FILE* log = fopencookie(&sink, "w", fns);
+  ash::require(log != nullptr, "train: cannot open the progress stream");
+  std::setvbuf(log, nullptr, _IOLBF, 0);
+  ash::TrainSummary s;
+  try {
+    nb::gil_scoped_release nogil;
+    s = ash::train(cfg, resume, log, until);
+  } catch (...) {
+    std::fclose(log);
+    throw;
+  }
+  std::fclose(log);
+  if (sink.error) throw nb::python_error(*sink.error);
+  nb::dict out;
+  out["first_step"] = s.first_step;
+  out["last_step"] = s.last_step;
+  out["last_loss"] = s.last_loss;
+  out["val_loss"] = s.val_loss;
+  out["val_bits"] = s.val_bits;
+  out["uniform_bits"] = s.uniform_bits;
+  out["unigram_bits"] = s.unigram_bits;
+  out["checkpoint"] = s.checkpoint;
+  out["peak_bytes"] = s.peak_bytes;
+  out["signal"] = s.signal;
+  return out;
+}
+
+std::vector<std::uint32_t> generate(const std::string& ckpt, const Ids& prompt_ids, std::int64_t n,
+                                    double temperature, std::uint64_t seed) {
+  const auto prompt = ids_of(prompt_ids);
+  ash::require(!prompt.empty(), "--prompt must not be empty");
+  ash::require(n >= 0, "--tokens must be >= 0");
+  ash::require(std::isfinite(temperature) && temperature >= 0,
+               "--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
+  ash::CheckpointInfo info;
+  const auto params = ash::load_checkpoint<double>(ckpt, &info);
+  for (auto v : prompt)
+    ash::require(std::int64_t(v) < info.dims.vocab,
+                 "prompt token " + std::to_string(v) + " >= vocab " + std::to_string(info.dims.vocab));
+  std::vector<std::uint32_t> out;
+  nb::gil_scoped_release nogil;
+  ash::Generator<double> gen(params);
+  gen.feed(prompt);
+  std::mt19937_64 rng(seed);
+  for (std::int64_t i = 0; i < n; ++i) out.push_back(gen.sample(temperature, rng));
+  return out;
+}
+
+nb::dict plan(const std::string& config_json, const std::string& workload, const std::string& precision) {
+  const ash::Config cfg = config_from(config_json);
+  ash::require(workload == "train" || workload == "grad", "workload must be 'train' or 'grad', got '" + workload + "'");
+  const std::string prec = precision.empty() ? cfg.settings().run.precision() : precision;
+  ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
+  const auto p = ash::plan_memory(cfg.settings(), workload == "train" ? ash::Workload::train : ash::Workload::grad,
+                                  prec == "double" ? 8 : 4);
+  nb::dict items;
+  for (const auto& it : p.items) items[it.name.c_str()] = it.bytes;
+  const auto cap = ash::memory_space_capacity();
+  nb::dict out;
+  out["engine"] = p.engine;
+  out["phase"] = p.phase;
+  out["items"] = items;
+  out["total"] = p.total();
+  out["capacity"] = cap.bytes;
+  out["capacity_what"] = cap.what;
+  out["table"] = p.table("  ");
+  return out;
+}
+
+// ---- the layer stack (StackAdjoint) ---------------------------------------
+
+struct StackOptions {
+  std::int64_t vocab = 256, width = 0, state = 0, layers = 0;
+  bool detach_inputs = false;
+  std::int64_t truncate = 0, chunk = 64, layer_checkpoint = 1, token_block = 0;
+  std::string storage = "float";
+};
+
+ash::ModelDims stack_dims(const StackOptions& o) {
+  ash::ModelDims d;
+  d.vocab = o.vocab;
+  d.width = o.width;
+  d.state = o.state;
+  d.layers = o.layers;
+  return d;
+}
+
+ash::EngineOptions stack_engine(const StackOptions& o, std::int64_t T) {
+  // Through Config, so that every option is checked as `ash grad` checks it.
+  ash::Config cfg;
+  cfg.set("model.width=" + std::to_string(o.width));
+  cfg.set("model.state=" + std::to_string(o.state));
+  cfg.set("model.layers=" + std::to_string(o.layers));
+  cfg.set("data.seq_len=" + std::to_string(T < 2 ? 2 : T));
+  cfg.set("data.batch=1");
+  cfg.set("grad.engine=adjoint-exact");
+  cfg.set("grad.truncate=" + std::to_string(o.truncate));
+  cfg.set("grad.chunk=" + std::to_string(o.chunk));
+  cfg.set(std::string("grad.detach_inputs=") + (o.detach_inputs ? "true" : "false"));
+  cfg.set("grad.layer_checkpoint=" + std::to_string(o.layer_checkpoint));
+  cfg.set("grad.token_block=" + std::to_string(o.token_block));
+  cfg.set("run.storage=" + o.storage);
+  return cfg.settings().grad;
+}
+
+template <class S>
+using Tensor3 = nb::ndarray<S, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+
+template <class S>
+ash::View2<S> rows_view(const Tensor3<S>& a) {
+  return ash::View2<S>(const_cast<S*>(a.data()), a.shape(0) * a.shape(1), a.shape(2));
+}
+
+template <class S>
+void check_shape(const Tensor3<S>& a, const char* what, std::size_t B, std::size_t T, std::size_t P) {
+  ash::require(a.shape(0) == B && a.shape(1) == T && a.shape(2) == P,
+               std::string(what) + " has shape [" + std::to_string(a.shape(0)) + ", " + std::to_string(a.shape(1)) +
+                   ", " + std::to_string(a.shape(2)) + "], expected [" + std::to_string(B) + ", " +
+                   std::to_string(T) + ", " + std::to_string(P) + "]");
+}
+
+template <class S>
+void stack_forward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> yK) {
+  const auto d = stack_dims(o);
+  ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
+                                                         ", expected the width P = " + std::to_string(d.width));
+  check_shape(yK, "yK", y0.shape(0), y0.shape(1), y0.shape(2));
+  ash::require(y0.data() != yK.data(), "yK must not be y0");
+  const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
+  ash::StackAdjoint<S> stack(stack_engine(o, s.T));
+  ash::ParamSet<S> ps(d, ash::StackAdjoint<S>::range(d));
+  dict_to_paramset(params, ps);
+  nb::gil_scoped_release nogil;
+  stack.forward(ps, s, rows_view(y0), rows_view(yK));
+  Kokkos::fence();
+}
+
+template <class S>
+nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> g) {
+  const auto d = stack_dims(o);
+  ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
+                                                         ", expected the width P = " + std::to_string(d.width));
+  check_shape(g, "g", y0.shape(0), y0.shape(1), y0.shape(2));
+  ash::require(y0.data() != g.data(), "g must not be y0");
+  const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
+  ash::StackAdjoint<S> stack(stack_engine(o, s.T));
+  ash::ParamSet<S> ps(d, ash::StackAdjoint<S>::range(d));
+  dict_to_paramset(params, ps);
+  ash::ParamSet<S> grad(d, ash::StackAdjoint<S>::range(d));
+  {
+    nb::gil_scoped_release nogil;
+    stack.backward(ps, s, rows_view(y0), rows_view(g), grad);
+    Kokkos::fence();
+  }
+  return paramset_to_dict(grad);
+}
+
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> stack_layout(const StackOptions& o) {
+  const auto d = stack_dims(o);
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
+  for (const auto& t : ash::param_layout(d, ash::StackAdjoint<double>::range(d))) out.push_back({t.name, t.shape});
+  return out;
+}
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "AdjointSharding's C++ library (docs/python.md); use the adjoint_sharding package, not this module.";
+  // Kokkos once per process: a second import of the package (or another
+  // extension that started Kokkos) finds it running and leaves it alone.
+  if (!Kokkos::is_initialized() && !kokkos_finalized()) {
+    Kokkos::initialize();
+    g_we_initialized = true;
+    ash::MemoryTracker::install();
+  }
+  nb::module_::import_("atexit").attr("register")(nb::cpp_function(&finalize_kokkos));
+  // Objects a torch module keeps until interpreter shutdown are not leaks worth a warning.
+  nb::set_leak_warnings(false);
+  m.attr("backend") = ash::ExecSpace::name();
+  nb::exception<ash::Error>(m, "Error", PyExc_ValueError);
+
+  nb::class_<GradOptions>(m, "GradOptions")
+      .def(nb::init<>())
+      .def_rw("seq_len", &GradOptions::seq_len)
+      .def_rw("batch", &GradOptions::batch)
+      .def_rw("engine", &GradOptions::engine)
+      .def_rw("truncate", &GradOptions::truncate)
+      .def_rw("detach_inputs", &GradOptions::detach_inputs)
+      .def_rw("storage", &GradOptions::storage)
+      .def_rw("layer_checkpoint", &GradOptions::layer_checkpoint)
+      .def_rw("token_block", &GradOptions::token_block)
+      .def_rw("sets", &GradOptions::sets);
+  nb::class_<StackOptions>(m, "StackOptions")
+      .def(nb::init<>())
+      .def_rw("vocab", &StackOptions::vocab)
+      .def_rw("width", &StackOptions::width)
+      .def_rw("state", &StackOptions::state)
+      .def_rw("layers", &StackOptions::layers)
+      .def_rw("detach_inputs", &StackOptions::detach_inputs)
+      .def_rw("truncate", &StackOptions::truncate)
+      .def_rw("chunk", &StackOptions::chunk)
+      .def_rw("layer_checkpoint", &StackOptions::layer_checkpoint)
+      .def_rw("token_block", &StackOptions::token_block)
+      .def_rw("storage", &StackOptions::storage);
+
+  m.def("grad", &grad, "checkpoint"_a, "tokens"_a, "options"_a, "precision"_a);
+  m.def("load", &load, "path"_a);
+  m.def("save", &save, "path"_a, "config_json"_a, "params"_a, "precision"_a, "step"_a);
+  m.def("init_params", &init_params, "config_json"_a, "precision"_a);
+  m.def("evaluate", &evaluate, "checkpoint"_a, "tokens"_a, "seq_len"_a, "batch"_a, "precision"_a);
+  m.def("train", &train, "config_json"_a, "progress"_a.none(), "resume"_a, "until"_a);
+  m.def("generate", &generate, "checkpoint"_a, "prompt"_a, "n"_a, "temperature"_a, "seed"_a);
+  m.def("plan", &plan, "config_json"_a, "workload"_a, "precision"_a);
+  m.def("default_config", []() { return ash::Config::defaults().dump(); });
+  m.def("stack_layout", &stack_layout, "options"_a);
+  m.def("stack_forward", &stack_forward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert());
+  m.def("stack_forward", &stack_forward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert());
+  m.def("stack_backward", &stack_backward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert());
+  m.def("stack_backward", &stack_backward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert());
+}
