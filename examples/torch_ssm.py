@@ -87,23 +87,9 @@ def plain_model(ash_model, vocab, chunk):
     return m
 
 
-def saved_bytes(model, x):
-    storages = {}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(x)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return sum(storages.values())
-
-
 def train(name, model, batches, lr, log_every):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
-    saved = saved_bytes(model, batches[0])
+    saved = tb.saved_tensor_bytes(model, batches[0])
     base = vm_kib("VmRSS")
     per_run = reset_hwm()
     losses, t0 = [], time.perf_counter()
