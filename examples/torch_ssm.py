@@ -50,15 +50,6 @@ def vm_kib(field):
     return 0
 
 
-def reset_hwm():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 class AshModel(torch.nn.Module):
     def __init__(self, stack, vocab):
         super().__init__()
@@ -91,7 +82,7 @@ def train(name, model, batches, lr, log_every):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     saved = tb.saved_tensor_bytes(model, batches[0])
     base = vm_kib("VmRSS")
-    per_run = reset_hwm()
+    per_run = tb.reset_rss_peak()
     losses, t0 = [], time.perf_counter()
     for step, x in enumerate(batches):
         opt.zero_grad(set_to_none=True)

@@ -41,7 +41,7 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
           "(layer and data ranks); not with sequence ranks yet");
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set).
-  if (opts.exact_adjoint() && grid.layout().S == 1) levers_ = std::make_unique<BlockwiseEngine<S>>(opts);
+  if (opts.exact_adjoint() && grid.layout().S == 1) block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
   require(grid.layout().S == 1 || opts.exact_adjoint(),
           "dist.seq_ranks > 1 runs adjoint-exact (exact, --detach-inputs, or a window T-bar with --detach-inputs): "
           "E1 and E2 keep whole windows");
@@ -54,7 +54,7 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
 
 template <class S>
 void DistributedEngine<S>::set_carried_state(std::vector<View2<S>>* state) {
-  require(state == nullptr || levers_ != nullptr,
+  require(state == nullptr || block_pass_ != nullptr,
           name() + ": this engine does not carry state across windows (data.carry_state selects the block-wise one)");
   carried_ = state;
 }
@@ -62,7 +62,7 @@ void DistributedEngine<S>::set_carried_state(std::vector<View2<S>>* state) {
 template <class S>
 std::string DistributedEngine<S>::name() const {
   const auto& l = grid_.layout();
-  return (levers_ ? levers_->name() : layer_->name()) + " on " + std::to_string(l.R) + " layer rank(s) x " +
+  return (block_pass_ ? block_pass_->name() : layer_->name()) + " on " + std::to_string(l.R) + " layer rank(s) x " +
          (l.S > 1 ? std::to_string(l.S) + " sequence rank(s) x " : std::string()) + std::to_string(l.D) +
          " data rank(s)" + (layer_->detached() ? ", paper mode" : ", exact mode");
 }
@@ -234,7 +234,7 @@ void DistributedEngine<S>::backward_whole(const ParamSet<S>& params, Pass& ps, c
   if (!lay.first()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
 }
 
-// The levers on this rank's layer range: the block-wise pass of one process
+// E3 on this rank's layer range: the block-wise pass of one process
 // with y and g blocks handed between layer ranks (a pipeline over token
 // blocks in both directions, exact or paper mode alike).
 template <class S>
@@ -264,7 +264,7 @@ double DistributedEngine<S>::compute_blockwise(const ParamSet<S>& params, const 
   if (before_backward_) links.before_backward = before_backward_;
   const index_t blen = pipeline_block_length(opts_, T, grid_.layout().R, pipeline_blocks_);
   stats_.blocks = (T + blen - 1) / blen;
-  const double loss = levers_->compute_range(params, x, index_t(x_all.extent(0)) * (T - 1), TokenBlocks(blen, T),
+  const double loss = block_pass_->compute_range(params, x, index_t(x_all.extent(0)) * (T - 1), TokenBlocks(blen, T),
                                              links, carried_ ? &state : nullptr, grad);
   return finish(loss, grad);
 }
@@ -279,7 +279,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange range = grid_.range(d);
   require(params.range() == range && grad.range() == range,
           "distributed engine: the parameters are not this rank's shard of the layout");
-  const double loss = levers_ ? compute_blockwise(params, x_all, grad) : compute_pipeline(params, x_all, grad);
+  const double loss = block_pass_ ? compute_blockwise(params, x_all, grad) : compute_pipeline(params, x_all, grad);
   Kokkos::fence();
   const double wall = seconds_since(t_start);
   const MPI_Comm lc = grid_.layers();

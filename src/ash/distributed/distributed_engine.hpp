@@ -60,7 +60,7 @@ class DistributedEngine final : public GradientEngine<S> {
   struct Pass;  // one compute(): this rank's tokens, store, g and block states
   TokenView my_windows(const TokenView& x) const;
   std::pair<index_t, index_t> my_window_range(index_t B) const;  // this replica's windows [b0, b1)
-  // The memory levers (opts.low_memory()): the block-wise E3 on this rank's
+  // E3 with S = 1: the block-wise pass (and its memory levers) on this rank's
   // layer range, y and g blocks handed between the layer ranks.
   double compute_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
   // Without levers: the forward pipeline, the head, one backward mode.
@@ -91,7 +91,7 @@ class DistributedEngine final : public GradientEngine<S> {
   std::unique_ptr<LayerAdjoint<S>> layer_;
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
   std::unique_ptr<LayerAdjoint<S>> untruncated_;  // sequence ranks, T̄ >= T: the same method without a window
-  std::unique_ptr<BlockwiseEngine<S>> levers_;  // the memory levers' pass, else nullptr
+  std::unique_ptr<BlockwiseEngine<S>> block_pass_;  // E3 with S = 1: the block-wise pass (levers or not), else nullptr
   std::vector<View2<S>>* carried_ = nullptr;
   std::function<void()> before_backward_;
   PipelineStats stats_;

@@ -271,15 +271,12 @@ MemoryPlan plan_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes
   if (R == 1) return plan_rank(cfg, w, scalar_bytes, valid_windows, LayerRange::all(cfg.model));
   MemoryPlan best;
   double best_total = -1;
-  const std::int64_t m = std::max<std::int64_t>(1, cfg.grad.layer_checkpoint);
-  // Ranks 0, R-1 and between them the first few of each kind (the layer
-  // count changes after rank K mod R; the grid phase repeats within 2m ranks).
-  std::vector<int> ranks;
-  const int head = int(std::min<std::int64_t>(R, std::min<std::int64_t>(256, 2 * m + 4)));
+  // Layer ranks differ in the embedding (rank 0), the head (rank R-1) and the
+  // layer count (q + 1 below rank K mod R, q from it on); a range's kept
+  // inputs follow from its layer count. One rank of each kind is planned.
   const int more = int(cfg.model.layers % R);
-  for (int r = 0; r < head; ++r) ranks.push_back(r);
-  for (int r = std::max(0, more - 2); r < std::min(R, more + 2); ++r) ranks.push_back(r);
-  for (int r = std::max(0, R - 3); r < R; ++r) ranks.push_back(r);
+  std::vector<int> ranks{0, 1, more > 0 ? more - 1 : 0, more, R - 2, R - 1};
+  ranks.erase(std::remove_if(ranks.begin(), ranks.end(), [&](int r) { return r < 0 || r >= R; }), ranks.end());
   for (const int r : ranks) {
     const auto p = plan_rank(cfg, w, scalar_bytes, valid_windows, LayerRange::block(cfg.model, r, R));
     if (p.total() > best_total) {
