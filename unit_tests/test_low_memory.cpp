@@ -395,3 +395,27 @@ TEST(LowMemory, CarriedForwardEqualsOneLongWindow) {
 }
 
 }  // namespace ash::test
+
+namespace ash::test {
+
+// The MPI pipeline's token blocks (pipeline_block_length): grad.token_block
+// when set; else dist.pipeline_blocks; else one process's 4096 tokens with a
+// memory lever (so a lever never gets longer blocks on ranks than alone) and
+// 4 blocks per layer rank without one. Whole chunks of 64.
+TEST(LowMemory, PipelineBlockLengthFollowsItsRules) {
+  const index_t T = 1 << 20;
+  EngineOptions plain;
+  plain.method = Method::adjoint_exact;
+  EXPECT_EQ(pipeline_block_length(plain, T, 4, 0), T / 16);
+  EXPECT_EQ(pipeline_block_length(plain, T, 4, 8), T / 8);
+  auto lever = plain;
+  lever.storage = Storage::bf16;
+  EXPECT_EQ(pipeline_block_length(lever, T, 4, 0), 4096);
+  EXPECT_EQ(pipeline_block_length(lever, T, 4, 8), T / 8);
+  auto blocks = plain;
+  blocks.token_block = 1000;  // rounded up to whole chunks
+  EXPECT_EQ(pipeline_block_length(blocks, T, 4, 8), 1024);
+  EXPECT_EQ(pipeline_block_length(plain, 100, 4, 0), 64);  // 100 / 16 -> 7 tokens -> one chunk
+}
+
+}  // namespace ash::test

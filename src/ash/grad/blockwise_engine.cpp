@@ -60,6 +60,8 @@ index_t blockwise_block_length(const EngineOptions& opts, index_t T) {
 
 index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks) {
   if (opts.token_block > 0 || (opts.truncate > 0 && opts.truncate < T)) return blockwise_block_length(opts, T);
+  // A lever without dist.pipeline_blocks: the block length of one process (4096 tokens).
+  if (blocks == 0 && opts.low_memory()) return blockwise_block_length(opts, T);
   const index_t asked = blocks > 0 ? blocks : 4 * R;
   const index_t want = asked < T ? asked : T;  // at most one token per block
   const index_t C = opts.chunk < T ? opts.chunk : T;

@@ -28,7 +28,9 @@ namespace ash {
 // rounded up to whole E3 chunks; the whole window with a window T̄.
 index_t blockwise_block_length(const EngineOptions& opts, index_t T);
 // The same over R layer ranks (the MPI pipeline): grad.token_block when set,
-// else `blocks` blocks per window (0: 4 per layer rank), whole chunks each.
+// else `blocks` blocks per window, else (blocks = 0) the one-process length
+// when a memory lever is set and 4 blocks per layer rank when none is; whole
+// chunks each.
 index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks);
 
 // How a layer range meets the ranges before and after it, one token block j
