@@ -52,6 +52,7 @@ struct Planner {
   const Settings& cfg;
   const EngineOptions& o;
   LayerRange lr;  // this rank's layers (the whole model on one process)
+  bool multi;     // a dist.* layout of several ranks
   double S, V, P, N;
   std::int64_t K, Ti;  // layers on this rank, tokens per window on this rank
   double T, B, M;
@@ -61,6 +62,7 @@ struct Planner {
       : cfg(c),
         o(c.grad),
         lr(range),
+        multi(c.dist.layer_ranks > 1 || c.dist.seq_ranks > 1 || c.dist.data_ranks > 1),
         S(double(scalar_bytes)),
         V(double(c.model.vocab)),
         P(double(c.model.width)),
@@ -86,16 +88,10 @@ struct Planner {
   void segments(std::int64_t& kept, std::int64_t& longest) const {
     const std::int64_t Km = cfg.model.layers, m = std::min<std::int64_t>(o.layer_checkpoint, Km + 1);
     const std::int64_t top = lr.head ? Km : lr.k1 - 1;
-    kept = lr.k0 > 0 ? 1 : 0;
-    longest = 0;
-    std::int64_t c = lr.k0;
-    for (std::int64_t next = lr.k0 + m;; next += m) {
-      const std::int64_t e = next <= top ? next - 1 : top;
-      longest = std::max(longest, e - c + 1);
-      if (next > top) break;
-      ++kept;
-      c = next;
-    }
+    const std::int64_t n = (top - lr.k0) / m;  // starts after k0: k0 + m, ..., k0 + n·m (closed form: K can be 2^30)
+    kept = n + (lr.k0 > 0 ? 1 : 0);
+    const std::int64_t last = top - (lr.k0 + n * m) + 1;  // inputs of the top segment
+    longest = n > 0 ? std::max(m, last) : last;
   }
 
   double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
@@ -125,7 +121,6 @@ struct Planner {
   // The block-wise engine (a memory lever set): returns the plan's engine name.
   std::string blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
     const std::int64_t m = o.layer_checkpoint;
-    const bool multi = cfg.dist.layer_ranks > 1 || cfg.dist.seq_ranks > 1 || cfg.dist.data_ranks > 1;
     const std::int64_t blen = multi ? pipeline_block_length(o, Ti, std::max<std::int64_t>(1, cfg.dist.layer_ranks),
                                                             cfg.dist.pipeline_blocks)
                                     : blockwise_block_length(o, Ti);
@@ -215,7 +210,7 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   const std::int64_t Sq = std::max<std::int64_t>(1, cfg.dist.seq_ranks);
   const std::int64_t D = std::max<std::int64_t>(1, cfg.dist.data_ranks);
   const Planner pl(cfg, scalar_bytes, lr, Sq, D);
-  const bool multi = R > 1 || Sq > 1 || D > 1;
+  const bool multi = pl.multi;
   const double S = pl.S, cnt = multi ? pl.shard_parameters() : double(checked_parameter_count(cfg.model));
   MemoryPlan plan;
   // What every phase holds.
