@@ -43,10 +43,7 @@ std::vector<View2<S>> gather_carry(const Grid& grid, const ModelDims& d, const s
     const auto w = lay.windows(rows / P);
     for (int k = mine.k0; k < mine.k1; ++k) {
       const auto part = Kokkos::subview(carry[std::size_t(k)], Kokkos::make_pair(w.first * P, w.second * P), Kokkos::ALL());
-      const auto dst = Kokkos::subview(flat, Kokkos::make_pair(index_t(k) * per + w.first * P * N,
-                                                                index_t(k) * per + w.second * P * N));
-      const Unmanaged2<S> dst2(dst.data(), part.extent(0), N);
-      Kokkos::deep_copy(dst2, part);
+      Kokkos::deep_copy(Unmanaged2<S>(flat.data() + index_t(k) * per + w.first * P * N, part.extent(0), N), part);
     }
   }
   allreduce_sum(flat, grid.world());
