@@ -92,7 +92,10 @@ void run_grad(const GradArgs& a) {
   // while its neighbours wait in MPI (docs/cli.md: one error, every rank ends).
   if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) ctx.fail_before_backward(std::atoi(f));
   const auto T = st.data.seq_len, B = st.data.batch;
-  const auto x = ash::make_windows(ash::load_tokens(a.tokens), B, T, st.model.vocab);
+  const auto ids = ash::load_tokens(a.tokens);
+  std::vector<std::uint8_t> starts;  // data.separator: document starts (empty: none)
+  ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
+  const auto x = ash::make_windows(ids, B, T, st.model.vocab, 0, st.data.separator.empty() ? nullptr : &starts);
   const auto params = ctx.load(a.checkpoint);
   ash::ParamSet<S> grad(st.model, ctx.range());
   ash::MemoryTracker::reset_peak();
@@ -183,12 +186,21 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
   std::printf("eval %s (%s) on %s: %lld tokens, %lld window(s) of T=%lld%s\n", ckpt.c_str(),
               sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)n, (long long)full, (long long)T,
               rest >= 2 ? (" and one of " + std::to_string(rest)).c_str() : "");
+  // data.separator (the checkpoint's, or --set): each document scored on its own.
+  std::vector<std::uint8_t> starts;
+  ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
+  const std::vector<std::uint8_t>* docs = st.data.separator.empty() ? nullptr : &starts;
+  if (docs) {
+    long long count = 1;
+    for (const auto f : starts) count += f;
+    std::printf("%lld documents (data.separator): each from h = 0, the first token of each not scored\n", count);
+  }
   std::fflush(stdout);
   if (!carry) {
     const auto tot = ash::evaluate_windows(params, ids, T, B, head_chunk, [n](const ash::EvalTotals& t) {
       std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens, (long long)n,
                    t.bits_per_token());
-    });
+    }, docs);
     std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", tot.nats / double(tot.targets),
                 tot.bits_per_token(), (long long)tot.targets);
     std::printf("forward time %.3f s (%.2f us/token)\n", tot.seconds, 1e6 * tot.seconds / double(tot.tokens));
@@ -198,7 +210,7 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
   // state carried from the window before and once from h = 0.
   double bits[2] = {0, 0};
   for (int pass = 0; pass < 2; ++pass) {
-    const auto tot = ash::evaluate_stream(params, ids, T, head_chunk, pass == 0);
+    const auto tot = ash::evaluate_stream(params, ids, T, head_chunk, pass == 0, docs);
     bits[pass] = tot.bits_per_token();
     std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
                 pass == 0 ? "carried state" : "each window from h = 0", bits[pass], (long long)tot.targets,

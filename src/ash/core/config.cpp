@@ -16,7 +16,7 @@ nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
     "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false,
-              "carry_state": false},
+              "carry_state": false, "separator": "", "pack": false},
     "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 0, "head_chunk": 0,
               "layer_checkpoint": 1, "token_block": 0},
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
@@ -168,9 +168,19 @@ void Config::set(const std::string& assignment) {
   const std::string text = assignment.substr(eq + 1);
   // Valid JSON is parsed strictly (duplicate keys are an error); anything
   // else is a bare string, which needs no quotes.
-  const nlohmann::json value = json_depth(text) > max_json_depth || nlohmann::json::accept(text)
-                                    ? parse_json_strict(text, "--set " + key)
-                                    : nlohmann::json(text);
+  // A value in double quotes is a JSON string and must parse as one (an
+  // invalid escape is an error, not a bare string with quotes in it);
+  // data.separator's bare value is a JSON string's contents ("\n%\n" works
+  // unquoted too).
+  const bool quoted = !text.empty() && text.front() == '"';
+  nlohmann::json value;
+  if (json_depth(text) > max_json_depth || nlohmann::json::accept(text) || quoted) {
+    value = parse_json_strict(text, "--set " + key);
+  } else if (key == "data.separator") {
+    value = parse_json_strict("\"" + text + "\"", "--set " + key);
+  } else {
+    value = nlohmann::json(text);
+  }
   // Build {"a": {"b": value}} and merge it, so the same key/type checks apply.
   nlohmann::json doc = value;
   std::string rest = key;
@@ -245,10 +255,16 @@ DataOptions Config::data_options() const {
   da.batch = get<std::int64_t>("data.batch");
   da.sequential = get<bool>("data.sequential");
   da.carry_state = get<bool>("data.carry_state");
+  da.separator = get<std::string>("data.separator");
+  da.pack = get<bool>("data.pack");
   require(da.seq_len >= 2, "data.seq_len must be >= 2: a window of T tokens has T-1 targets (got " +
                                std::to_string(da.seq_len) + ")");
   require(da.batch >= 1, "data.batch must be >= 1 (got " + std::to_string(da.batch) + ")");
   require(da.valid_fraction >= 0.0 && da.valid_fraction < 1.0, "data.valid_fraction must be in [0, 1)");
+  require(index_t(da.separator.size()) <= da.seq_len,
+          "data.separator is " + std::to_string(da.separator.size()) + " bytes, longer than a window (data.seq_len = " +
+              std::to_string(da.seq_len) + "): no window could hold a document boundary");
+  require(!da.pack || !da.separator.empty(), "data.pack needs data.separator: packing places whole documents");
   return da;
 }
 

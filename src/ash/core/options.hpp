@@ -44,6 +44,8 @@ struct DataOptions {
   index_t batch = 4;             // windows per step
   bool sequential = false;       // consecutive windows instead of random ones
   bool carry_state = false;      // windows start from the previous window's state (needs sequential)
+  std::string separator;         // bytes that end a document ("" = no documents); docs/design.md §1
+  bool pack = false;             // whole documents packed into windows (needs separator)
 };
 
 // grad.* (and run.storage, data.carry_state: the engine's memory levers).

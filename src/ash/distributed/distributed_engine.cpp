@@ -22,13 +22,14 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 template <class S>
 struct DistributedEngine<S>::Pass {
   TokenView x, x_head;     // this rank's tokens (x_head: one more, the last row's target, unless the window ends)
+  TokenView x_rows;        // this replica's whole windows (a window's halo tokens)
   index_t T = 0, Bt = 0;   // tokens per sequence of this rank's range, sequences
   index_t T_all = 0;       // tokens per window
   index_t targets = 0;     // the whole batch's target count (the loss is its mean)
   ActivationStore<S> store;
   std::vector<View2<S>> h_range;               // [layer]: h before this sequence rank's range
   View2<S> g;                                  // g_k, [Bt·T, P]
-  SeqShape shape() const { return SeqShape{Bt, T}; }
+  SeqShape shape() const { return SeqShape{Bt, T, DocStarts(x)}; }
 };
 
 template <class S>
@@ -188,6 +189,7 @@ void DistributedEngine<S>::backward_window_ranges(const ParamSet<S>& params, Pas
     if (H > 0) timed([&] { recv(in, lay.seq_rank + 1, tag_halo, sc); });
   };
   const index_t Te = T + H;
+  const TokenView x_ext = token_block(ps.x_rows, lay.seq_begin(T_all), Te);  // own tokens, then the halo's
   View2<S> g_halo("ash::dist::g_halo", Bt * H, P), y_ext("ash::dist::y_ext", Bt * Te, P),
       g_ext("ash::dist::g_ext", Bt * Te, P);
   halo(ps.g);
@@ -200,7 +202,7 @@ void DistributedEngine<S>::backward_window_ranges(const ParamSet<S>& params, Pas
       copy_block_rows(y_ext, in, BlockRows{H, Te, T}, false, exec);
       copy_block_rows(g_ext, g_halo, BlockRows{H, Te, T}, false, exec);
     }
-    blockwise_->backward_window_range(params.layer(k), SeqShape{Bt, Te}, y_ext, g_ext,
+    blockwise_->backward_window_range(params.layer(k), SeqShape{Bt, Te, DocStarts(x_ext)}, y_ext, g_ext,
                                       ps.h_range[k - ps.store.k0()], T, grad.layer(k));
     ps.store.release(k);
   }
@@ -264,7 +266,7 @@ double DistributedEngine<S>::compute_blockwise(const ParamSet<S>& params, const 
   if (before_backward_) links.before_backward = before_backward_;
   const index_t blen = pipeline_block_length(opts_, T, grid_.layout().R, pipeline_blocks_);
   stats_.blocks = (T + blen - 1) / blen;
-  const double loss = block_pass_->compute_range(params, x, index_t(x_all.extent(0)) * (T - 1), TokenBlocks(blen, T),
+  const double loss = block_pass_->compute_range(params, x, target_count(x_all), TokenBlocks(blen, T),
                                              links, carried_ ? &state : nullptr, grad);
   return finish(loss, grad);
 }
@@ -312,7 +314,8 @@ double DistributedEngine<S>::compute_pipeline(const ParamSet<S>& params, const T
   ps.T = ps.x.extent(1);
   ps.T_all = T_all;
   ps.Bt = ps.x.extent(0);
-  ps.targets = index_t(x_all.extent(0)) * (T_all - 1);
+  ps.targets = target_count(x_all);
+  ps.x_rows = x_rows;
   grad.fill_zero();
   const auto gglobal = grad.global();
   ps.store = ActivationStore<S>(ps.shape(), d, range.k0, range.k1, layer_->store(), layer_->keeps_activations());
@@ -360,7 +363,7 @@ double DistributedEngine<S>::loss(const ParamSet<S>& params, const TokenView& x_
   const index_t T_all = x_rows.extent(1), t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
   const TokenView x = lay.S > 1 ? token_block(x_rows, t_a, t_b - t_a) : x_rows;
   const TokenView x_head = lay.S > 1 ? token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a) : x_rows;
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  const SeqShape s = SeqShape::of(x);
   const auto range = params.range();
   ActivationStore<S> store(s, d, range.k0, range.k1, LayerActivations<S>::projections_only, false);
   if (lay.first())
@@ -374,7 +377,7 @@ double DistributedEngine<S>::loss(const ParamSet<S>& params, const TokenView& x_
     send(store.output(), lay.layer_rank + 1, tag_y, lc);
   else
     loss = head_loss<S>(params.global(), x_head, store.output(), View2<S>(), nullptr, opts_.head_chunk,
-                        index_t(x_all.extent(0)) * (T_all - 1), exec);
+                        target_count(x_all), exec);
   if (lay.D * lay.S > 1) loss = allreduce_sum(loss, grid_.replicas());
   MPI_Bcast(&loss, 1, MPI_DOUBLE, lay.R - 1, lc);
   return loss;

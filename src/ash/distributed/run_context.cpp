@@ -82,13 +82,18 @@ double RunContext<S>::loss(const ParamSet<S>& params, const TokenView& x) {
   const index_t nv = x.extent(0), T = x.extent(1);
   if (nv <= batch_) return forward_loss(params, x);
   double sum = 0;
+  index_t count = 0;
   for (index_t i0 = 0; i0 < nv; i0 += batch_) {
     const index_t n = std::min(batch_, nv - i0);
     TokenView xs("ash::train::valid_windows", n, T);
     Kokkos::deep_copy(xs, Kokkos::subview(x, Kokkos::make_pair(i0, i0 + n), Kokkos::ALL()));
-    sum += forward_loss(params, xs) * double(n);  // every window has T - 1 targets
+    // Weighted by targets: T - 1 per window less document starts (in units of
+    // T - 1, so windows without starts weigh exactly n as before).
+    const index_t c = target_count(xs);
+    sum += forward_loss(params, xs) * (double(c) / double(T - 1));
+    count += c;
   }
-  return sum / double(nv);
+  return count > 0 ? sum / (double(count) / double(T - 1)) : 0.0;
 }
 
 template <class S>

@@ -41,9 +41,9 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
           // Invariant at the top of step t: mu = A^{t+1} μ^{t+1} (0 past the chunk).
           for (index_t t = t1 - 1; t > t0; --t) {
             const index_t m = b * T + t;
-            const S g = L.gy(m, q), dq = L.delta(m, q);
+            const S g = L.gy(m, q), dq = L.delta(m, q), kp = L.keep(b, t);
             for (int j = 0; j < NT; ++j) {
-              const S A = impl::exp_fast(dq * av[j]);
+              const S A = kp * impl::exp_fast(dq * av[j]);
               mu[j] = A * (g * L.gamma(m, n0 + j) + mu[j]);
               pr[j] *= A;
             }
@@ -122,9 +122,9 @@ void wave_scans(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S
           }
           for (index_t t = t0; t < t1; ++t) {
             const index_t m = b * T + t, r = b * W + t - w0;
-            const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+            const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
             S A[NT];
-            for (int j = 0; j < NT; ++j) A[j] = impl::exp_fast(dq * av[j]);
+            for (int j = 0; j < NT; ++j) A[j] = kp * impl::exp_fast(dq * av[j]);
             if (t >= w0)
               for (int j = 0; j < NT; ++j) {
                 hbuf(r, q, n0 + j) = h[j];
@@ -163,9 +163,9 @@ void wave_scans_sequential(const ScanView<S>& L, const Chunks ch, index_t Bt, co
           const index_t t0 = ch.start(c) > w0 ? ch.start(c) : w0, t1 = ch.end(c) < w0 + W ? ch.end(c) : w0 + W;
           for (index_t t = t0; t < t1; ++t) {
             const index_t m = b * T + t, r = b * W + t - w0;
-            const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+            const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
             S A[NT];
-            for (int j = 0; j < NT; ++j) A[j] = impl::exp_fast(dq * av[j]);
+            for (int j = 0; j < NT; ++j) A[j] = kp * impl::exp_fast(dq * av[j]);
             for (int j = 0; j < NT; ++j) {
               hbuf(r, q, n0 + j) = h[j];
               Abuf(r, q, n0 + j) = A[j];
@@ -312,7 +312,7 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks(C, T);
   const index_t nc = chunks.n;
-  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T};
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T, s.docs};
   // μ at chunk starts with a zero carry from the later ranges, and (through a
   // carry of μ = 0, A = 1) the chunks' full products G_c, so the range's μ at
   // its first token is L + (Π_c G_c) ⊙ c_after.
@@ -407,7 +407,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
 
-  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T};
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T, s.docs};
   const ExecSpace& exec = this->exec_;
   if (chunked_h) boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
   if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);

@@ -75,7 +75,7 @@ double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
   const index_t T = x.extent(1);
-  const double loss = compute_range(params, x, index_t(x.extent(0)) * (T - 1), TokenBlocks(block_length(T), T),
+  const double loss = compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T),
                                     RangeLinks<S>{}, state_, grad);
   return loss;
 }
@@ -119,6 +119,7 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   grad.fill_zero();
   // The state before each (layer, block); block 0's is the carried state (or zero).
   r.fw = std::make_unique<BlockwiseForward<S>>(d, r.k0, r.k1, r.Bt, blocks, true);
+  r.fw->set_documents(x);
   if (state)
     for (int k = r.k0; k < r.k1; ++k) r.fw->start_from(k, (*state)[std::size_t(k - r.k0)], layer_.execution_space());
   r.act = LayerActivations<S>(SeqShape{r.Bt, blocks.len}, d, LayerActivations<S>::projections_only);

@@ -29,7 +29,7 @@ template <class S>
 double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "LocalEngine: needs the whole model");
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  const SeqShape s = SeqShape::of(x);
   grad.fill_zero();
   const auto gglobal = grad.global();
   const ExecSpace& exec = layer_->execution_space();

@@ -52,7 +52,7 @@ std::vector<std::uint32_t> load_tokens(const std::string& path) {
 }
 
 TokenView make_windows(const std::vector<std::uint32_t>& tokens, index_t batch, index_t T, index_t vocab,
-                       index_t first) {
+                       index_t first, const std::vector<std::uint8_t>* starts) {
   require(T >= 2, "sequence length T = " + std::to_string(T) + " is too short: a window needs T >= 2 tokens");
   require(batch >= 1, "batch must be >= 1 (got " + std::to_string(batch) + ")");
   const index_t need = checked_add(first, checked_mul(batch, T, "batch x seq_len"), "tokens needed");
@@ -66,7 +66,7 @@ TokenView make_windows(const std::vector<std::uint32_t>& tokens, index_t batch, 
       const std::uint32_t v = tokens[first + b * T + t];
       require(index_t(v) < vocab, "token id " + std::to_string(v) + " at position " +
                                       std::to_string(first + b * T + t) + " is >= vocab " + std::to_string(vocab));
-      h(b, t) = token_t(v);
+      h(b, t) = token_t(v) | (starts && (*starts)[first + b * T + t] ? doc_start_bit : token_t(0));
     }
   Kokkos::deep_copy(x, h);
   return x;

@@ -6,6 +6,7 @@
 // (lane_tile in state_tile.hpp).
 #include <string>
 
+#include "ash/core/documents.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/kernels/state_tile.hpp"
 
@@ -15,14 +16,20 @@ namespace ash::impl {
 using Chunks = TokenBlocks;
 
 // What the scans of one layer read: its projections, the decay rates
-// a = -exp(Alog) ([P, N], computed once per layer) and (E3) the cotangent g_k;
-// A^t = exp(Δ^t a) and u^t = Δ^t ŷ^t β^t are recomputed on the fly.
+// a = -exp(Alog) ([P, N], computed once per layer), (E3) the cotangent g_k and
+// the document starts; A^t = exp(Δ^t a) (0 where a document starts) and
+// u^t = Δ^t ŷ^t β^t are recomputed on the fly.
 template <class S>
 struct ScanView {
   View2<S> delta, yhat, beta, gamma, gy;
   View2<S> a;
   index_t T;
-  KOKKOS_INLINE_FUNCTION S A(index_t m, index_t q, index_t n) const { return exp_fast(delta(m, q) * a(q, n)); }
+  DocStarts docs;
+  // The factor on A^t of token t of sequence b: 0 at a document start, else 1.
+  KOKKOS_INLINE_FUNCTION S keep(index_t b, index_t t) const { return docs.keep<S>(b, t); }
+  KOKKOS_INLINE_FUNCTION S A(index_t m, index_t q, index_t n) const {
+    return keep(m / T, m % T) * exp_fast(delta(m, q) * a(q, n));
+  }
   KOKKOS_INLINE_FUNCTION S u(index_t m, index_t q, index_t n) const { return delta(m, q) * yhat(m, q) * beta(m, n); }
   KOKKOS_INLINE_FUNCTION S qv(index_t m, index_t q, index_t n) const { return gy(m, q) * gamma(m, n); }  // g ⊗ γ
 };
@@ -48,9 +55,9 @@ void chunk_local_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const
             }
             for (index_t t = ch.start(c); t < ch.end(c); ++t) {
               const index_t m = b * T + t;
-              const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+              const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
               for (int j = 0; j < NT; ++j) {
-                const S A = exp_fast(dq * av[j]);
+                const S A = kp * exp_fast(dq * av[j]);
                 h[j] = A * h[j] + du * L.beta(m, n0 + j);
                 pr[j] *= A;
               }

@@ -20,8 +20,10 @@ class BlockwiseForward {
   // every (layer, block) (else only each layer's running state).
   BlockwiseForward(const ModelDims& d, int k0, int k1, index_t Bt, const TokenBlocks& blocks, bool keep_block_states);
   const TokenBlocks& blocks() const { return blocks_; }
+  // The windows' tokens ([Bt, T]), for their document starts (default: none).
+  void set_documents(const TokenView& x) { docs_ = DocStarts(x); }
   // Block j of every sequence: Bt sequences of blocks().size(j) tokens.
-  SeqShape shape(index_t j) const { return SeqShape{Bt_, blocks_.size(j)}; }
+  SeqShape shape(index_t j) const { return SeqShape{Bt_, blocks_.size(j), docs_.x.extent(0) ? docs_.from(blocks_.start(j)) : docs_}; }
   index_t rows(index_t j) const { return Bt_ * blocks_.size(j); }
 
   // Layer k starts its first block from h0 ([Bt·P, N], copied) instead of zero.
@@ -42,6 +44,7 @@ class BlockwiseForward {
   index_t Bt_;
   TokenBlocks blocks_;
   bool keep_;
+  DocStarts docs_;
   std::vector<View3<S>> h_start_;  // keep: [nb, Bt·P, N] per layer; else: [1, Bt·P, N], the running state
   View2<S> h_run_;                 // keep: the state a layer's scan advances
 };

@@ -9,7 +9,7 @@ void embedding_forward(const Unmanaged2<S>& E, const TokenView& x, const View2<S
   const index_t T = x.extent(1), P = E.extent(1);
   Kokkos::parallel_for(
       "ash::embedding_forward", Range2(exec, {0, 0}, {index_t(y0.extent(0)), P}),
-      KOKKOS_LAMBDA(const index_t m, const index_t p) { y0(m, p) = E(x(m / T, m % T), p); });
+      KOKKOS_LAMBDA(const index_t m, const index_t p) { y0(m, p) = E(token_id(x(m / T, m % T)), p); });
 }
 
 // gE[x[m], p] += g[m, p]. Rows scatter to token ids, so the sum runs per
@@ -29,7 +29,7 @@ void embedding_backward(const TokenView& x, const View2<S>& g, const Unmanaged2<
   if (seg == 1) {
     Kokkos::parallel_for(
         "ash::embedding_backward", Range(exec, 0, P), KOKKOS_LAMBDA(const index_t p) {
-          for (index_t m = 0; m < M; ++m) gE(x(m / T, m % T), p) += g(m, p);
+          for (index_t m = 0; m < M; ++m) gE(token_id(x(m / T, m % T)), p) += g(m, p);
         });
     return;
   }
@@ -38,7 +38,7 @@ void embedding_backward(const TokenView& x, const View2<S>& g, const Unmanaged2<
   Kokkos::parallel_for(
       "ash::embedding_backward_segments", Range(exec, 0, seg * P), KOKKOS_LAMBDA(const index_t i) {
         const index_t sg = i / P, p = i % P, m1 = (sg + 1) * len < M ? (sg + 1) * len : M;
-        for (index_t m = sg * len; m < m1; ++m) part(sg, x(m / T, m % T), p) += g(m, p);
+        for (index_t m = sg * len; m < m1; ++m) part(sg, token_id(x(m / T, m % T)), p) += g(m, p);
       });
   Kokkos::parallel_for(
       "ash::embedding_backward_sum", Range(exec, 0, V * P), KOKKOS_LAMBDA(const index_t i) {

@@ -52,7 +52,7 @@ template <class S>
 double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t head_chunk,
                          std::vector<View2<S>>* state, const TokenView& x_head, index_t targets) {
   const auto& d = params.dims();
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  const SeqShape s = SeqShape::of(x);
   require(!state || index_t(state->size()) == d.layers, "forward_loss: expected one state per layer");
   View2<S> y("ash::fwd::y", s.rows(), d.width);
   View2<S> y_next("ash::fwd::y_next", s.rows(), d.width);
@@ -81,7 +81,7 @@ template <class S>
 ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const GlobalParams<S>* head_grad,
                             typename LayerActivations<S>::Store store, bool keep_acts, index_t head_chunk) {
   const auto& d = params.dims();
-  const SeqShape s{index_t(x.extent(0)), index_t(x.extent(1))};
+  const SeqShape s = SeqShape::of(x);
   ActivationStore<S> st(s, d, 0, int(d.layers), store, keep_acts);
   embedding_forward(params.global().embedding, x, st.input(0));
   forward_layers(params, st);

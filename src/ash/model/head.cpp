@@ -19,7 +19,8 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
   // token more per sequence (the target of the last row, from the next token range).
   const index_t Tx = x.extent(1), M = yK.extent(0), P = yK.extent(1), V = p.head.extent(0);
   const index_t T = M / index_t(x.extent(0));
-  const index_t count = targets > 0 ? targets : index_t(x.extent(0)) * (Tx - 1);
+  // A target that starts a document is nobody's (docs/design.md §1).
+  const index_t count = targets > 0 ? targets : target_count(x);
   const bool want_g = index_t(g.extent(0)) == M;
   const index_t rows = head_chunk_rows(chunk_rows, V);
   const index_t C = rows < M ? rows : M;
@@ -28,7 +29,7 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
   View2<S> logits("ash::head::logits", C, V);
   View2<S> gyhat;
   if (want_g) gyhat = View2<S>("ash::head::gyhat", C, P);
-  const S inv_count = S(1) / S(count);
+  const S inv_count = count > 0 ? S(1) / S(count) : S(0);  // no targets: L = 0, g = 0
   double loss_sum = 0;
   for (index_t r0 = 0; r0 < M; r0 += C) {
     const index_t r1 = r0 + C < M ? r0 + C : M, c = r1 - r0;
@@ -58,8 +59,8 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
               Kokkos::TeamThreadRange(team, V), [&](const index_t v, S& sum) { sum += kmath::exp(log_c(i, v) - mx); },
               se);
           const S lse = mx + kmath::log(se);
-          const bool has_target = t + 1 < Tx;
-          const index_t tgt = has_target ? index_t(x(b, t + 1)) : -1;
+          const bool has_target = t + 1 < Tx && !starts_document(x(b, t + 1));
+          const index_t tgt = has_target ? index_t(token_id(x(b, t + 1))) : -1;
           if (has_target) Kokkos::single(Kokkos::PerTeam(team), [&]() { acc += double(lse - log_c(i, tgt)); });
           team.team_barrier();  // every thread has read the logits it needs
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](const index_t v) {
@@ -82,7 +83,7 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
       }
     }
   }
-  return loss_sum / double(count);
+  return count > 0 ? loss_sum / double(count) : 0.0;
 }
 
 template <class S>

@@ -1,6 +1,7 @@
 #pragma once
 // The head: ŷ_K = RMSNorm(y_K; w_f), o = Ω ŷ_K, l^t = -log softmax(o^t)[x^{t+1}],
-// L = mean over the Bt·(T-1) tokens that have a target.
+// L = mean over the tokens that have a target: Bt·(T-1), less the targets
+// that start a document (docs/design.md §1).
 #include "ash/model/embedding.hpp"
 #include "ash/model/params.hpp"
 
@@ -11,7 +12,7 @@ namespace ash {
 // The T×V logits are formed chunk_rows tokens at a time (0: head_chunk_rows), never whole.
 // yK has T rows per sequence of x; x has T tokens per sequence, or T + 1 when
 // the next token range's first token is the last row's target (context parallelism).
-// targets: the count the mean divides by, 0 for x's own Bt·(T-1); a data-parallel
+// targets: the count the mean divides by, 0 for x's own (target_count(x)); a data-parallel
 // replica passes the whole batch's, so the replicas' losses and g sum to the batch's.
 template <class S>
 double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& yK, const View2<S>& g,

@@ -73,9 +73,9 @@ void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, 
           }
           for (index_t t = ch.start(c); t < ch.end(c); ++t) {
             const index_t m = b * T + t;
-            const S dq = L.delta(m, q), du = dq * L.yhat(m, q);
+            const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
             S A[NT], part[NT];
-            for (int j = 0; j < NT; ++j) A[j] = impl::exp_fast(dq * av[j]);
+            for (int j = 0; j < NT; ++j) A[j] = kp * impl::exp_fast(dq * av[j]);
             if (store_h)  // E1/E2 keep h^{t-1} and A^t (loop-invariant branches, so the j-loops vectorise)
               for (int j = 0; j < NT; ++j) Hst(m, q, n0 + j) = h[j];
             if (store_A)
@@ -232,7 +232,7 @@ void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& 
   const impl::Chunks ch = forward_chunks(T, Bt, P, exec);
   const index_t nc = ch.n;
   const bool carry = state_io.extent(0) == std::size_t(Bt * P);
-  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T};
+  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T, s.docs};
   View3<S> Hb;
   if (nc > 1) {
     Hb = View3<S>(Kokkos::view_alloc(std::string("ash::fwd::h_boundary"), Kokkos::WithoutInitializing), Bt * nc, P, N);
@@ -257,7 +257,7 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
   const index_t C = forward_chunk < T ? forward_chunk : T;
   const impl::Chunks ch(C, T);
   const index_t nc = ch.n;
-  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T};
+  const impl::ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, View2<S>(), act.a, T, s.docs};
   View3<S> Hb("ash::fwd::h_boundary", Bt * nc, P, N);
   View3<S> PA("ash::fwd::chunk_products", Bt * nc, P, N);
   impl::boundary_states(L, ch, Bt, Hb, PA, View2<S>(), exec);  // PA keeps each chunk's Π A

@@ -18,6 +18,7 @@
 // computes the adjoint of h, μ^i (E1: full reverse scan; E2: the paper's
 // windowed sum of λ^{t,i}; E3: chunked scan), then ssm_layer_backward_rows
 // runs the per-token and dense VJPs on any block of token rows.
+#include "ash/core/documents.hpp"
 #include "ash/core/types.hpp"
 #include "ash/model/params.hpp"
 
@@ -26,7 +27,10 @@ namespace ash {
 struct SeqShape {
   index_t batch = 1;  // Bt
   index_t T = 1;      // tokens per window
+  DocStarts docs;     // where a document starts (A^t = 0 there); empty: nowhere
   index_t rows() const { return batch * T; }
+  // The windows of x, their document starts read from x's tokens.
+  static SeqShape of(const TokenView& x) { return SeqShape{index_t(x.extent(0)), index_t(x.extent(1)), DocStarts(x)}; }
 };
 
 // What the forward keeps of one layer. The O(T·P) part is always filled;

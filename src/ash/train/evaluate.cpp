@@ -19,20 +19,22 @@ double EvalTotals::bits_per_token() const { return nats / double(targets) / std:
 
 template <class S>
 EvalTotals evaluate_windows(const ParamSet<S>& params, const std::vector<std::uint32_t>& ids, index_t T, index_t B,
-                            index_t head_chunk, const std::function<void(const EvalTotals&)>& progress) {
+                            index_t head_chunk, const std::function<void(const EvalTotals&)>& progress,
+                            const std::vector<std::uint8_t>* starts) {
   const auto n = index_t(ids.size());
   const index_t full = n / T, rest = n % T;
   EvalTotals tot;
   auto last_note = Clock::now();
   auto run_windows = [&](index_t count, index_t len, index_t first) {
-    const auto x = make_windows(ids, count, len, params.dims().vocab, first);
+    const auto x = make_windows(ids, count, len, params.dims().vocab, first, starts);
+    const index_t targets = target_count(x);  // count·(len-1) less document starts
     const auto t0 = Clock::now();
     const double loss = forward_loss(params, x, head_chunk);
     Kokkos::fence();
     tot.seconds += since(t0);
     require(std::isfinite(loss), "the loss is not finite at tokens " + std::to_string(first) + "..");
-    tot.nats += loss * double(count * (len - 1));
-    tot.targets += count * (len - 1);
+    tot.nats += loss * double(targets);
+    tot.targets += targets;
     tot.tokens += count * len;
     if (progress && Clock::now() - last_note > std::chrono::seconds(10)) {
       progress(tot);
@@ -46,7 +48,7 @@ EvalTotals evaluate_windows(const ParamSet<S>& params, const std::vector<std::ui
 
 template <class S>
 EvalTotals evaluate_stream(const ParamSet<S>& params, const std::vector<std::uint32_t>& ids, index_t T,
-                           index_t head_chunk, bool carry) {
+                           index_t head_chunk, bool carry, const std::vector<std::uint8_t>* starts) {
   const auto& d = params.dims();
   const auto n = index_t(ids.size());
   std::vector<View2<S>> state;
@@ -57,12 +59,13 @@ EvalTotals evaluate_stream(const ParamSet<S>& params, const std::vector<std::uin
     const index_t len = std::min(T, n - first), hl = std::min(len + 1, n - first);
     if (!carry)
       for (auto& h : state) Kokkos::deep_copy(h, S(0));
-    const auto x = make_windows(ids, 1, len, d.vocab, first);
-    const auto xh = make_windows(ids, 1, hl, d.vocab, first);
-    const double loss = forward_loss(params, x, head_chunk, state, xh, hl - 1);
+    const auto x = make_windows(ids, 1, len, d.vocab, first, starts);
+    const auto xh = make_windows(ids, 1, hl, d.vocab, first, starts);
+    const index_t targets = target_count(xh);  // hl - 1 less document starts
+    const double loss = forward_loss(params, x, head_chunk, state, xh, targets);  // (0 targets: L = 0, h advances)
     require(std::isfinite(loss), "the loss is not finite at tokens " + std::to_string(first) + "..");
-    tot.nats += loss * double(hl - 1);
-    tot.targets += hl - 1;
+    tot.nats += loss * double(targets);
+    tot.targets += targets;
   }
   Kokkos::fence();
   tot.seconds = since(t0);
@@ -72,9 +75,10 @@ EvalTotals evaluate_stream(const ParamSet<S>& params, const std::vector<std::uin
 
 #define ASH_INSTANTIATE(S)                                                                                         \
   template EvalTotals evaluate_windows<S>(const ParamSet<S>&, const std::vector<std::uint32_t>&, index_t, index_t, \
-                                          index_t, const std::function<void(const EvalTotals&)>&);                 \
+                                          index_t, const std::function<void(const EvalTotals&)>&,                  \
+                                          const std::vector<std::uint8_t>*);                                       \
   template EvalTotals evaluate_stream<S>(const ParamSet<S>&, const std::vector<std::uint32_t>&, index_t, index_t,  \
-                                         bool);
+                                         bool, const std::vector<std::uint8_t>*);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

@@ -29,6 +29,14 @@ namespace {
 
 constexpr index_t max_valid_windows = 16;
 
+// The token file with its documents (data.separator, data.pack) marked.
+TokenDataset open_dataset(const Settings& st) {
+  auto d = TokenDataset::from_file(st.data.train, st.model.vocab, st.data.seq_len, st.data.valid_fraction,
+                                   st.model.seed, st.data.sequential, st.data.carry_state);
+  d.set_documents(separator_tokens(st.data.separator), st.data.pack);
+  return d;
+}
+
 // §7: a state with |x| above this is as good as lost (the next step overflows).
 constexpr double absurd_value = 1e30;
 
@@ -165,8 +173,7 @@ Trainer<S>::Trainer(const Config& cfg, const Settings& st, const std::string& re
       ckpt_path_(st.run.out_dir + "/checkpoint.h5"),
       log_(log),
       stop_((until > 0 && until < st.optim.steps) ? until : st.optim.steps),
-      data_(TokenDataset::from_file(st.data.train, d_.vocab, T_, st.data.valid_fraction, d_.seed, st.data.sequential,
-                                    st.data.carry_state)),
+      data_(open_dataset(st)),
       fingerprint_(data_.fingerprint()),
       ctx_(st),
       params_(d_, ctx_.range()),
@@ -313,6 +320,12 @@ TrainSummary Trainer<S>::run() {
                  engine.name().c_str(), (long long)parameter_count(d_), sizeof(S) == 8 ? "double" : "float",
                  (long long)data_.train_tokens(), (long long)data_.valid_tokens(), (long long)T_, (long long)B_,
                  (long long)step_, (long long)st_.optim.steps);
+  if (log_ && data_.documents() > 0)
+    std::fprintf(log_, "train: %lld documents (data.separator)%s\n", (long long)data_.documents(),
+                 st_.data.pack ? (", packed: " + std::to_string(int(100 * data_.pack_fill() + 0.5)) +
+                                  "% of the training windows' tokens are documents, the rest padding")
+                                     .c_str()
+                               : "");
   t_start_ = t_last_ = std::chrono::steady_clock::now();
   const std::int64_t ckpt_every = st_.run.ckpt_every;
   double train_s = 0.0;  // wall-clock of the steps alone: no validation, no checkpoints
