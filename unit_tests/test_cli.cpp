@@ -109,6 +109,58 @@ TEST_F(Cli, EvalMatchesPerWindowLosses) {
                     "may not change the model sizes");
 }
 
+// data.separator in ash eval: each document scored from h = 0 without its
+// first token, the total equal to the library's per-document sum; bad values
+// exit 2 naming the key.
+TEST_F(Cli, EvalScoresEachDocument) {
+  const auto docs = dir() + "docs.txt";
+  std::string t;
+  std::mt19937_64 gen(4);
+  for (int i = 0; i < 40; ++i) {
+    const int len = 1 + int(gen() % 60);
+    for (int j = 0; j < len; ++j) t += char('a' + gen() % 26);
+    t += "\n%\n";
+  }
+  write(docs, t);
+  auto e = run("eval --checkpoint " + ckpt + " --tokens " + docs + " --set data.seq_len=50 --set 'data.separator=\\n%\\n'");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("40 documents (data.separator)"), std::string::npos) << e.out;  // nothing follows the last separator
+  const double got = std::stod(e.out.substr(e.out.find("loss ") + 5));
+  CheckpointInfo info;
+  auto ps = load_checkpoint<double>(ckpt, &info);
+  const auto ids = load_tokens(docs);
+  std::vector<std::uint8_t> starts;
+  separator_starts(ids, separator_tokens("\n%\n"), starts);
+  double nats = 0;
+  index_t targets = 0;
+  for (index_t first = 0; first + 2 <= index_t(ids.size()); first += 50) {
+    const index_t len = std::min<index_t>(50, index_t(ids.size()) - first);
+    const auto x = make_windows(ids, 1, len, info.dims.vocab, first, &starts);
+    nats += forward_loss(ps, x) * double(target_count(x));
+    targets += target_count(x);
+  }
+  EXPECT_NEAR(got, nats / double(targets), 1e-6 * std::abs(got));
+  EXPECT_NE(e.out.find("over " + std::to_string(targets) + " targets"), std::string::npos) << e.out;
+  const auto plain = run("eval --checkpoint " + ckpt + " --tokens " + docs + " --set data.seq_len=50");
+  const index_t windows = (index_t(ids.size()) + 49) / 50;  // every target but each window's first token
+  EXPECT_NE(plain.out.find("over " + std::to_string(index_t(ids.size()) - windows) + " targets"), std::string::npos)
+      << plain.out;
+  EXPECT_LT(targets, index_t(ids.size()) - windows - 30);  // the documents' first tokens are not scored
+  const auto g = "grad --checkpoint " + ckpt + " --tokens " + docs + " --out " + dir() + "g.h5 ";
+  auto bad = run(g + "--set 'data.separator=\"\\q\"'");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("data.separator is not valid JSON"), std::string::npos) << bad.out;
+  bad = run(g + "--set data.separator=5");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("config key 'data.separator' expects a string"), std::string::npos) << bad.out;
+  bad = run(g + "--set data.seq_len=3 --set data.separator=abcd");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("data.separator is 4 bytes, longer than a window"), std::string::npos) << bad.out;
+  bad = run(g + "--set data.pack=true");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("data.pack needs data.separator"), std::string::npos) << bad.out;
+}
+
 TEST_F(Cli, BadConfigs) {
   const auto cfg = dir() + "bad.json";
   write(cfg, R"({"model": {"width": 8, "colour": "red"}})");

@@ -63,11 +63,13 @@ std::string tag(const Lay& l, const EngineOptions& o, index_t blocks) {
 }
 
 // Loss and gradient of every layout equal one process's, relative 1e-12 in double.
+// tokens: the windows (default: random tokens without document starts).
 void expect_layouts_match(int K, index_t T, index_t batch, const EngineOptions& o, index_t blocks = 0,
-                          bool with_seq = false, const ParamSet<double>* model = nullptr) {
+                          bool with_seq = false, const ParamSet<double>* model = nullptr,
+                          const TokenView& tokens = TokenView()) {
   const auto d = tiny_dims(K);
   const auto full = model ? model->clone() : random_model<double>(d, 500 + K);
-  const auto x = random_tokens(batch, T, d.vocab, 600 + K);
+  const auto x = tokens.extent(0) > 0 ? tokens : random_tokens(batch, T, d.vocab, 600 + K);
   double ref_loss = 0;
   const auto ref = grad_of(o, full, x, &ref_loss);
   for (const Lay& l : layouts(K, with_seq)) {
@@ -268,6 +270,44 @@ TEST(Distributed, WindowsAcrossSequenceRanksMatchOneProcess) {
   EXPECT_NO_THROW(engine.compute(shard_of(full, grid.range(d)), fits, grad));
   const auto too_short = random_tokens(4, 13, d.vocab, 732);  // ranges of 3, 3, 3, 4
   expect_error([&] { engine.compute(shard_of(full, grid.range(d)), too_short, grad); }, "each range needs >= T-bar - 1");
+}
+
+// Document starts (data.separator) on every layout: for sequence ranks a
+// reset is a = 0 in the affine composition of the ranges. With T = 29 the
+// ranges start at 14 (S = 2) and 7, 14, 21 (S = 4); starts fall on a range's
+// first token, its last, the window's first and its last token.
+TEST(Distributed, DocumentStartsMatchOneProcess) {
+  const index_t T = 29, B = 4;
+  const int K = 4;
+  const auto x = random_tokens(B, T, tiny_dims(K).vocab, 640);
+  std::vector<index_t> starts;
+  const std::vector<std::vector<index_t>> at = {{0, 7, 13, 14, 28}, {3, 21, 22}, {6, 14, 20}, {1, 2, 27, 28}};
+  for (index_t b = 0; b < B; ++b)
+    for (const index_t t : at[std::size_t(b)]) starts.push_back(b * T + t);
+  Kokkos::View<index_t*, MemSpace> sv("starts", starts.size());
+  auto h = Kokkos::create_mirror_view(sv);
+  for (std::size_t i = 0; i < starts.size(); ++i) h(i) = starts[i];
+  Kokkos::deep_copy(sv, h);
+  set_document_starts(x, sv);
+  ASSERT_EQ(target_count(x), B * (T - 1) - 14);  // every start but t = 0 of window 0
+  auto o = engine_options("backprop");
+  expect_layouts_match(K, T, B, o, 0, false, nullptr, x);
+  o = engine_options("adjoint", 5);
+  expect_layouts_match(K, T, B, o, 0, false, nullptr, x);
+  o = engine_options("adjoint-exact");
+  o.chunk = 4;
+  o.wave = 8;
+  expect_layouts_match(K, T, B, o, 0, true, nullptr, x);  // pipeline (S > 1) and block-wise (S = 1)
+  o.detach_inputs = true;
+  expect_layouts_match(K, T, B, o, 0, true, nullptr, x);
+  o.truncate = 6;  // halos across sequence ranks
+  expect_layouts_match(K, T, B, o, 0, true, nullptr, x);
+  auto lev = engine_options("adjoint-exact");
+  lev.chunk = 4;
+  lev.storage = Storage::full;
+  lev.layer_checkpoint = 2;
+  lev.token_block = 8;
+  expect_layouts_match(K, T, B, lev, 0, false, nullptr, x);  // levers on layer and data ranks
 }
 
 // A model whose A is close to 1 (a = -exp(-8)): the state and μ carry across
