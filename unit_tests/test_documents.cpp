@@ -219,13 +219,14 @@ TEST(Documents, CarriedStateResetsAtADocumentStart) {
 TEST(Documents, StartsAreCheckedAndRoundTrip) {
   TokenView x = make_windows(random_token_ids(12, 5, 1), 2, 6, 5);
   Kokkos::View<index_t*, MemSpace> bad("bad", 1);
-  Kokkos::deep_copy(bad, index_t(12));
+  Kokkos::deep_copy(bad, index_t(13));
   expect_error([&] { set_document_starts(x, bad); }, "outside the 2 x 6 tokens");
-  Kokkos::View<index_t*, MemSpace> ok("ok", 3);
+  Kokkos::View<index_t*, MemSpace> ok("ok", 4);
   auto h = Kokkos::create_mirror_view(ok);
   h(0) = 7;
   h(1) = 0;
-  h(2) = 7;  // a duplicate
+  h(2) = 7;   // a duplicate
+  h(3) = 12;  // cu_seqlens' closing offset: marks nothing
   Kokkos::deep_copy(ok, h);
   set_document_starts(x, ok);
   EXPECT_EQ(document_starts(x), (std::vector<index_t>{0, 7}));

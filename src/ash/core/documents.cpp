@@ -9,7 +9,7 @@ void set_document_starts(const TokenView& x, const Kokkos::View<const index_t*, 
   index_t bad = 0;
   Kokkos::parallel_reduce(
       "ash::docs::check_starts", Range(0, n),
-      KOKKOS_LAMBDA(const index_t i, index_t& acc) { acc += (starts(i) < 0 || starts(i) >= M) ? 1 : 0; }, bad);
+      KOKKOS_LAMBDA(const index_t i, index_t& acc) { acc += (starts(i) < 0 || starts(i) > M) ? 1 : 0; }, bad);
   require(bad == 0, "document starts: " + std::to_string(bad) + " offset(s) outside the " + std::to_string(Bt) +
                         " x " + std::to_string(T) + " tokens of the windows");
   Kokkos::parallel_for(
@@ -20,7 +20,7 @@ void set_document_starts(const TokenView& x, const Kokkos::View<const index_t*, 
   Kokkos::parallel_for(
       "ash::docs::set_starts", Range(0, n), KOKKOS_LAMBDA(const index_t i) {
         const index_t m = starts(i);
-        x(m / T, m % T) = x(m / T, m % T) | doc_start_bit;
+        if (m < M) x(m / T, m % T) = x(m / T, m % T) | doc_start_bit;  // M: cu_seqlens' closing offset
       });
   Kokkos::fence();
 }

@@ -40,8 +40,10 @@ struct DocStarts {
 };
 
 // Sets doc_start_bit on the tokens that start documents, cu_seqlens style:
-// `starts` holds flat row offsets m = b·T + t of x ([Bt, T]) in any order;
-// every other token's bit is cleared. Offsets outside [0, Bt·T) are an error.
+// `starts` holds flat row offsets m = b·T + t of x ([Bt, T]) in any order
+// (a cu_seqlens array [0, l1, l1+l2, ..., Bt·T] over the flattened windows
+// works as is: its closing Bt·T marks nothing); every other token's bit is
+// cleared. Offsets outside [0, Bt·T] are an error.
 // (Token 0 of a window matters only with a carried state: it drops the carry.)
 void set_document_starts(const TokenView& x, const Kokkos::View<const index_t*, MemSpace>& starts);
 // The flat offsets of x's document starts, ascending (the inverse of the above).
