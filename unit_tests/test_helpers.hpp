@@ -203,6 +203,27 @@ inline void downgrade_to_v2(const std::string& path) {
   H5Fclose(f);
 }
 
+// Central differences of loss(ps) for every parameter (double); ps is restored.
+template <class Loss>
+std::vector<double> finite_difference(const ParamSet<double>& ps, Loss&& loss, double h) {
+  const auto theta = to_host(ps);
+  std::vector<double> fd(theta.size());
+  auto hostv = Kokkos::create_mirror_view(ps.data());
+  Kokkos::deep_copy(hostv, ps.data());
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    hostv(i) = theta[i] + h;
+    Kokkos::deep_copy(ps.data(), hostv);
+    const double lp = loss(ps);
+    hostv(i) = theta[i] - h;
+    Kokkos::deep_copy(ps.data(), hostv);
+    const double lm = loss(ps);
+    hostv(i) = theta[i];
+    fd[i] = (lp - lm) / (2 * h);
+  }
+  Kokkos::deep_copy(ps.data(), hostv);
+  return fd;
+}
+
 // ||a - b|| / max(||b||, tiny) over a slice.
 inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b, std::size_t off = 0,
                      std::size_t n = std::size_t(-1)) {
