@@ -272,16 +272,26 @@ void run_generate(const std::string& ckpt, const std::string& prompt, long long 
   const auto params = ash::load_checkpoint<double>(ckpt, &info);
   std::vector<std::uint32_t> ids(prompt.begin(), prompt.end());
   for (auto& v : ids) v &= 0xff;
+  // A model trained on documents (data.separator): the prompt's documents each
+  // start from h = 0, and the sample ends with the separator (the document's
+  // end: what follows one was never a target in training).
+  const auto sep = ash::separator_tokens(info.config.json()["data"].value("separator", std::string()));
+  std::vector<std::uint8_t> starts;
+  ash::separator_starts(ids, sep, starts);
   ash::Generator<double> gen(params);
-  gen.feed(ids);
+  gen.feed(ids, sep.empty() ? nullptr : &starts);
   std::mt19937_64 rng(seed);
   std::string out = prompt;
+  std::vector<std::uint32_t> drawn;
   for (long long i = 0; i < n; ++i) {
     const auto v = gen.sample(temperature, rng);
+    drawn.push_back(v);
     if (info.dims.vocab <= 256)
       out.push_back(char(v));
     else
       out += " " + std::to_string(v);
+    if (!sep.empty() && drawn.size() >= sep.size() && std::equal(sep.begin(), sep.end(), drawn.end() - sep.size()))
+      break;
   }
   std::printf("%s\n", out.c_str());
 }

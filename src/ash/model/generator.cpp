@@ -13,7 +13,7 @@ Generator<S>::Generator(const ParamSet<S>& params) : params_(params) {
 }
 
 template <class S>
-void Generator<S>::feed(const std::vector<std::uint32_t>& tokens) {
+void Generator<S>::feed(const std::vector<std::uint32_t>& tokens, const std::vector<std::uint8_t>* starts) {
   if (tokens.empty()) return;
   const auto& d = params_.dims();
   const index_t T = index_t(tokens.size());
@@ -21,10 +21,10 @@ void Generator<S>::feed(const std::vector<std::uint32_t>& tokens) {
   auto h = Kokkos::create_mirror_view(x);
   for (index_t t = 0; t < T; ++t) {
     require(index_t(tokens[t]) < d.vocab, "token id " + std::to_string(tokens[t]) + " is >= vocab");
-    h(0, t) = token_t(tokens[t]);
+    h(0, t) = token_t(tokens[t]) | (starts && (*starts)[std::size_t(t)] ? doc_start_bit : token_t(0));
   }
   Kokkos::deep_copy(x, h);
-  const SeqShape s{1, T};
+  const SeqShape s = SeqShape::of(x);
   View2<S> y("ash::gen::y", T, d.width), y_next("ash::gen::y_next", T, d.width);
   embedding_forward(params_.global().embedding, x, y);
   const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);

@@ -14,8 +14,10 @@ template <class S>
 class Generator {
  public:
   explicit Generator(const ParamSet<S>& params);
-  // Feeds tokens (the prompt) through the model in one pass, carrying the state.
-  void feed(const std::vector<std::uint32_t>& tokens);
+  // Feeds tokens (the prompt) through the model in one pass, carrying the state;
+  // starts (null, or one flag per token): document starts, where the state
+  // restarts from zero as in training (data.separator, docs/design.md §1).
+  void feed(const std::vector<std::uint32_t>& tokens, const std::vector<std::uint8_t>* starts = nullptr);
   // Samples the next token from softmax(logits / temperature) (argmax when
   // temperature <= 0), feeds it, and returns it.
   std::uint32_t sample(double temperature, std::mt19937_64& rng);
