@@ -34,10 +34,24 @@ struct Case {
 
 // The whole model's gradient (layers and embedding) against the stack's
 // layers and the embedding backward of the stack's ∂L/∂y_0.
+// docs: document starts in the windows (the stack gets them as
+// SeqShape::of(x), the cu_seqlens of the Python module).
 void expect_stack_matches_model(const ModelDims& d, index_t B, index_t T, const EngineOptions& stack_opts,
-                                const EngineOptions& model_opts, double tol, const std::string& what) {
+                                const EngineOptions& model_opts, double tol, const std::string& what,
+                                bool docs = false) {
   const auto params = random_model<double>(d, 11);
   const auto x = random_tokens(B, T, d.vocab, 5);
+  if (docs) {  // starts at 0, 1, 9, T-1 of window 0 and 17 of the others (cu_seqlens style, closing offset B·T)
+    std::vector<index_t> at = {0, 1, 9, T - 1};
+    for (index_t b = 1; b < B; ++b) at.push_back(b * T + 17);
+    at.push_back(B * T);
+    Kokkos::View<index_t*, MemSpace> sv("cu_seqlens", at.size());
+    auto h = Kokkos::create_mirror_view(sv);
+    for (std::size_t i = 0; i < at.size(); ++i) h(i) = at[i];
+    Kokkos::deep_copy(sv, h);
+    set_document_starts(x, sv);
+  }
+  const SeqShape shape = docs ? SeqShape::of(x) : SeqShape{B, T};
   const auto ref = grad_of(model_opts, params, x);
   ParamSet<double> head_grad(d);
   const auto gg = head_grad.global();
@@ -46,13 +60,13 @@ void expect_stack_matches_model(const ModelDims& d, index_t B, index_t T, const 
   StackAdjoint<double> stack(stack_opts);
   // forward: bitwise the model's layers
   View2<double> yK("yK", B * T, d.width);
-  stack.forward(layers, SeqShape{B, T}, tape.ys[0], yK);
+  stack.forward(layers, shape, tape.ys[0], yK);
   EXPECT_EQ(host_rows(yK), host_rows(tape.ys[std::size_t(d.layers)])) << what;
   // backward from the head's g
   View2<double> g("g", B * T, d.width);
   Kokkos::deep_copy(g, tape.g);
   ParamSet<double> grad(d, StackAdjoint<double>::range(d));
-  stack.backward(layers, SeqShape{B, T}, tape.ys[0], g, grad);
+  stack.backward(layers, shape, tape.ys[0], g, grad);
   const auto got = to_host(grad);
   for (const auto& t : grad.tensors()) {
     const auto& r = param_layout(d);
@@ -97,6 +111,22 @@ TEST(StackAdjoint, LeversAndBlocks) {
   EngineOptions bf16 = ckpt;
   bf16.storage = Storage::bf16;
   expect_stack_matches_model(d, 1, 37, bf16, o, 3e-2, "bf16 storage");
+}
+
+// Document starts (docs/design.md §1) through the stack: forward and backward
+// equal the whole model's on the same windows, exact, detached, in blocks.
+TEST(StackAdjoint, DocumentStarts) {
+  const auto d = tiny_dims(3);
+  EngineOptions o = engine_options("adjoint-exact");
+  o.chunk = 8;
+  expect_stack_matches_model(d, 2, 37, o, o, 1e-12, "exact, documents", true);
+  EngineOptions det = engine_options("adjoint-exact", 0, true);
+  det.chunk = 8;
+  expect_stack_matches_model(d, 2, 37, det, det, 1e-12, "detached, documents", true);
+  EngineOptions blocks = o;
+  blocks.token_block = 16;
+  blocks.layer_checkpoint = 2;
+  expect_stack_matches_model(d, 2, 37, blocks, o, 1e-12, "blocks and layer checkpoint, documents", true);
 }
 
 TEST(StackAdjoint, RefusesWrongShapesAndOtherMethods) {

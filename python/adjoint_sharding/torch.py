@@ -3,6 +3,7 @@
     from adjoint_sharding.torch import SSMStack
     stack = SSMStack.from_checkpoint("model.h5", dtype=torch.float32)
     yK = stack(y0)            # y0 [B, T, P], e.g. from your torch embedding
+    yK = stack(y0, cu_seqlens=starts)  # packed documents: the state restarts at each start
     loss = my_head(yK)...     # your head and loss in PyTorch
     loss.backward()           # E3 in C++: ∂L/∂y0 and every layer's gradient
 
@@ -37,10 +38,11 @@ class SSMLayer(_torch.nn.Module):
 
 class _StackFunction(_torch.autograd.Function):
     @staticmethod
-    def forward(ctx, stack, y0, *params):
+    def forward(ctx, stack, y0, cu_seqlens, *params):
         yK = _torch.empty_like(y0)
-        _core.stack_forward(stack._arrays(params), stack._options, y0.detach(), yK)
+        _core.stack_forward(stack._arrays(params), stack._options, y0.detach(), yK, cu_seqlens)
         ctx.stack = stack
+        ctx.cu_seqlens = cu_seqlens
         ctx.save_for_backward(y0, *params)
         return yK
 
@@ -50,9 +52,9 @@ class _StackFunction(_torch.autograd.Function):
         stack = ctx.stack
         # g is overwritten in place with ∂L/∂y0: a private contiguous copy of the cotangent.
         g = gK.detach().to(dtype=y0.dtype).contiguous().clone()
-        grads = _core.stack_backward(stack._arrays(params), stack._options, y0.detach(), g)
+        grads = _core.stack_backward(stack._arrays(params), stack._options, y0.detach(), g, ctx.cu_seqlens)
         out = [_torch.from_numpy(grads[name]) for name in stack._names]
-        return (None, g, *out)
+        return (None, g, None, *out)
 
 
 class SSMStack(_torch.nn.Module):
@@ -164,14 +166,32 @@ class SSMStack(_torch.nn.Module):
         if not y0.is_contiguous():
             raise Error("SSMStack: y0 is not contiguous (call .contiguous() first; the library reads it in place)")
 
-    def forward(self, y0):
+    def forward(self, y0, cu_seqlens=None):
+        """y_K for y0 [B, T, P]. cu_seqlens (optional): document starts as flat
+        offsets b*T + t into the B*T tokens, cu_seqlens style (e.g. [0, 5, 12, ..., B*T];
+        the closing B*T marks nothing): every layer's state restarts from zero at
+        each start and no gradient crosses it (docs/design.md §1)."""
         self._check_input(y0)
+        cu = self._check_starts(cu_seqlens, y0)
         params = self._params()
         if _torch.is_grad_enabled() and (y0.requires_grad or any(p.requires_grad for p in params)):
-            return _StackFunction.apply(self, y0, *params)
+            return _StackFunction.apply(self, y0, cu, *params)
         yK = _torch.empty_like(y0)
-        _core.stack_forward(self._arrays(params), self._options, y0.detach(), yK)
+        _core.stack_forward(self._arrays(params), self._options, y0.detach(), yK, cu)
         return yK
+
+    @staticmethod
+    def _check_starts(cu_seqlens, y0):
+        if cu_seqlens is None:
+            return []
+        cu = _np.asarray(cu_seqlens.cpu() if isinstance(cu_seqlens, _torch.Tensor) else cu_seqlens)
+        if cu.ndim != 1 or (cu.size and not _np.issubdtype(cu.dtype, _np.integer)):
+            raise Error(f"SSMStack: cu_seqlens must be a 1-D sequence of integers, got shape {list(cu.shape)} "
+                        f"of {cu.dtype}")
+        n = y0.shape[0] * y0.shape[1]
+        if cu.size and (cu.min() < 0 or cu.max() > n):
+            raise Error(f"SSMStack: cu_seqlens must lie in [0, B*T = {n}], got {int(cu.min())}..{int(cu.max())}")
+        return [int(v) for v in cu]
 
     def extra_repr(self):
         o = self._options

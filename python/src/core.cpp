@@ -398,14 +398,30 @@ void check_shape(const Tensor3<S>& a, const char* what, std::size_t B, std::size
                    std::to_string(T) + ", " + std::to_string(P) + "]");
 }
 
+// The shape of y0 [B, T, P] with document starts from cu_seqlens (flat offsets
+// b·T + t of the B·T rows, docs/design.md §1; empty: none).
+ash::SeqShape stack_shape(std::int64_t B, std::int64_t T, const std::vector<std::int64_t>& cu_seqlens) {
+  ash::SeqShape s{ash::index_t(B), ash::index_t(T)};
+  if (cu_seqlens.empty()) return s;
+  Kokkos::View<ash::index_t*, ash::MemSpace> starts("ash::py::cu_seqlens", cu_seqlens.size());
+  auto h = Kokkos::create_mirror_view(starts);
+  for (std::size_t i = 0; i < cu_seqlens.size(); ++i) h(i) = ash::index_t(cu_seqlens[i]);
+  Kokkos::deep_copy(starts, h);
+  const ash::TokenView x("ash::py::document_starts", B, T);
+  ash::set_document_starts(x, starts);
+  s.docs = ash::DocStarts(x);
+  return s;
+}
+
 template <class S>
-void stack_forward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> yK) {
+void stack_forward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> yK,
+                   const std::vector<std::int64_t>& cu_seqlens) {
   const auto d = stack_dims(o);
   ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
                                                          ", expected the width P = " + std::to_string(d.width));
   check_shape(yK, "yK", y0.shape(0), y0.shape(1), y0.shape(2));
   ash::require(y0.data() != yK.data(), "yK must not be y0");
-  const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
+  const ash::SeqShape s = stack_shape(y0.shape(0), y0.shape(1), cu_seqlens);
   ash::StackAdjoint<S> stack(stack_engine(o, s.T));
   ash::ParamSet<S> ps(d, ash::StackAdjoint<S>::range(d));
   dict_to_paramset(params, ps);
@@ -415,13 +431,14 @@ void stack_forward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0,
 }
 
 template <class S>
-nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> g) {
+nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> g,
+                        const std::vector<std::int64_t>& cu_seqlens) {
   const auto d = stack_dims(o);
   ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
                                                          ", expected the width P = " + std::to_string(d.width));
   check_shape(g, "g", y0.shape(0), y0.shape(1), y0.shape(2));
   ash::require(y0.data() != g.data(), "g must not be y0");
-  const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
+  const ash::SeqShape s = stack_shape(y0.shape(0), y0.shape(1), cu_seqlens);
   ash::StackAdjoint<S> stack(stack_engine(o, s.T));
   ash::ParamSet<S> ps(d, ash::StackAdjoint<S>::range(d));
   dict_to_paramset(params, ps);
@@ -492,8 +509,12 @@ NB_MODULE(_core, m) {
   m.def("plan", &plan, "config_json"_a, "workload"_a, "precision"_a);
   m.def("default_config", []() { return ash::Config::defaults().dump(); });
   m.def("stack_layout", &stack_layout, "options"_a);
-  m.def("stack_forward", &stack_forward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert());
-  m.def("stack_forward", &stack_forward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert());
-  m.def("stack_backward", &stack_backward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert());
-  m.def("stack_backward", &stack_backward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert());
+  m.def("stack_forward", &stack_forward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert(),
+        "cu_seqlens"_a = std::vector<std::int64_t>());
+  m.def("stack_forward", &stack_forward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert(),
+        "cu_seqlens"_a = std::vector<std::int64_t>());
+  m.def("stack_backward", &stack_backward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert(),
+        "cu_seqlens"_a = std::vector<std::int64_t>());
+  m.def("stack_backward", &stack_backward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert(),
+        "cu_seqlens"_a = std::vector<std::int64_t>());
 }

@@ -73,8 +73,12 @@ void StackAdjoint<S>::backward(const ParamSet<S>& layers, const SeqShape& s, con
   };
   links.y_out = [](index_t, const View2<S>&) {};  // y_K is not needed: g_K comes from the caller
   links.y_in_again = true;
-  // The block pass reads only the shape of the tokens (no embedding, no head).
-  const TokenView x("ash::stack::no_tokens", s.batch, s.T);
+  // The block pass reads only the shape of the tokens (no embedding, no head)
+  // and their document starts, when s has them.
+  require(s.docs.x.extent(0) == 0 || (index_t(s.docs.x.extent(0)) == s.batch &&
+                                      index_t(s.docs.x.extent(1)) == s.T && s.docs.t0 == 0),
+          "StackAdjoint: document starts must be a [batch, T] token view from its first token");
+  const TokenView x = s.docs.x.extent(0) > 0 ? s.docs.x : TokenView("ash::stack::no_tokens", s.batch, s.T);
   engine_.compute_range(layers, x, s.rows(), blocks, links, nullptr, grad);
   exec.fence();
 }
