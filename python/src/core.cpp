@@ -121,7 +121,9 @@ std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector
   const ash::Settings st = cfg.settings();
   ash::check_memory(st, ash::Workload::grad, sizeof(S), 0);
   const auto T = st.data.seq_len, B = st.data.batch;
-  const auto x = ash::make_windows(tokens, B, T, st.model.vocab);
+  std::vector<std::uint8_t> starts;  // data.separator: document starts, as `ash grad` marks them
+  ash::separator_starts(tokens, ash::separator_tokens(st.data.separator), starts);
+  const auto x = ash::make_windows(tokens, B, T, st.model.vocab, 0, st.data.separator.empty() ? nullptr : &starts);
   const auto params = ash::load_checkpoint<S>(ckpt);
   ash::ParamSet<S> grad(st.model);
   auto engine = ash::make_engine<S>(st.grad);
@@ -219,7 +221,11 @@ std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, 
   ash::EvalTotals tot;
   {
     nb::gil_scoped_release nogil;
-    tot = ash::evaluate_windows(params, ids, T, B, cfg.settings().grad.head_chunk);
+    const auto st = cfg.settings();
+    std::vector<std::uint8_t> starts;  // the checkpoint's data.separator, as `ash eval`
+    ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
+    tot = ash::evaluate_windows(params, ids, T, B, st.grad.head_chunk, {},
+                                st.data.separator.empty() ? nullptr : &starts);
   }
   return {tot.nats / double(tot.targets), tot.bits_per_token(), std::int64_t(tot.targets)};
 }

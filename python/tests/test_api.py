@@ -18,6 +18,8 @@ from conftest import run_cli
     ("adjoint-exact", ["--set", "run.storage=bf16", "--set", "grad.layer_checkpoint=2"],
      {"storage": "bf16", "layer_checkpoint": 2}),
     ("adjoint-exact", ["--precision", "float"], {"precision": "float"}),
+    # documents end at each token 3 (the separator as a JSON escape, bare on --set)
+    ("adjoint-exact", ["--set", "data.separator=\\u0003"], {"set": ["data.separator=\\u0003"]}),
 ])
 def test_grad_equals_ash_grad_bitwise(tiny_model, ash_cli, tmp_path, engine, extra, kw):
     ckpt, tokens, ids = tiny_model
