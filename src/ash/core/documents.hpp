@@ -54,8 +54,8 @@ std::vector<index_t> document_starts(const TokenView& x);
 index_t target_count(const TokenView& x);
 
 // Host side of data.separator: flags[i] = 1 when tokens[i] is the first token
-// after a full occurrence of `sep` (the separator ends the document before it).
-// The scan starts at `begin` with the `sep.size()-1` tokens before it as context.
+// after a full occurrence of `sep` (the separator ends the document before it),
+// so a separator split across two windows still marks the token after it.
 void separator_starts(const std::vector<std::uint32_t>& tokens, const std::vector<std::uint32_t>& sep,
                       std::vector<std::uint8_t>& flags);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
 
 namespace ash {
@@ -38,7 +39,7 @@ std::int64_t checked_parameter_count(const ModelDims& d) {
 void check_model_dims(const ModelDims& d) {
   require(d.vocab >= 2, "model.vocab must be >= 2 (got " + std::to_string(d.vocab) + ")");
   // Token ids keep bit 30 for document starts (core/documents.hpp).
-  require(d.vocab <= (std::int64_t(1) << 30), "model.vocab must be at most 2^30 = 1073741824 (got " +
+  require(d.vocab <= max_vocab, "model.vocab must be at most 2^30 = 1073741824 (got " +
                                                   std::to_string(d.vocab) + ")");
   require(d.width >= 1, "model.width must be >= 1 (got " + std::to_string(d.width) + ")");
   require(d.state >= 1, "model.state must be >= 1 (got " + std::to_string(d.state) + ")");

@@ -88,6 +88,7 @@ void TokenDataset::set_documents(const std::vector<std::uint32_t>& separator, bo
                                                " tokens, longer than a window (data.seq_len = " + std::to_string(T_) +
                                                ")");
   starts_.clear();
+  n_train_ = n_train_raw_;
   packed_ = false;
   packed_tokens_.clear();
   packed_starts_.clear();
