@@ -398,6 +398,101 @@ def check_gradients(with_torch):
     return out
 
 
+def eval_worker(spec_json):
+    """The recall accuracy of a saved model at d, untrained there (the starting point of the runs)."""
+    spec = json.loads(spec_json)
+    _, core = import_module()
+    task = Task(**spec["task"])
+    with np.load(spec["model"]) as z:
+        params = {k: np.ascontiguousarray(z[k]) for k in z.files}
+    ev = StackRunner(core, spec["width"], spec["state"], spec["layers"], task.vocab, False, 0, spec["chunk"])
+    acc, loss = evaluate(ev, params, task, spec["d"], spec["eval"], spec["eval_seed"])
+    print("RESULT " + json.dumps({"accuracy": acc, "eval_loss": loss}), flush=True)
+
+
+def start_accuracy(a, task, groups, seeds, env):
+    """Each starting model's recall at the d it is trained at, before any step there."""
+    out = []
+    for d, start, _ in groups:
+        if start is None:
+            continue
+        for seed in seeds:
+            spec = {"task": task.spec(), "width": a.width, "state": a.state, "layers": a.layers, "chunk": a.chunk,
+                    "d": d, "eval": a.eval, "eval_seed": a.eval_seed,
+                    "model": os.path.join(a.out, f"seed{seed}_exact_d{start}.npz")}
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--eval-worker", json.dumps(spec)],
+                                  env=env, stdout=subprocess.PIPE, text=True)
+            res = next((json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if res is not None:
+                out.append(dict(d=d, start=start, seed=seed, **res))
+        accs = [r["accuracy"] for r in out if r["d"] == d and r["start"] == start]
+        if accs:
+            print(f"[long_range] the exact gradient's model at d={start}, untrained at d={d}: recall "
+                  f"{', '.join(f'{x:.2f}' for x in accs)}", flush=True)
+    return out
+
+
+# ---------------------------------------------------------------- ash's own engines, timed
+
+ENGINES = {  # ash grad settings of the gradients above, for one gradient of ash's own engines
+    "backprop": {"engine": "backprop"},
+    "exact": {"engine": "adjoint-exact"},
+    "t256": {"engine": "adjoint-exact", "detach_inputs": True, "truncate": 256},
+    "t4096": {"engine": "adjoint-exact", "detach_inputs": True, "truncate": 4096},
+}
+
+
+def engine_worker(spec_json):
+    """One `ash grad` through the module (adjoint_sharding.grad): a warm-up, then a timed one."""
+    spec = json.loads(spec_json)
+    ash, _ = import_module()
+    task = Task(**spec["task"])
+    cfg = {"model": {"vocab": task.vocab, "width": spec["width"], "state": spec["state"],
+                     "layers": spec["layers"], "seed": 1}, "grad": {"chunk": spec["chunk"]}}
+    ckpt = os.path.join(spec["out"], "engine_timing.h5")
+    ash.save(ckpt, ash.init(cfg, "float"))
+    x, _, _ = task.batch(np.random.default_rng([1, spec["d"], 3]), spec["d"], spec["batch"])
+    tokens = x.reshape(-1).astype(np.uint32)
+    kw = dict(ENGINES[spec["engine"]])
+    engine = kw.pop("engine")
+    base_kib, reset = vm_kib("VmRSS"), reset_hwm()
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        ash.grad(ckpt, tokens, seq_len=task.seq_len(spec["d"]), batch=spec["batch"], engine=engine, **kw)
+        times.append(time.perf_counter() - t0)
+    peak_kib = vm_kib("VmHWM")
+    print("RESULT " + json.dumps({"s_per_grad": times[-1], "first_s": times[0], "hwm_reset": reset,
+                                  "rss_growth_mib": (peak_kib - base_kib) / 1024}), flush=True)
+
+
+def engine_timing(a, task, ds, variants, doc, env):
+    """ash's own engines (E1 backprop, E3 exact, E3 detached with a window) on the same windows
+    and batch as the runs at each d: the time and resident growth of one gradient of the loss
+    over every target (`ash grad`), in a child process each."""
+    out = []
+    for d in ds:
+        B = a.batch if a.start_d and d > a.start_d else a.scratch_batch  # as the runs at d
+        for eng in ENGINES:
+            if eng != "backprop" and eng not in variants:
+                continue
+            tr = ENGINES[eng].get("truncate", 0)
+            if tr and task.seq_len(d) <= tr:
+                continue
+            spec = {"task": task.spec(), "width": a.width, "state": a.state, "layers": a.layers, "chunk": a.chunk,
+                    "d": d, "batch": B, "engine": eng, "out": a.out}
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine-worker", json.dumps(spec)],
+                                  env=env, stdout=subprocess.PIPE, text=True)
+            res = next((json.loads(l[7:]) for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+            if res is None:
+                print(f"[long_range] ash grad timing d={d} {eng}: failed (exit {proc.returncode})", flush=True)
+                continue
+            out.append(dict(d=d, T=task.seq_len(d), batch=B, engine=eng, **res))
+            print(f"[long_range] ash grad d={d} {ENGINES[eng]['engine']}{' T̄=' + str(tr) if tr else ''}: "
+                  f"{res['s_per_grad']:.3f} s, +{res['rss_growth_mib']:.0f} MiB", flush=True)
+    return out
+
+
 # ---------------------------------------------------------------- the study
 
 def parse_args(argv):
@@ -440,6 +535,8 @@ def parse_args(argv):
     ap.add_argument("--plot-python", default=None,
                     help="a Python with matplotlib for the plots when this one has none")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-engine-timing", action="store_true",
+                    help="skip timing one gradient of ash's own engines (backprop E1, E3) at each d")
     ap.add_argument("--plot-only", action="store_true", help="only draw the plots from --json")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: d = 16 and 256, one seed, a gradient check; fails unless the exact "
@@ -621,6 +718,10 @@ def study(a):
         with open(a.json + ".tmp", "w") as f:
             json.dump(doc, f, indent=1)
         os.replace(a.json + ".tmp", a.json)
+    doc["start_accuracy"] = start_accuracy(a, task, groups, seeds, env)
+    if not a.no_engine_timing:
+        print("[long_range] ash's own engines: one gradient (ash grad) on the same windows and batch", flush=True)
+        doc["ash_grad"] = engine_timing(a, task, ds, variants, doc, env)
     doc["wall_s"] = time.time() - t_start  # this invocation (runs reused from --json not counted)
     doc["runs_wall_s"] = sum(r.get("wall_s", 0) for r in doc["runs"])
     doc["groups"] = [[d, st] for d, st, _ in groups]
@@ -660,8 +761,8 @@ def table_md(doc):
     summ = {(r["variant"], r["d"], r["start"]): r for r in doc["summary"]}
     vs = doc["variants"]
     margin = doc["task"]["margin"]
-    lines = ["| d | T | trained from | " + " | ".join(LABELS[v] for v in vs) + " |",
-             "|---|---|---|" + "---|" * len(vs)]
+    lines = ["| d | T | trained from | start model, untrained at d | " + " | ".join(LABELS[v] for v in vs) + " |",
+             "|---|---|---|---|" + "---|" * len(vs)]
     time_lines = ["| d | trained from | " + " | ".join(LABELS[v] for v in vs) + " |",
                   "|---|---|" + "---|" * len(vs)]
     for d, start in doc["groups"]:
@@ -678,10 +779,32 @@ def table_md(doc):
                          f"{r['acc_mean']:.2f} [{r['acc_min']:.2f}–{r['acc_max']:.2f}]")
             tcells.append(f"{r['s_per_step']:.3f} s, {r['rss_growth_mib']:.0f} MiB")
         st = "initialisation" if start is None else f"exact @ d={start}"
-        lines.append(f"| {d} | {d + margin} | {st} | " + " | ".join(cells) + " |")
+        s0 = [r["accuracy"] for r in doc.get("start_accuracy", []) if r["d"] == d and r["start"] == start]
+        s0 = f"{sum(s0) / len(s0):.2f} [{min(s0):.2f}–{max(s0):.2f}]" if s0 else "—"
+        lines.append(f"| {d} | {d + margin} | {st} | {s0} | " + " | ".join(cells) + " |")
         time_lines.append(f"| {d} | {st} | " + " | ".join(tcells) + " |")
-    return "\n".join(lines + ["", "Seconds per training step and peak memory growth of a step (max over seeds):", ""]
-                     + time_lines)
+    out = lines + ["", "Seconds per training step and peak memory growth of a step (max over seeds):", ""] + time_lines
+    if doc.get("ash_grad"):
+        engs = [e for e in ENGINES if any(r["engine"] == e for r in doc["ash_grad"])]
+        names = {"backprop": "backprop (E1)", "exact": "exact (E3)", "t256": "E3, window 256",
+                 "t4096": "E3, window 4096"}
+        out += ["", "One gradient of ash's own engines (`ash grad`, the loss over every target) on the same "
+                "windows and batch: seconds, resident growth:", "",
+                "| d | batch | " + " | ".join(names[e] for e in engs) + " | planner: E1, E3 |",
+                "|---|---|" + "---|" * len(engs) + "---|"]
+        plan = {r["d"]: r for r in doc["plan"]}
+        for d in doc["d"]:
+            rs = {r["engine"]: r for r in doc["ash_grad"] if r["d"] == d}
+            if not rs:
+                continue
+            B = next(iter(rs.values()))["batch"]
+            st = doc["settings"]["start_d"]
+            tag = "ext" if st and d > st else "scratch"
+            cells = [f"{rs[e]['s_per_grad']:.3f} s, {rs[e]['rss_growth_mib']:.0f} MiB" if e in rs else "—"
+                     for e in engs]
+            out.append(f"| {d} | {B} | " + " | ".join(cells) + f" | {plan[d]['e1_' + tag] / 2**20:.0f} MiB, "
+                       f"{plan[d]['e3_' + tag] / 2**20:.0f} MiB |")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------- plots
@@ -701,7 +824,7 @@ def plots(doc, figures):
         return next((x for x in summ if x["variant"] == v and x["d"] == d and x["start"] == start
                      and not x["timed_only"]), None)
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     for j, v in enumerate(doc["variants"]):
         pts = []
         for d in doc["d"]:
@@ -738,7 +861,7 @@ def plots(doc, figures):
                  f"circles: d = {min(doc['d'])} from the initialisation, every longer d from the exact "
                  f"gradient's model at d = {main[max(doc['d'])]}", fontsize=9)
     ax.text(0.0, -0.16, sub, transform=ax.transAxes, fontsize=7, color="gray")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(os.path.join(figures, "long_range_accuracy.png"), dpi=120)
     plt.close(fig)
@@ -755,11 +878,18 @@ def plots(doc, figures):
     # the planner (ash plan --for grad) for ash's own engines at each studied d with the batch used
     # there, then on to 2^20 tokens at the extension runs' batch
     pl = {r["d"]: r for r in doc["plan"]}
-    first_ext = min([d for d in doc["d"] if main[d] is not None] or [max(doc["d"]) + 1])
+    st = doc["settings"]["start_d"]
+    first_ext = min([d for d in doc["d"] if st and d > st] or [max(doc["d"]) + 1])
     for eng, color, name in (("e1", "tab:gray", "ash backprop E1"), ("e3", "black", "ash exact E3")):
         xs = sorted(pl)
         ys = [pl[d][f"{eng}_scratch" if d < first_ext else f"{eng}_ext"] / 2 ** 20 for d in xs]
         ax1.plot(xs, ys, color=color, lw=1, ls=":", label=f"{name} (planner)")
+    for eng, color, name in (("backprop", "tab:gray", "ash backprop E1"), ("exact", "black", "ash exact E3")):
+        pts = [(r["d"], r["rss_growth_mib"], r["s_per_grad"]) for r in doc.get("ash_grad", []) if r["engine"] == eng]
+        if pts:
+            xs, mem, sec = zip(*pts)
+            ax1.plot(xs, mem, color=color, marker="s", ls="none", mfc="none", label=f"{name} (measured, ash grad)")
+            ax2.plot(xs, sec, color=color, marker="s", ls=":", mfc="none", label=f"{name} (one ash grad)")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -767,8 +897,8 @@ def plots(doc, figures):
         ax.grid(alpha=0.3)
     ax1.set_ylabel("peak memory of a training step (MiB)")
     ax1.set_title("Memory: measured RSS growth, and the planner", fontsize=10)
-    ax2.set_ylabel("seconds per training step")
-    ax2.set_title("Time per step (one core)", fontsize=10)
+    ax2.set_ylabel("seconds per training step (squares: one ash grad)")
+    ax2.set_title("Time (one core)", fontsize=10)
     ax1.legend(fontsize=7)
     ax2.legend(fontsize=7)
     ax1.text(0.0, -0.17, sub, transform=ax1.transAxes, fontsize=7, color="gray")
@@ -823,5 +953,11 @@ def main(argv):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         worker(sys.argv[2])
+        sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--eval-worker":
+        eval_worker(sys.argv[2])
+        sys.exit(0)
+    if len(sys.argv) == 3 and sys.argv[1] == "--engine-worker":
+        engine_worker(sys.argv[2])
         sys.exit(0)
     sys.exit(main(sys.argv[1:]))
