@@ -20,8 +20,8 @@ P = 16, N = 8) are trained with
 Protocol (the same Adam settings, learning rate and batches for every gradient):
 at the shortest d every gradient trains from the seeded initialisation; every
 longer d starts from the model the exact gradient trained at the shortest d
-(it knows the task at short range, and recalls at chance at long range), so
-what a gradient learns at d is learned from windows of length d. At the
+(it knows the task at short range; its untrained recall at each d is measured
+too), so what a gradient learns at d it learns from windows of length d. At the
 largest d, extra runs start from the exact gradient's model at --extra-start
 (a gradual extension). Recall accuracy is the arg max over the whole vocabulary
 at the query, on held-out windows. Backprop trains where --backprop-max-d allows
@@ -554,6 +554,19 @@ def parse_args(argv):
     return a
 
 
+def command_args(argv):
+    """The command line to record, without --plot-python's interpreter (a path of this machine)."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x == "--plot-python":
+            skip = True
+        elif not x.startswith("--plot-python="):
+            out.append(x)
+    return out
+
+
 def has_module(python, module):
     return subprocess.call([python, "-c", f"import {module}"], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL) == 0
@@ -617,7 +630,7 @@ def study(a):
           + (f", backprop vs E3 {checks['backprop_rel_err']:.1e}" if "backprop_rel_err" in checks else ""),
           flush=True)
     doc = {"what": "long-range key-value recall (examples/long_range.py, issue 22)",
-           "command": " ".join(["python", "examples/long_range.py"] + sys.argv[1:]),
+           "command": " ".join(["python", "examples/long_range.py"] + command_args(sys.argv[1:])),
            "machine": machine(), "date": time.strftime("%Y-%m-%d"), "backend": ash.backend,
            "settings": settings, "task": task.spec(), "d": ds, "seeds": seeds, "variants": variants,
            "gradient_check": checks, "notes": [], "runs": [], "plan": []}
