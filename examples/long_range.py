@@ -30,7 +30,9 @@ time and memory.
 
 The embedding, final norm, head and the Adam update are numpy; the K layers run
 in C++ through adjoint_sharding's layer stack (the forward, and E3's backward
-with the variant's detach and window; docs/python.md). Every run is a child
+with the variant's detach and window; docs/python.md), called through the
+package's binding _core.stack_forward / stack_backward as adjoint_sharding.torch
+does, so that only backprop needs torch. Every run is a child
 process, one at a time, with one thread; its peak resident memory growth over
 its training steps is recorded. A float64 check first compares the training
 loop's gradient with central differences and with PyTorch autograd.
