@@ -58,6 +58,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "perf_tests"))
+from proc_memory import reset_rss_peak, vm_kib  # noqa: E402  (no torch)
 RMS_EPS = 1e-5  # docs/design.md §1
 
 VARIANTS = {
@@ -162,7 +164,6 @@ class TorchRunner:
 
     def __init__(self, P, N, K, vocab, chunk, double=False):
         import torch
-        sys.path.insert(0, os.path.join(ROOT, "perf_tests"))
         import torch_baseline as tb
         torch.set_num_threads(1)
         self.torch, self.tb = torch, tb
@@ -194,23 +195,6 @@ class TorchRunner:
         grads = {name: self.m[name].grad.numpy().copy() for name in layer_params}
         self._graph = None
         return grads
-
-
-def vm_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def reset_hwm():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def evaluate(runner, params, task, d, n, seed, max_tokens=1 << 20):
@@ -299,7 +283,7 @@ def train_run(spec, core, ash_init, log=None):
     T = task.seq_len(d)
     # peak resident memory of the steps over the resident size before them (the first step's
     # one-time set-up included: PyTorch's, Kokkos')
-    base_kib, hwm_reset = vm_kib("VmRSS"), reset_hwm()
+    base_kib, hwm_reset = vm_kib("VmRSS"), reset_rss_peak()
     curve, acc_window, t_steps, done, loss = [], [], 0.0, 0, float("nan")
     for s in range(steps):
         x, q, tgt = task.batch(rng, d, B)
@@ -457,7 +441,7 @@ def engine_worker(spec_json):
     tokens = x.reshape(-1).astype(np.uint32)
     kw = dict(ENGINES[spec["engine"]])
     engine = kw.pop("engine")
-    base_kib, reset = vm_kib("VmRSS"), reset_hwm()
+    base_kib, reset = vm_kib("VmRSS"), reset_rss_peak()
     times = []
     for _ in range(2):
         t0 = time.perf_counter()

@@ -32,6 +32,7 @@ from adjoint_sharding.torch import SSMStack
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "perf_tests"))
 import torch_baseline as tb  # noqa: E402  (the plain-PyTorch model: rms_norm, chunked scan)
+from proc_memory import reset_rss_peak, vm_kib  # noqa: E402
 
 
 def fortunes_text():
@@ -40,14 +41,6 @@ def fortunes_text():
     if not files:
         raise SystemExit("no fortunes in /usr/share/games/fortunes (apt-get install fortunes) - or pass --text FILE")
     return b"".join(p.read_bytes() for p in files)
-
-
-def vm_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 class AshModel(torch.nn.Module):
@@ -82,7 +75,7 @@ def train(name, model, batches, lr, log_every):
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     saved = tb.saved_tensor_bytes(model, batches[0])
     base = vm_kib("VmRSS")
-    per_run = tb.reset_rss_peak()
+    per_run = reset_rss_peak()
     losses, t0 = [], time.perf_counter()
     for step, x in enumerate(batches):
         opt.zero_grad(set_to_none=True)

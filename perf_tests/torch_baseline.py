@@ -54,6 +54,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from proc_memory import reset_rss_peak
+
 RMS_EPS = 1e-5  # design.md §1; not configurable in ash either
 
 
@@ -172,15 +174,6 @@ class SSMModel(torch.nn.Module):
 def synthetic_ids(n, vocab):
     # uint64 multiplication wraps mod 2^64, as size_t does in bench_grad.cpp
     return (np.arange(n, dtype=np.uint64) * np.uint64(2654435761)) % np.uint64(vocab)
-
-
-def reset_rss_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def current_rss_bytes():
