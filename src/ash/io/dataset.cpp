@@ -119,6 +119,10 @@ const std::vector<std::uint8_t>* TokenDataset::view_starts() const {
   return starts_.empty() ? nullptr : &starts_;
 }
 
+index_t TokenDataset::stream_length(index_t batch) const {
+  return packed_ ? (n_train_ / T_ / batch) * T_ : n_train_ / batch;  // packed: whole windows
+}
+
 index_t TokenDataset::span() const { return packed_ ? n_train_ : n_train_ - T_ + 1; }
 
 TokenView TokenDataset::windows(const std::vector<index_t>& off) const {
@@ -140,7 +144,7 @@ void TokenDataset::check_cursor(std::int64_t cursor, index_t batch) const {
   const std::string file = path_.empty() ? std::string("the token data") : "token file '" + path_ + "'";
   require(cursor >= 0, "data cursor " + std::to_string(cursor) + " is negative");
   if (streams_) {
-    const index_t L = packed_ ? (n_train_ / T_ / batch) * T_ : n_train_ / batch;
+    const index_t L = stream_length(batch);
     require(cursor <= L - T_, "data cursor " + std::to_string(cursor) + " is past the last window of " + file + ": " +
                                   std::to_string(batch) + " streams of " + std::to_string(L) +
                                   " training tokens take cursors 0.." + std::to_string(L - T_));
@@ -165,7 +169,7 @@ std::uint64_t TokenDataset::fingerprint() const {
 std::vector<index_t> TokenDataset::train_offsets(std::int64_t step, index_t batch, std::int64_t cursor) const {
   std::vector<index_t> off(batch);
   if (streams_) {
-    const index_t L = packed_ ? (n_train_ / T_ / batch) * T_ : n_train_ / batch;  // packed: whole windows
+    const index_t L = stream_length(batch);
     require(L >= T_, "data.carry_state: " + std::to_string(n_train_) + " training tokens make " +
                          std::to_string(batch) + " streams of " + std::to_string(L) + " tokens, shorter than T = " +
                          std::to_string(T_));
@@ -190,7 +194,7 @@ std::vector<index_t> TokenDataset::train_offsets(std::int64_t step, index_t batc
 TokenView TokenDataset::train_batch(std::int64_t step, index_t batch, std::int64_t* cursor) const {
   const auto off = train_offsets(step, batch, cursor ? *cursor : 0);
   const TokenView x = windows(off);
-  const index_t L = packed_ ? (n_train_ / T_ / batch) * T_ : n_train_ / batch;
+  const index_t L = stream_length(batch);
   if (streams_ && cursor)
     *cursor = *cursor + 2 * T_ <= L ? *cursor + T_ : 0;  // the next window fits, or the streams restart
   else if (sequential_ && cursor)

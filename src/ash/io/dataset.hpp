@@ -80,6 +80,7 @@ class TokenDataset {
   const std::vector<std::uint8_t>* view_starts() const;
   TokenView windows(const std::vector<index_t>& offsets) const;
   index_t span() const;  // sequential cursors run over [0, span)
+  index_t stream_length(index_t batch) const;  // tokens per stream in stream mode (L)
 
   std::vector<std::uint32_t> tokens_;
   std::string path_;  // from_file's, for messages

@@ -23,7 +23,7 @@ class BlockwiseForward {
   // The windows' tokens ([Bt, T]), for their document starts (default: none).
   void set_documents(const TokenView& x) { docs_ = DocStarts(x); }
   // Block j of every sequence: Bt sequences of blocks().size(j) tokens.
-  SeqShape shape(index_t j) const { return SeqShape{Bt_, blocks_.size(j), docs_.x.extent(0) ? docs_.from(blocks_.start(j)) : docs_}; }
+  SeqShape shape(index_t j) const { return SeqShape{Bt_, blocks_.size(j), docs_.from(blocks_.start(j))}; }
   index_t rows(index_t j) const { return Bt_ * blocks_.size(j); }
 
   // Layer k starts its first block from h0 ([Bt·P, N], copied) instead of zero.
