@@ -331,14 +331,16 @@ TEST(Distributed, SequenceCarryOnALongMemoryModel) {
   expect_layouts_match(3, T, 2, o, 0, true, &m);
 }
 
-// The memory levers under layer and data ranks (issue: levers under every
-// layout): the block-wise pass of one process on each rank's layer range, y
-// and g blocks handed between the ranks. Equal to one process with the same
-// levers: bitwise with one replica (the same kernels on the same blocks), to
-// 1e-12 with several (the batch's sums split over replicas). With 16-bit
-// storage a layer range that starts off the checkpoint grid (k0 not a
-// multiple of m) keeps other inputs than one process: then within twice
-// what 16-bit storage costs one process.
+// The memory levers under every layout: on layer and data ranks the
+// block-wise pass of one process on each rank's layer range, y and g blocks
+// handed between the ranks; on sequence ranks each range in token blocks,
+// layer by layer (distributed/sequence_blockwise.hpp). Equal to one process
+// with the same levers: bitwise with one replica and one range (the same
+// kernels on the same blocks), else to 1e-12 (the batch's sums split over
+// replicas, the state and μ composed over ranges). With 16-bit storage a
+// layer range that starts off the checkpoint grid (k0 not a multiple of m)
+// keeps other inputs than one process: then within twice what 16-bit
+// storage costs one process.
 namespace {
 
 EngineOptions lever_options(Storage st, index_t m, index_t block, bool detach = false, index_t Tbar = 0) {
@@ -351,13 +353,20 @@ EngineOptions lever_options(Storage st, index_t m, index_t block, bool detach = 
   return o;
 }
 
+// Whether every sequence rank's range starts where one process starts a block.
+bool ranges_on_blocks(index_t T, int S, index_t block) {
+  for (int r = 1; r < S; ++r)
+    if ((T * r / S) % block != 0) return false;
+  return true;
+}
+
 bool ranks_on_grid(const ModelDims& d, int R, index_t m) {
   for (int r = 1; r < R; ++r)
     if (LayerRange::block(d, r, R).k0 % m != 0) return false;
   return true;
 }
 
-void expect_levers_match(int K, index_t T, index_t batch, const EngineOptions& o) {
+void expect_levers_match(int K, index_t T, index_t batch, const EngineOptions& o, bool with_seq = true) {
   const auto d = tiny_dims(K);
   const auto full = random_model<double>(d, 700 + K);
   const auto x = random_tokens(batch, T, d.vocab, 710 + K);
@@ -371,17 +380,20 @@ void expect_levers_match(int K, index_t T, index_t batch, const EngineOptions& o
   full_storage.storage = Storage::full;
   const auto ref_full = grad_of(full_storage, full, x);
   const double rounding = rel_l2(ref, ref_full);  // what 16-bit storage costs one process (0 with float)
-  for (const Lay& l : layouts(K)) {
+  for (const Lay& l : layouts(K, with_seq)) {
     if (l.D > batch) continue;
-    const dist::Grid grid(layout_config(d, l.R, l.D, batch));
+    const dist::Grid grid(layout_config(d, l.R, l.D, batch, l.S));
     const auto params = shard_of(full, grid.range(d));
     ParamSet<double> grad(d, grid.range(d));
     dist::DistributedEngine<double> engine(grid, o);
     const double loss = engine.compute(params, x, grad);
     const auto whole = dist::gather(grid, grad);
     const std::string what = tag(l, o, 0) + " " + storage_name(o.storage) + " m=" + std::to_string(o.layer_checkpoint);
-    const bool on_grid = o.storage == Storage::full || ranks_on_grid(d, l.R, o.layer_checkpoint);
-    if (l.D == 1 && on_grid) {
+    // 16-bit storage: a block replays from its kept (float) state, so where
+    // blocks start matters as much as which inputs are kept.
+    const bool on_grid = o.storage == Storage::full || (ranks_on_grid(d, l.R, o.layer_checkpoint) &&
+                                                        ranges_on_blocks(T, l.S, blockwise_block_length(o, T)));
+    if (l.D == 1 && l.S == 1 && on_grid) {
       EXPECT_EQ(loss, ref_loss) << what;
       if (world_rank() == 0) EXPECT_EQ(to_host(whole), ref) << what << " (bitwise)";
     } else if (on_grid) {
@@ -406,13 +418,17 @@ TEST(Distributed, MemoryLeversMatchOneProcess) {
     expect_levers_match(K, 29, 4, lever_options(Storage::fp16, 3, 8));
     expect_levers_match(K, 29, 4, lever_options(Storage::full, 9, 8));   // m > K: only y_0
     expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true));     // paper mode
-    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true, 6));  // a window: one block
+    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true, 6), false);  // a window: one block
+    // Ranges of 16 and 8 tokens start on the blocks of one process (S = 2, 4).
+    expect_levers_match(K, 32, 4, lever_options(Storage::bf16, 1, 8));
+    expect_levers_match(K, 32, 4, lever_options(Storage::bf16, 2, 8, true));
   }
 }
 
-// data.carry_state under layer and data ranks: two consecutive windows, the
-// second starting from the first's state; the second gradient and the state
-// a checkpoint gathers equal one process.
+// data.carry_state under every layout: two consecutive windows, the second
+// starting from the first's state; the second gradient and the state a
+// checkpoint gathers equal one process. On sequence ranks the first range
+// starts from the carried state and the last range's end state is every range's.
 TEST(Distributed, CarriedStateMatchesOneProcess) {
   const int K = 4;
   const index_t B = 4, T = 21;
@@ -433,9 +449,9 @@ TEST(Distributed, CarriedStateMatchesOneProcess) {
   ref_engine.compute(full, x1, ref_g);
   const double ref_loss = ref_engine.compute(full, x2, ref_g);
   const auto ref = to_host(ref_g);
-  for (const Lay& l : layouts(K)) {
+  for (const Lay& l : layouts(K, true)) {
     if (l.D > B) continue;
-    Config c = layout_config(d, l.R, l.D, B);
+    Config c = layout_config(d, l.R, l.D, B, l.S);
     const dist::Grid grid(c);
     const auto params = shard_of(full, grid.range(d));
     ParamSet<double> grad(d, grid.range(d));
@@ -449,7 +465,8 @@ TEST(Distributed, CarriedStateMatchesOneProcess) {
     EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss)) << what;
     if (world_rank() == 0) expect_close(to_host(whole), ref, d, 1e-12, what);
     // The checkpoint gathers every rank's rows of every layer onto rank 0.
-    const std::string path = tmp_path("dist_carry_" + std::to_string(l.R) + "x" + std::to_string(l.D) + "_np" +
+    const std::string path = tmp_path("dist_carry_" + std::to_string(l.R) + "x" + std::to_string(l.S) + "x" +
+                                      std::to_string(l.D) + "_np" +
                                       std::to_string(world_size()) + ".h5");
     dist::save_checkpoint(grid, path, c, params, 2, 0, OptimizerState<double>{nullptr, nullptr, 0, &h});
     if (world_rank() == 0) {

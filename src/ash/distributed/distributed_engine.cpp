@@ -37,15 +37,16 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
-  require(!opts.low_memory() || grid.layout().S == 1,
-          "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state run with dist.seq_ranks = 1 "
-          "(layer and data ranks); not with sequence ranks yet");
-  // E3 on layer and data ranks: the block-wise pass on each rank's layer
-  // range, token blocks of y and g flowing both ways (the levers, when set).
-  if (opts.exact_adjoint() && grid.layout().S == 1) block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
   require(grid.layout().S == 1 || opts.exact_adjoint(),
           "dist.seq_ranks > 1 runs adjoint-exact (exact, --detach-inputs, or a window T-bar with --detach-inputs): "
           "E1 and E2 keep whole windows");
+  // E3 on layer and data ranks: the block-wise pass on each rank's layer
+  // range, token blocks of y and g flowing both ways (the levers, when set);
+  // on sequence ranks with a lever, each range in token blocks.
+  if (opts.exact_adjoint() && grid.layout().S == 1)
+    block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
+  else if (opts.exact_adjoint() && opts.low_memory())
+    seq_pass_ = std::make_unique<SequenceBlockwise<S>>(grid, opts);
   if (grid.layout().S > 1 && opts.truncate > 0) {
     EngineOptions whole = opts;
     whole.truncate = 0;
@@ -55,7 +56,7 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
 
 template <class S>
 void DistributedEngine<S>::set_carried_state(std::vector<View2<S>>* state) {
-  require(state == nullptr || block_pass_ != nullptr,
+  require(state == nullptr || block_pass_ != nullptr || seq_pass_ != nullptr,
           name() + ": this engine does not carry state across windows (data.carry_state selects the block-wise one)");
   carried_ = state;
 }
@@ -63,7 +64,7 @@ void DistributedEngine<S>::set_carried_state(std::vector<View2<S>>* state) {
 template <class S>
 std::string DistributedEngine<S>::name() const {
   const auto& l = grid_.layout();
-  return (block_pass_ ? block_pass_->name() : layer_->name()) + " on " + std::to_string(l.R) + " layer rank(s) x " +
+  return (block_pass_ ? block_pass_->name() : seq_pass_ ? seq_pass_->name() : layer_->name()) + " on " + std::to_string(l.R) + " layer rank(s) x " +
          (l.S > 1 ? std::to_string(l.S) + " sequence rank(s) x " : std::string()) + std::to_string(l.D) +
          " data rank(s)" + (layer_->detached() ? ", paper mode" : ", exact mode");
 }
@@ -245,7 +246,7 @@ double DistributedEngine<S>::compute_blockwise(const ParamSet<S>& params, const 
   const auto& lay = grid_.layout();
   const MPI_Comm lc = grid_.layers();
   const TokenView x = my_windows(x_all);
-  const index_t T = x.extent(1), P = params.dims().width;
+  const index_t T = x.extent(1);
   RangeLinks<S> links;
   if (!lay.first()) {
     links.y_in = [&](index_t, const View2<S>& y) { timed([&] { recv(y, lay.layer_rank - 1, tag_y, lc); }); };
@@ -255,19 +256,39 @@ double DistributedEngine<S>::compute_blockwise(const ParamSet<S>& params, const 
     links.y_out = [&](index_t, const View2<S>& y) { timed([&] { send(y, lay.layer_rank + 1, tag_y, lc); }); };
     links.g_in = [&](index_t, const View2<S>& g) { timed([&] { recv(g, lay.layer_rank + 1, tag_g, lc); }); };
   }
-  std::vector<View2<S>> state;  // this rank's layers, this replica's rows
-  if (carried_) {
-    const auto [b0, b1] = my_window_range(x_all.extent(0));
-    const LayerRange range = params.range();
-    require(index_t(carried_->size()) == params.dims().layers, "carried state: expected one state per layer");
-    for (int k = range.k0; k < range.k1; ++k)
-      state.push_back(Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * P, b1 * P), Kokkos::ALL()));
-  }
+  std::vector<View2<S>> state = my_carried_rows(params, x_all.extent(0));
   if (before_backward_) links.before_backward = before_backward_;
   const index_t blen = pipeline_block_length(opts_, T, grid_.layout().R, pipeline_blocks_);
   stats_.blocks = (T + blen - 1) / blen;
   const double loss = block_pass_->compute_range(params, x, target_count(x_all), TokenBlocks(blen, T),
                                              links, carried_ ? &state : nullptr, grad);
+  return finish(loss, grad);
+}
+
+template <class S>
+std::vector<View2<S>> DistributedEngine<S>::my_carried_rows(const ParamSet<S>& params, index_t B) const {
+  std::vector<View2<S>> state;
+  if (!carried_) return state;
+  const auto [b0, b1] = my_window_range(B);
+  const LayerRange range = params.range();
+  const index_t P = params.dims().width;
+  require(index_t(carried_->size()) == params.dims().layers, "carried state: expected one state per layer");
+  for (int k = range.k0; k < range.k1; ++k)
+    state.push_back(Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * P, b1 * P), Kokkos::ALL()));
+  return state;
+}
+
+template <class S>
+double DistributedEngine<S>::compute_sequence_blockwise(const ParamSet<S>& params, const TokenView& x_all,
+                                                        const ParamSet<S>& grad) {
+  const TokenView x = my_windows(x_all);
+  const std::vector<View2<S>> state = my_carried_rows(params, x_all.extent(0));
+  const index_t T = grid_.layout().seq_end(x.extent(1)) - grid_.layout().seq_begin(x.extent(1));
+  const index_t blen = seq_pass_->block_length(T);
+  stats_.blocks = (T + blen - 1) / blen;
+  const double loss = seq_pass_->compute(
+      params, x, target_count(x_all), carried_ ? &state : nullptr, grad,
+      [this](const std::function<void()>& fn) { timed(fn); }, before_backward_);
   return finish(loss, grad);
 }
 
@@ -281,7 +302,9 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange range = grid_.range(d);
   require(params.range() == range && grad.range() == range,
           "distributed engine: the parameters are not this rank's shard of the layout");
-  const double loss = block_pass_ ? compute_blockwise(params, x_all, grad) : compute_pipeline(params, x_all, grad);
+  const double loss = block_pass_ ? compute_blockwise(params, x_all, grad)
+                      : seq_pass_ ? compute_sequence_blockwise(params, x_all, grad)
+                                  : compute_pipeline(params, x_all, grad);
   Kokkos::fence();
   const double wall = seconds_since(t_start);
   const MPI_Comm lc = grid_.layers();

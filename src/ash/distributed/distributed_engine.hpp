@@ -18,7 +18,9 @@
 //            every window; per layer, the state before the range comes from an
 //            exclusive scan of the ranges' affine state maps, and μ's carry
 //            from the later ranges from the same scan in reverse: O(Bt·P·N)
-//            bytes per layer and rank, whatever T is.
+//            bytes per layer and rank, whatever T is. With a memory lever the
+//            range runs in token blocks, layer by layer
+//            (distributed/sequence_blockwise.hpp).
 //  replicas  the gradient is summed over the ranks that own the same layers
 //            (data and sequence); the loss and g are already scaled by the
 //            whole batch's target count.
@@ -29,6 +31,7 @@
 
 #include "ash/distributed/comm.hpp"
 #include "ash/distributed/pipeline_stats.hpp"
+#include "ash/distributed/sequence_blockwise.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/kernels/blocks.hpp"
@@ -63,6 +66,10 @@ class DistributedEngine final : public GradientEngine<S> {
   // E3 with S = 1: the block-wise pass (and its memory levers) on this rank's
   // layer range, y and g blocks handed between the layer ranks.
   double compute_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
+  // E3 with S > 1 and a memory lever: each range in token blocks, layer by layer.
+  double compute_sequence_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
+  // data.carry_state: this rank's layers' states of this replica's windows.
+  std::vector<View2<S>> my_carried_rows(const ParamSet<S>& params, index_t B) const;
   // Without levers: the forward pipeline, the head, one backward mode.
   double compute_pipeline(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
   // Layers [k0, k1) on this rank's token range, store.input(k0) filled: with
@@ -92,6 +99,7 @@ class DistributedEngine final : public GradientEngine<S> {
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
   std::unique_ptr<LayerAdjoint<S>> untruncated_;  // sequence ranks, T̄ >= T: the same method without a window
   std::unique_ptr<BlockwiseEngine<S>> block_pass_;  // E3 with S = 1: the block-wise pass (levers or not), else nullptr
+  std::unique_ptr<SequenceBlockwise<S>> seq_pass_;  // E3 with S > 1 and a lever, else nullptr
   std::vector<View2<S>>* carried_ = nullptr;
   std::function<void()> before_backward_;
   PipelineStats stats_;

@@ -299,31 +299,26 @@ void AdjointExactLayer<S>::backward_window_range(const LayerParams<S>& p, const 
   run(p, s_ext, y_ext, project_block(p, s_ext, y_ext), g_ext, h0, nullptr, grad, own_T);
 }
 
+// μ's carry map over a piece of the window: c_before = M ⊙ c_after + v, from
+// μ at chunk starts with a zero carry from later pieces and, through a carry
+// of μ = 0, A = 1, the chunks' full products G_c (so c_before = A^0 μ^0 =
+// A^0 (Ms_0 + (Π_c G_c) ⊙ c_after)).
 template <class S>
-void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store,
-                                          const View2<S>& g, const View2<S>& h0,
-                                          const typename BlockAdjoint<S>::Exchange& exchange,
-                                          const LayerParams<S>& grad) {
-  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
-  const auto& s = store.shape();
-  const ExecSpace& exec = this->exec_;
-  const auto& act = store.activations(p, k, exec);
-  const index_t T = s.T, Bt = s.batch, P = p.W_delta.extent(0), N = p.W_B.extent(0);
+void AdjointExactLayer<S>::carry_map(const LayerActivations<S>& act, const SeqShape& s, const View2<S>& g,
+                                     const View3<S>& M, const View3<S>& v) {
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, s.T, s.docs};
+  const index_t T = s.T, Bt = s.batch, P = M.extent(1), N = M.extent(2);
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks(C, T);
   const index_t nc = chunks.n;
-  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T, s.docs};
-  // μ at chunk starts with a zero carry from the later ranges, and (through a
-  // carry of μ = 0, A = 1) the chunks' full products G_c, so the range's μ at
-  // its first token is L + (Π_c G_c) ⊙ c_after.
+  const ExecSpace& exec = this->exec_;
   ExactCarry<S> open;
   open.mu = View3<S>("ash::e3::open_mu", Bt, P, N);
   open.A = View3<S>("ash::e3::open_A", Bt, P, N);
-  Kokkos::deep_copy(open.A, S(1));
+  Kokkos::deep_copy(exec, open.A, S(1));
   open.valid = true;
   View3<S> Ms("ash::e3::mu_chunk_start", Bt * nc, P, N), G("ash::e3::chunk_products", Bt * nc, P, N);
   chunk_start_adjoints(L, chunks, Bt, Ms, G, open, exec);
-  View3<S> M("ash::e3::range_map_M", Bt, P, N), v("ash::e3::range_map_v", Bt, P, N);
   Kokkos::parallel_for(
       "ash::e3::range_map", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t b = i / (P * N), q = (i / N) % P, n = i % N;
@@ -333,13 +328,32 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
         M(b, q, n) = a0 * gt;
         v(b, q, n) = a0 * Ms(b * nc, q, n);
       });
-  Ms = View3<S>();
-  G = View3<S>();
+}
+
+template <class S>
+void AdjointExactLayer<S>::block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
+                                           const View2<S>& g_blk, const View3<S>& M, const View3<S>& v) {
+  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  carry_map(project_block(p, sb, y_blk), sb, g_blk, M, v);
+}
+
+template <class S>
+void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, ActivationStore<S>& store,
+                                          const View2<S>& g, const View2<S>& h0,
+                                          const typename BlockAdjoint<S>::Exchange& exchange,
+                                          const LayerParams<S>& grad) {
+  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  const auto& s = store.shape();
+  const auto& act = store.activations(p, k, this->exec_);
+  const index_t Bt = s.batch, P = p.W_delta.extent(0), N = p.W_B.extent(0);
+  View3<S> M("ash::e3::range_map_M", Bt, P, N), v("ash::e3::range_map_v", Bt, P, N);
+  carry_map(act, s, g, M, v);
   ExactCarry<S> carry;
   const View3<S> c_after = exchange(M, v);
   if (c_after.extent(0) > 0) {
     carry.mu = c_after;
-    carry.A = open.A;  // ones: the carry is already A μ
+    carry.A = View3<S>("ash::e3::ones", Bt, P, N);  // ones: the carry is already A μ
+    Kokkos::deep_copy(this->exec_, carry.A, S(1));
     carry.valid = true;
   }
   run(p, s, store.input(k), act, g, h0, &carry, grad);

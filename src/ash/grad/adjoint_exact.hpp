@@ -45,8 +45,13 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   void backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
                              const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
                              const LayerParams<S>& grad) override;
+  void block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
+                       const View3<S>& M, const View3<S>& v) override;
 
  private:
+  // μ's carry map of the piece L covers (backward_range, block_carry_map).
+  void carry_map(const LayerActivations<S>& act, const SeqShape& s, const View2<S>& g, const View3<S>& M,
+                 const View3<S>& v);
   // block_act_ sized for sb and filled with y's projections.
   const LayerActivations<S>& project_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y);
   // own_T > 0: only the first own_T tokens of each sequence contribute (the

@@ -16,18 +16,14 @@ struct BlockwiseEngine<S>::Range {
   index_t Bt = 0, T = 0, targets = 0;
   const RangeLinks<S>* links = nullptr;
   const std::vector<View2<S>>* state = nullptr;
-  // Segment starts, ascending: k0, k0 + m, k0 + 2m, ... <= top() (one process: 0, m, 2m, ...).
-  // A segment's inputs run from its start to the next start - 1 (to top() for the last).
-  std::vector<int> starts;
+  LayerSegments seg;  // one process: starts 0, m, 2m, ...
   std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
   std::unique_ptr<BlockwiseForward<S>> fw;
   LayerActivations<S> act;
   bool input_again = false;  // the range's input y_{k0} comes again from links->y_in in the backward
-  int top() const { return last ? K : k1 - 1; }  // the highest layer input the range holds (y_K: the head's)
   // Whether segment start y_c is kept in the forward: not when it is recomputed
   // (the embedding's y_0) or read again (an input the caller holds).
   bool keeps(int c) const { return !(c == 0 && first) && !(c == k0 && !first && input_again); }
-  int end_of(std::size_t i) const { return i + 1 < starts.size() ? starts[i + 1] - 1 : top(); }
   const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
 };
 
@@ -43,10 +39,27 @@ BlockwiseEngine<S>::BlockwiseEngine(const EngineOptions& opts) : opts_(opts), la
 
 template <class S>
 std::string BlockwiseEngine<S>::name() const {
-  std::string n = layer_.name();
+  return blockwise_name(layer_.name(), opts_);
+}
+
+std::string blockwise_name(std::string n, const EngineOptions& opts) {
   n.pop_back();  // the closing parenthesis
-  return n + ", " + storage_name(opts_.storage) + " storage, layer checkpoint " +
-         std::to_string(opts_.layer_checkpoint) + (opts_.carry_state ? ", carried state" : "") + ")";
+  return n + ", " + storage_name(opts.storage) + " storage, layer checkpoint " + std::to_string(opts.layer_checkpoint) +
+         (opts.carry_state ? ", carried state" : "") + ")";
+}
+
+LayerSegments::LayerSegments(int k0_, int k1_, int K_, bool last_, index_t layer_checkpoint)
+    : k0(k0_), k1(k1_), K(K_), last(last_) {
+  // m at most K + 1: any larger m keeps no input but y_0 alike (layer indices stay 32-bit).
+  const index_t m = std::min<index_t>(layer_checkpoint, index_t(K) + 1);
+  starts.push_back(k0);
+  for (index_t c = index_t(k0) + m; c <= index_t(top()); c += m) starts.push_back(int(c));
+}
+
+int LayerSegments::longest() const {
+  int n = 0;
+  for (std::size_t i = 0; i < starts.size(); ++i) n = std::max(n, end_of(i) - starts[i] + 1);
+  return n;
 }
 
 index_t blockwise_block_length(const EngineOptions& opts, index_t T) {
@@ -108,13 +121,9 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
       require(index_t(h.extent(0)) == r.Bt * P && index_t(h.extent(1)) == N,
               "carried state: expected [batch·P, N] per layer");
   }
-  // m, the layers per checkpointed segment: grad.layer_checkpoint, at most
-  // K + 1 (any larger m keeps no input but y_0 alike; layer indices stay 32-bit).
-  const index_t m = std::min<index_t>(opts_.layer_checkpoint, index_t(r.K) + 1);
-  r.starts.push_back(r.k0);
-  for (index_t c = index_t(r.k0) + m; c <= index_t(r.top()); c += m) r.starts.push_back(int(c));
+  r.seg = LayerSegments(r.k0, r.k1, r.K, r.last, opts_.layer_checkpoint);
   r.kept.resize(std::size_t(r.K - r.k0 + 1));
-  for (const int c : r.starts)
+  for (const int c : r.seg.starts)
     if (r.keeps(c)) r.kept[std::size_t(c - r.k0)] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, r.Bt * r.T, P);
   grad.fill_zero();
   // The state before each (layer, block); block 0's is the carried state (or zero).
@@ -150,7 +159,7 @@ void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, 
       const View2<S> h = r.fw->advance(params.layer(k), k, j, y, act_j, yo, exec);
       if (j + 1 == blk.n && r.state) Kokkos::deep_copy(exec, (*r.state)[std::size_t(k - r.k0)], h);
       std::swap(y, yo);
-      if (k + 1 <= r.top() && !r.kept_input(k + 1).empty()) r.kept_input(k + 1).put(y, r.T, blk.start(j), blk.size(j), exec);
+      if (k + 1 <= r.seg.top() && !r.kept_input(k + 1).empty()) r.kept_input(k + 1).put(y, r.T, blk.start(j), blk.size(j), exec);
     }
     if (!r.last) r.links->y_out(j, y);
   }
@@ -164,8 +173,7 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
   const TokenBlocks& blk = r.fw->blocks();
   const index_t P = params.dims().width;
   const auto gglobal = grad.global();
-  int nseg = 0;  // inputs of the longest segment
-  for (std::size_t i = 0; i < r.starts.size(); ++i) nseg = std::max(nseg, r.end_of(i) - r.starts[i] + 1);
+  const int nseg = r.seg.longest();
   std::vector<View2<S>> yseg;
   for (int i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", r.Bt * blk.len, P);
   View2<S> gb("ash::lowmem::g_block", r.Bt * blk.len, P);
@@ -177,8 +185,8 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
     const auto act_j = first_rows(r.act, rows);
     const View2<S> g = first_rows(gb, rows);
     if (!r.last) r.links->g_in(j, g);
-    for (std::size_t i = r.starts.size(); i-- > 0;) {
-      const int c = r.starts[i], e = r.end_of(i);  // the segment's inputs: y_c .. y_e
+    for (std::size_t i = r.seg.starts.size(); i-- > 0;) {
+      const int c = r.seg.starts[i], e = r.seg.end_of(i);  // the segment's inputs: y_c .. y_e
       const View2<S> y0 = first_rows(yseg[0], rows);
       if (c == 0 && r.first)
         embedding_forward(params.global().embedding, xb, y0, exec);

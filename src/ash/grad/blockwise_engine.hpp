@@ -16,6 +16,7 @@
 // after it; the first input (unless it is y_0, recomputed from the
 // embedding) arrives from another rank and is kept.
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "ash/grad/adjoint_exact.hpp"
@@ -32,6 +33,26 @@ index_t blockwise_block_length(const EngineOptions& opts, index_t T);
 // when a memory lever is set and 4 blocks per layer rank when none is; whole
 // chunks each.
 index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks);
+
+// "adjoint-exact (..., bf16 storage, layer checkpoint m[, carried state])": a
+// method's name with the levers of opts.
+std::string blockwise_name(std::string method, const EngineOptions& opts);
+
+// The checkpointed segments of a layer range [k0, k1) of K layers
+// (grad.layer_checkpoint = m, at most K + 1): segment starts k0, k0 + m, ...
+// up to top(), the highest layer input the range holds (y_K, the head's
+// input, on the range with the head). A segment's inputs run from its start
+// to the next start - 1 (to top() for the last).
+struct LayerSegments {
+  int k0 = 0, k1 = 0, K = 0;
+  bool last = true;  // the range has the head
+  std::vector<int> starts;
+  LayerSegments() = default;
+  LayerSegments(int k0_, int k1_, int K_, bool last_, index_t layer_checkpoint);
+  int top() const { return last ? K : k1 - 1; }
+  int end_of(std::size_t i) const { return i + 1 < starts.size() ? starts[i + 1] - 1 : top(); }
+  int longest() const;  // inputs of the longest segment
+};
 
 // How a layer range meets the ranges before and after it, one token block j
 // at a time ([Bt·Tj, P] block rows). Empty functions: the range has the

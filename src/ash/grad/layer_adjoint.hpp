@@ -58,6 +58,11 @@ class BlockAdjoint {
   virtual void backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
                                      const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
                                      const LayerParams<S>& grad) = 0;
+  // The carry map of one token block (exact or detached, no window): its
+  // c_before = M ⊙ c_after + v ([Bt, P, N] each), from y_blk and g_blk; a
+  // range in blocks composes its blocks' maps (the levers on sequence ranks).
+  virtual void block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
+                               const View2<S>& g_blk, const View3<S>& M, const View3<S>& v) = 0;
 };
 
 template <class S>

@@ -1,0 +1,272 @@
+#include "ash/distributed/sequence_blockwise.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "ash/core/error.hpp"
+
+namespace ash::dist {
+
+namespace {
+
+constexpr int tag_y = 21, tag_g = 22;
+
+// acc ← map ∘ acc for element-wise affine maps x ↦ a ⊙ x + b: acc_b = a ⊙ acc_b + b,
+// acc_a = a ⊙ acc_a (contiguous views of one size).
+template <class V>
+void compose_after(const V& acc_a, const V& acc_b, const V& a, const V& b, const ExecSpace& exec) {
+  using S = typename V::non_const_value_type;
+  S *Aa = acc_a.data(), *Ab = acc_b.data();
+  const S *ma = a.data(), *mb = b.data();
+  Kokkos::parallel_for(
+      "ash::dist::compose_maps", Range(exec, 0, index_t(acc_a.size())), KOKKOS_LAMBDA(const index_t i) {
+        Ab[i] = ma[i] * Ab[i] + mb[i];
+        Aa[i] = ma[i] * Aa[i];
+      });
+}
+
+}  // namespace
+
+template <class S>
+struct SequenceBlockwise<S>::Pass {
+  int k0 = 0, k1 = 0, K = 0;
+  bool first = true, last = true;  // the layer range has the embedding, the head
+  index_t Bt = 0, T = 0, targets = 0;
+  TokenView x, x_head;  // the range's tokens; and one more (the last row's target) unless the window ends there
+  LayerSegments seg;
+  std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, top]: the segment starts' inputs (not y_0)
+  std::unique_ptr<BlockwiseForward<S>> fw;
+  LayerActivations<S> act;  // projections of one block
+  View2<S> y, yo;           // whole range, block-major: y_k and y_{k+1} (forward); y_k and g (backward)
+  View2<S> ta, tb;          // one block: the recomputation's inputs and outputs
+  const std::vector<View2<S>>* carried = nullptr;
+  std::function<void(const std::function<void()>&)> timed;
+
+  const TokenBlocks& blocks() const { return fw->blocks(); }
+  View2<S> blk(const View2<S>& v, index_t j) const {  // block j's rows of a whole-range buffer
+    const auto& b = blocks();
+    return Kokkos::subview(v, Kokkos::make_pair(Bt * b.start(j), Bt * b.end(j)), Kokkos::ALL());
+  }
+  bool keeps(int c) const { return !(c == 0 && first); }  // y_0 is recomputed from the embedding
+  const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
+};
+
+template <class S>
+SequenceBlockwise<S>::SequenceBlockwise(const Grid& grid, const EngineOptions& opts)
+    : grid_(grid), opts_(opts), layer_(opts) {
+  require(opts.exact_adjoint() && opts.layer_checkpoint >= 1 && opts.token_block >= 0,
+          "sequence ranks with memory levers: adjoint-exact with a resolved grad.layer_checkpoint");
+  require(opts.truncate == 0,
+          "dist.seq_ranks > 1 with a window (grad.truncate) runs without the memory levers (run.storage, "
+          "grad.layer_checkpoint, grad.token_block, data.carry_state); use one of the two, or dist.seq_ranks = 1");
+}
+
+template <class S>
+double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView& x_rows, index_t targets,
+                                     const std::vector<View2<S>>* carried, const ParamSet<S>& grad,
+                                     const std::function<void(const std::function<void()>&)>& timed,
+                                     const std::function<void()>& before_backward) {
+  const auto& lay = grid_.layout();
+  const auto& d = params.dims();
+  const LayerRange& lr = params.range();
+  const index_t P = d.width, N = d.state, T_all = x_rows.extent(1);
+  const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
+  Pass ps;
+  ps.k0 = lr.k0;
+  ps.k1 = lr.k1;
+  ps.K = int(d.layers);
+  ps.first = lr.embedding;
+  ps.last = lr.head;
+  ps.Bt = x_rows.extent(0);
+  ps.T = t_b - t_a;
+  ps.targets = targets;
+  ps.x = token_block(x_rows, t_a, ps.T);
+  ps.x_head = token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a);
+  ps.carried = carried;
+  ps.timed = timed;
+  if (carried) {
+    require(index_t(carried->size()) == index_t(ps.k1 - ps.k0), "carried state: expected one state per layer");
+    for (const auto& h : *carried)
+      require(index_t(h.extent(0)) == ps.Bt * P && index_t(h.extent(1)) == N,
+              "carried state: expected [batch·P, N] per layer");
+  }
+  ps.seg = LayerSegments(ps.k0, ps.k1, ps.K, ps.last, opts_.layer_checkpoint);
+  ps.kept.resize(std::size_t(ps.K - ps.k0 + 1));
+  for (const int c : ps.seg.starts)
+    if (ps.keeps(c))
+      ps.kept[std::size_t(c - ps.k0)] = StoredRows<S>("ash::seqblocks::y_kept", opts_.storage, ps.Bt * ps.T, P);
+  grad.fill_zero();
+  const TokenBlocks blocks(block_length(ps.T), ps.T);
+  ps.fw = std::make_unique<BlockwiseForward<S>>(d, ps.k0, ps.k1, ps.Bt, blocks, true);
+  ps.fw->set_documents(ps.x);
+  ps.act = LayerActivations<S>(SeqShape{ps.Bt, blocks.len}, d, LayerActivations<S>::projections_only);
+  ps.y = View2<S>("ash::seqblocks::y", ps.Bt * ps.T, P);
+  ps.yo = View2<S>("ash::seqblocks::y_next", ps.Bt * ps.T, P);
+  forward(params, ps);
+  if (before_backward) before_backward();
+  ps.ta = View2<S>("ash::seqblocks::y_block", ps.Bt * blocks.len, P);
+  ps.tb = View2<S>("ash::seqblocks::y_block_next", ps.Bt * blocks.len, P);
+  const double loss = ps.last ? head(params, ps, grad) : 0.0;
+  backward(params, ps, grad);
+  layer_.release();
+  return loss;
+}
+
+// Layer by layer over the range: the range's state map from its blocks, the
+// scan over the ranks, then the block-wise forward from the state before the range.
+template <class S>
+void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  const index_t BP = ps.Bt * params.dims().width, N = params.dims().state;
+  auto keep = [&](int c) {
+    if (c <= ps.seg.top() && !ps.kept_input(c).empty())
+      for (index_t j = 0; j < blk.n; ++j) ps.kept_input(c).put(ps.blk(ps.y, j), ps.T, blk.start(j), blk.size(j), exec);
+  };
+  if (ps.first)
+    for (index_t j = 0; j < blk.n; ++j)
+      embedding_forward(params.global().embedding, token_block(ps.x, blk.start(j), blk.size(j)), ps.blk(ps.y, j), exec);
+  else
+    ps.timed([&] { recv(ps.y, lay.layer_rank - 1, tag_y, grid_.layers()); });
+  keep(ps.k0);
+  View2<S> prod("ash::seqblocks::range_prod", BP, N), hl("ash::seqblocks::range_h", BP, N),
+      pj("ash::seqblocks::block_prod", BP, N), hj("ash::seqblocks::block_h", BP, N);
+  for (int k = ps.k0; k < ps.k1; ++k) {
+    const auto layer = params.layer(k);
+    Kokkos::deep_copy(exec, prod, S(1));
+    Kokkos::deep_copy(exec, hl, S(0));
+    for (index_t j = 0; j < blk.n; ++j) {  // the range's map h_end = prod ⊙ h_before + hl, block after block
+      const auto act_j = first_rows(ps.act, ps.fw->rows(j));
+      ssm_layer_project(layer, ps.blk(ps.y, j), act_j, exec);
+      ssm_layer_state_map(layer, ps.fw->shape(j), act_j, pj, hj, exec);
+      compose_after(prod, hl, pj, hj, exec);
+    }
+    const View2<S> h0 = ps.carried ? (*ps.carried)[std::size_t(k - ps.k0)] : View2<S>();
+    if (h0.extent(0) > 0 && lay.seq_rank == 0) {  // the first range starts from the carried state:
+      Kokkos::deep_copy(exec, hj, h0);              // its map's end state, prod ⊙ h0 + hl (pj: scratch)
+      compose_after(pj, hj, prod, hl, exec);
+      Kokkos::deep_copy(exec, hl, hj);
+    }
+    exec.fence();
+    ps.timed([&] { exscan_affine(prod, hl, grid_.seq()); });  // hl: h before this range (0 on the first)
+    if (lay.seq_rank > 0) ps.fw->start_from(k, hl, exec);
+    if (h0.extent(0) > 0 && lay.seq_rank == 0) ps.fw->start_from(k, h0, exec);
+    for (index_t j = 0; j < blk.n; ++j) {
+      const View2<S> h = ps.fw->advance(layer, k, j, ps.blk(ps.y, j), first_rows(ps.act, ps.fw->rows(j)),
+                                        ps.blk(ps.yo, j), exec);
+      if (h0.extent(0) > 0 && j + 1 == blk.n && lay.seq_rank == lay.S - 1) Kokkos::deep_copy(exec, h0, h);
+    }
+    if (h0.extent(0) > 0) {  // every range holds the window's end state (the next window's start)
+      exec.fence();
+      ps.timed([&] { broadcast(h0, lay.S - 1, grid_.seq()); });
+    }
+    std::swap(ps.y, ps.yo);
+    keep(k + 1);
+  }
+  if (!ps.last) {
+    exec.fence();
+    ps.timed([&] { send(ps.y, lay.layer_rank + 1, tag_y, grid_.layers()); });
+  }
+}
+
+template <class S>
+void SequenceBlockwise<S>::recompute(const ParamSet<S>& params, Pass& ps, int c, int k) {
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  for (index_t j = 0; j < blk.n; ++j) {
+    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = ps.fw->rows(j);
+    const View2<S> dst = ps.blk(ps.y, j);
+    View2<S> a = k == c ? dst : first_rows(ps.ta, rows), b = first_rows(ps.tb, rows);
+    if (c == 0 && ps.first)
+      embedding_forward(params.global().embedding, token_block(ps.x, t0, Tj), a, exec);
+    else
+      ps.kept_input(c).get(a, ps.T, t0, Tj, exec);
+    const auto act_j = first_rows(ps.act, rows);
+    for (int l = c; l < k; ++l) {  // y_{l+1} = layer l (y_l), from the state the forward saw
+      const View2<S> out = l + 1 == k ? dst : b;
+      ps.fw->replay(params.layer(l), l, j, a, act_j, out, exec);
+      std::swap(a, b);
+    }
+  }
+}
+
+// The head on y_K recomputed from its segment, like one process (so 16-bit
+// storage rounds the same inputs): L's share and g_K of every block into ps.yo.
+template <class S>
+double SequenceBlockwise<S>::head(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  const auto gglobal = grad.global();
+  recompute(params, ps, ps.seg.starts.back(), ps.K);
+  double loss = 0;
+  const index_t Th = ps.x_head.extent(1);
+  for (index_t j = blk.n - 1; j >= 0; --j) {
+    const index_t t0 = blk.start(j);
+    const TokenView xh = token_block(ps.x_head, t0, (blk.end(j) < Th ? blk.end(j) + 1 : Th) - t0);
+    loss += head_loss<S>(params.global(), xh, ps.blk(ps.y, j), ps.blk(ps.yo, j), &gglobal, opts_.head_chunk,
+                         ps.targets, exec);
+  }
+  return loss;
+}
+
+// Layers top down, each over the whole range: y_k recomputed, μ's carry map
+// composed from the blocks (last first) and scanned over the ranks in
+// reverse, then E3 per block, last first, from that carry.
+template <class S>
+void SequenceBlockwise<S>::backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const MPI_Comm lc = grid_.layers();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  const index_t P = params.dims().width, N = params.dims().state;
+  const View2<S> g = ps.yo;  // g_K from the head, or from the next layer rank
+  if (layer_.detached()) {
+    exec.fence();
+    ps.timed([&] { broadcast(g, lay.R - 1, lc); });
+  } else if (!ps.last) {
+    ps.timed([&] { recv(g, lay.layer_rank + 1, tag_g, lc); });
+  }
+  const bool tail = lay.seq_rank == lay.S - 1;
+  View3<S> Mr("ash::seqblocks::carry_M", ps.Bt, P, N), vr("ash::seqblocks::carry_v", ps.Bt, P, N),
+      Mj("ash::seqblocks::block_M", ps.Bt, P, N), vj("ash::seqblocks::block_v", ps.Bt, P, N);
+  for (std::size_t i = ps.seg.starts.size(); i-- > 0;) {
+    const int c = ps.seg.starts[i];
+    for (int k = std::min(ps.seg.end_of(i), ps.k1 - 1); k >= c; --k) {
+      const auto layer = params.layer(k);
+      recompute(params, ps, c, k);
+      Kokkos::deep_copy(exec, Mr, S(1));
+      Kokkos::deep_copy(exec, vr, S(0));
+      for (index_t j = blk.n - 1; j >= 0; --j) {  // c_before = M ⊙ c_after + v over the range
+        layer_.block_carry_map(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), Mj, vj);
+        compose_after(Mr, vr, Mj, vj, exec);
+      }
+      exec.fence();
+      ps.timed([&] { exscan_affine(Mr, vr, grid_.seq_reversed()); });  // the later ranges' maps applied to 0
+      ExactCarry<S> carry;  // A μ at the next range's first token (none after the last range)
+      if (!tail) {
+        carry.mu = vr;
+        carry.A = View3<S>("ash::seqblocks::ones", ps.Bt, P, N);
+        Kokkos::deep_copy(exec, carry.A, S(1));
+        carry.valid = true;
+      }
+      for (index_t j = blk.n - 1; j >= 0; --j)
+        layer_.backward_block(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), ps.fw->state_before(k, j),
+                              &carry, grad.layer(k));
+    }
+  }
+  if (ps.first) {
+    const auto gglobal = grad.global();
+    for (index_t j = 0; j < blk.n; ++j)
+      embedding_backward(token_block(ps.x, blk.start(j), blk.size(j)), ps.blk(g, j), gglobal.embedding, exec);
+  } else if (!layer_.detached()) {
+    exec.fence();
+    ps.timed([&] { send(g, lay.layer_rank - 1, tag_g, lc); });
+  }
+}
+
+template class SequenceBlockwise<float>;
+template class SequenceBlockwise<double>;
+
+}  // namespace ash::dist

@@ -1,0 +1,59 @@
+#pragma once
+// E3 with the memory levers on sequence ranks (docs/design.md §2 E4, §8):
+// each rank holds one token range of every window, cut into token blocks.
+// The state before a range is a scan over the ranges of the same layer, so
+// the pass runs layer by layer over the range:
+//  forward   per block the projections and the block's affine state map,
+//            composed over the range; an exclusive scan over the sequence
+//            ranks gives h before the range; then the one block-wise forward
+//            from it, keeping the state before every (layer, block) and every
+//            m-th layer input in the storage format (run.storage).
+//  backward  layers top down: y_k recomputed block by block from its
+//            segment's kept input and the kept states; μ's carry map over the
+//            range composed from the blocks' (last first) and scanned over the
+//            ranks in reverse; then E3's backward_block per block, last first.
+// Whole-range buffers: y and the next y (forward), y_k and g (backward), in
+// block-major row order (block j's Bt·Tj rows contiguous, so a block is a
+// subview). Layer ranks exchange whole ranges (R × S).
+#include <functional>
+#include <vector>
+
+#include "ash/distributed/comm.hpp"
+#include "ash/grad/adjoint_exact.hpp"
+#include "ash/grad/blockwise_engine.hpp"
+#include "ash/kernels/half_storage.hpp"
+#include "ash/model/blockwise_forward.hpp"
+
+namespace ash::dist {
+
+template <class S>
+class SequenceBlockwise {
+ public:
+  // opts: adjoint-exact with a memory lever; grid.layout().S > 1.
+  SequenceBlockwise(const Grid& grid, const EngineOptions& opts);
+  std::string name() const { return blockwise_name(layer_.name(), opts_); }
+  // Tokens per block of a range of T tokens.
+  index_t block_length(index_t T) const { return blockwise_block_length(opts_, T); }
+  // x_rows: this replica's windows [Bt, T_all]; targets: the whole batch's
+  // target count; carried (or null): this rank's layers' states of these
+  // windows (read on the first range, written on every rank from the last).
+  // Returns the head's share of L (0 off the last layer rank); grad zeroed first.
+  // timed(fn) runs an MPI call fn (the engine counts the time).
+  double compute(const ParamSet<S>& params, const TokenView& x_rows, index_t targets,
+                 const std::vector<View2<S>>* carried, const ParamSet<S>& grad,
+                 const std::function<void(const std::function<void()>&)>& timed,
+                 const std::function<void()>& before_backward);
+
+ private:
+  struct Pass;  // one compute(): the range, its blocks, segments and buffers
+  void forward(const ParamSet<S>& params, Pass& ps);
+  double head(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);
+  void backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);
+  // y_k of every block into ps.y from its segment's start c.
+  void recompute(const ParamSet<S>& params, Pass& ps, int c, int k);
+  const Grid& grid_;
+  EngineOptions opts_;
+  AdjointExactLayer<S> layer_;
+};
+
+}  // namespace ash::dist
