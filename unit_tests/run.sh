@@ -5,7 +5,7 @@
 # So is the Python package's (docs/python.md, "Tests"):
 #   ${ASH_PY_VENV:-~/.cache/adjoint-sharding/pyvenv} with pinned numpy, h5py, pytest, nanobind,
 #   scikit-build-core and torch (PyPI's wheel, ~5.5 min and 5.4 GB once; ASH_PY_TORCH=0: no torch,
-#   the torch tests are skipped).
+#   the torch tests are skipped), and mamba-ssm's Python sources with einops (no CUDA build).
 set -euo pipefail
 ASH_VENV="${ASH_VENV:-$HOME/.cache/adjoint-sharding/venv}"
 if ! "$ASH_VENV/bin/python" -c "import jax, h5py, numpy" 2>/dev/null; then
@@ -38,6 +38,16 @@ if [ "${ASH_PY_TORCH:-1}" != 0 ] && ! "$ASH_PY_VENV/bin/python" -c "import torch
   echo "[setup] adding torch to $ASH_PY_VENV (PyPI's wheel: several minutes, once)"
   "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check "torch==2.15.0" || \
     echo "[setup] torch could not be installed: the torch tests will be skipped" >&2
+fi
+# mamba-ssm's Python sources (its selective_scan_ref) for ctest mamba_baseline_smoke: no
+# CUDA build here (perf_tests/mamba_build.sh builds the kernels for a GPU); --no-deps, as
+# the scan module needs only torch, triton (torch's) and einops.
+if "$ASH_PY_VENV/bin/python" -c "import torch" 2>/dev/null && \
+   ! "$ASH_PY_VENV/bin/python" -c "import einops, importlib.util as u; assert u.find_spec('mamba_ssm')" 2>/dev/null; then
+  echo "[setup] adding einops and mamba-ssm's Python sources to $ASH_PY_VENV"
+  MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check \
+    --no-deps --no-build-isolation "einops==0.8.1" "mamba-ssm==2.3.2.post1" || \
+    echo "[setup] mamba-ssm could not be installed: mamba_baseline_smoke will be skipped" >&2
 fi
 export ASH_CMAKE_ARGS="${ASH_CMAKE_ARGS:-} -DASH_ORACLE_PYTHON=$ASH_VENV/bin/python"
 export ASH_CMAKE_ARGS="$ASH_CMAKE_ARGS -DASH_ENABLE_PYTHON=ON -DPython_EXECUTABLE=$ASH_PY_VENV/bin/python"

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""The GPU user's baseline: the model of docs/design.md §1 with mamba-ssm's selective scan.
+
+Every layer's scan is mamba-ssm's `selective_scan_fn` (its CUDA kernel: the state kept
+on chip, recomputed in the backward); RMSNorm, the projections, the embedding and the
+head are eager PyTorch (perf_tests/torch_baseline.py's SSMModel). Our layer is that
+operator, argument for argument:
+
+    ỹ = selective_scan_fn(u=ŷ, delta=Wδ ŷ, A=a, B=β, C=γ, D=D, delta_bias=bδ, delta_softplus=True)
+
+with a = −exp(Alog) (mamba's A is the negative decay rate, exp(Δ·A) ∈ (0, 1) as our A^t)
+and the layouts u, delta: [batch, P, T], A: [P, N], B = β, C = γ: [batch, N, T] (one group).
+
+    mamba_baseline.py [--T 4096,16384,...] [--batch 1] [--checkpoint CKPT | --width/--state/--layers/--vocab]
+                      [--scan cuda|ref] [--mamba-dir DIR] [--device cuda|cpu] [--reps 3]
+                      [--check-ash ASH [--check-T T]] [--json FILE]
+
+--scan cuda (the default) needs mamba-ssm's compiled extension `selective_scan_cuda`:
+installed with the package, or built for one GPU architecture by
+perf_tests/mamba_build.sh into --mamba-dir. --scan ref runs mamba-ssm's pure-PyTorch
+`selective_scan_ref` of the same operator (a Python loop over T: for checking the
+argument mapping on a host, not for timing). Only mamba-ssm's scan module is imported,
+not the package's __init__ (which pulls in its Mamba blocks and huggingface_hub).
+
+--check-ash ASH runs `ASH grad` (E3, adjoint-exact) on the checkpoint and the same tokens
+at T = --check-T (default: the first --T) and exits 1 unless the loss agrees to
+--loss-rtol and every parameter's gradient to --grad-rtol (max |difference| over the
+tensor's max |value|). Needs --checkpoint.
+
+Times are one forward + loss.backward() between torch.cuda.synchronize() calls (median
+and best of --reps after one warm-up); peak_bytes is torch.cuda.max_memory_allocated()
+over the reps of one T (reset before each T). A T that does not fit is reported as "out
+of memory" (JSON "oom": true) and ends the sweep. Tokens: torch_baseline's synthetic
+ids (window b is ids [b·T, (b+1)·T)), which --write-tokens saves for `ash grad`.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_baseline import SSMModel, rms_norm, synthetic_ids  # noqa: E402
+
+
+class _NoExtension(types.ModuleType):
+    """Stands in for selective_scan_cuda where it is not built: --scan ref never calls it."""
+
+    def __getattr__(self, name):
+        raise AttributeError(f"{name}: mamba-ssm's selective_scan_cuda is not built here (perf_tests/mamba_build.sh)")
+
+
+def import_mamba_scan(mamba_dir, need_cuda):
+    """(selective_scan_fn, selective_scan_ref, version, where) from mamba-ssm's scan module."""
+    if mamba_dir:
+        root = os.path.join(os.path.abspath(mamba_dir), "mamba_ssm")
+        sys.path.insert(0, os.path.abspath(mamba_dir))  # selective_scan_cuda*.so of mamba_build.sh
+    else:
+        spec = importlib.util.find_spec("mamba_ssm")
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit("mamba_baseline: mamba_ssm is not importable (pip install mamba-ssm, "
+                             "or perf_tests/mamba_build.sh and --mamba-dir)")
+        root = list(spec.submodule_search_locations)[0]
+    if not os.path.isfile(os.path.join(root, "ops", "selective_scan_interface.py")):
+        raise SystemExit(f"mamba_baseline: {root} has no ops/selective_scan_interface.py")
+    with open(os.path.join(root, "__init__.py")) as f:
+        match = re.search(r'^__version__\s*=\s*"([^"]+)"', f.read(), re.MULTILINE)
+    version = match.group(1) if match else "unknown"
+    # The package without its __init__: a namespace over the same directory.
+    pkg = types.ModuleType("mamba_ssm")
+    pkg.__path__ = [root]
+    pkg.__version__ = version
+    sys.modules["mamba_ssm"] = pkg
+    try:
+        import selective_scan_cuda  # noqa: F401
+        where = getattr(selective_scan_cuda, "__file__", "?")
+    except ImportError as e:
+        if need_cuda:
+            raise SystemExit(f"mamba_baseline: --scan cuda needs selective_scan_cuda ({e}); "
+                             "build it with perf_tests/mamba_build.sh and pass --mamba-dir")
+        sys.modules["selective_scan_cuda"] = _NoExtension("selective_scan_cuda")
+        where = "not built"
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn, selective_scan_ref
+    return selective_scan_fn, selective_scan_ref, version, where
+
+
+class MambaSSMModel(SSMModel):
+    """SSMModel with each layer's scan and readout done by one mamba-ssm selective scan."""
+
+    def __init__(self, *args, scan, skip_D=False):
+        super().__init__(*args, chunk=1)
+        self.scan = scan
+        self.skip_D = skip_D  # True only for --mutate: the check must then fail
+
+    def layer(self, y, k):
+        L = f"layers/{k:03d}/"
+        yh = rms_norm(y, self[L + "norm"])                                     # ŷ  [B, T, P]
+        u = yh.transpose(1, 2).contiguous()                                    # [B, P, T]
+        delta = (yh @ self[L + "W_delta"].T).transpose(1, 2).contiguous()      # Wδ ŷ, bias in the scan
+        beta = (yh @ self[L + "W_B"].T).transpose(1, 2).contiguous()           # β  [B, N, T]
+        gamma = (yh @ self[L + "W_C"].T).transpose(1, 2).contiguous()          # γ  [B, N, T]
+        a = -torch.exp(self[L + "A_log"])                                      # [P, N]
+        D = None if self.skip_D else self[L + "D"]
+        out = self.scan(u, delta, a, beta, gamma, D, delta_bias=self[L + "b_delta"],
+                        delta_softplus=True)                                   # ỹ  [B, P, T]
+        return y + out.transpose(1, 2)
+
+
+def tokens(T, batch, vocab, device):
+    ids = synthetic_ids(batch * T, vocab).astype(np.int64).reshape(batch, T)
+    return torch.from_numpy(ids).to(device)
+
+
+def check_against_ash(model, ash, checkpoint, T, batch, loss_rtol, grad_rtol, device):
+    """Loss and every gradient of one step against `ash grad` on the same tokens; True if all agree."""
+    x = tokens(T, batch, model.vocab, device)
+    model.zero_grad(set_to_none=True)
+    loss = model(x)
+    loss.backward()
+    with tempfile.TemporaryDirectory() as tmp:
+        ids, out = os.path.join(tmp, "ids.u32"), os.path.join(tmp, "grad.h5")
+        synthetic_ids(batch * T, model.vocab).astype("<u4").tofile(ids)
+        cmd = [ash, "grad", "--checkpoint", checkpoint, "--tokens", ids, "--engine", "adjoint-exact",
+               "--set", f"data.seq_len={T}", "--set", f"data.batch={batch}", "--out", out]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit(f"mamba_baseline: {' '.join(cmd)} exited {run.returncode}:\n{run.stderr}")
+        with h5py.File(out, "r") as f:
+            ash_loss = float(f["/loss"][()])
+            ash_grads = {name: f["/grad/" + name][...] for name in model.shapes}
+    ok = True
+    loss_err = abs(loss.item() - ash_loss) / abs(ash_loss)
+    print(f"# check T={T} batch={batch}: loss {loss.item():.9g} (ash {ash_loss:.9g}), rel. error {loss_err:.2e}"
+          f" (tolerance {loss_rtol:g})")
+    ok &= loss_err <= loss_rtol
+    worst = (0.0, "")
+    for name, ref in ash_grads.items():
+        g = model[name].grad
+        ours = g.detach().double().cpu().numpy() if g is not None else np.zeros_like(ref)
+        scale = float(np.max(np.abs(ref)))
+        err = float(np.max(np.abs(ours - ref))) / scale if scale > 0 else float(np.max(np.abs(ours)))
+        err = err if np.isfinite(err) else float("inf")
+        worst = max(worst, (err, name))
+        if not err <= grad_rtol:
+            print(f"#   /grad/{name}: rel. max error {err:.2e} > {grad_rtol:g}")
+            ok = False
+    print(f"# gradients: worst rel. max error {worst[0]:.2e} ({worst[1]}), tolerance {grad_rtol:g}")
+    model.zero_grad(set_to_none=True)
+    return ok
+
+
+def run(model, T, batch, reps, device):
+    cuda = device.type == "cuda"
+    x = tokens(T, batch, model.vocab, device)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for rep in range(reps + 1):  # the first is the warm-up
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(x)
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+        if rep:
+            times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() if cuda else None
+    med = statistics.median(times)
+    return {"T": T, "batch": batch, "seconds": med, "best_seconds": min(times),
+            "us_per_token": 1e6 * med / (batch * T), "loss": loss.item(), "peak_bytes": peak}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--T", default="4096,16384", help="comma-separated context lengths")
+    ap.add_argument("--width", type=int, default=256)
+    ap.add_argument("--state", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1234, help="initialisation seed when no --checkpoint")
+    ap.add_argument("--checkpoint", help="ash checkpoint (HDF5, float): parameters and sizes")
+    ap.add_argument("--scan", choices=("cuda", "ref"), default="cuda")
+    ap.add_argument("--mamba-dir", help="output folder of perf_tests/mamba_build.sh")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per T (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    ap.add_argument("--check-ash", metavar="ASH", help="the ash tool: check loss and gradients against `ash grad`")
+    ap.add_argument("--check-T", type=int, help="T of the check (default: the first --T)")
+    ap.add_argument("--loss-rtol", type=float, default=1e-5)
+    ap.add_argument("--grad-rtol", type=float, default=2e-3)
+    ap.add_argument("--no-sweep", action="store_true", help="only the check")
+    ap.add_argument("--mutate", action="store_true",
+                    help="a wrong mapping on purpose (the skip term D ŷ left out): the smoke test's proof that the check "
+                         "can fail")
+    ap.add_argument("--json", help="append one JSON line per T to this file")
+    ap.add_argument("--write-tokens", metavar="FILE.u32", help="write the first T's ids as a uint32 token file")
+    args = ap.parse_args()
+    Ts = [int(t) for t in args.T.split(",")]
+    if min(Ts) < 2 or args.batch < 1 or args.reps < 1:
+        ap.error("need T >= 2, batch >= 1 and reps >= 1")
+    if args.check_ash and not args.checkpoint:
+        ap.error("--check-ash needs --checkpoint (ash grad reads the parameters from it)")
+    if args.scan == "cuda" and args.device != "cuda":
+        ap.error("--scan cuda runs on --device cuda; use --scan ref on the host")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no GPU")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    scan_fn, scan_ref, version, where = import_mamba_scan(args.mamba_dir, args.scan == "cuda")
+    device = torch.device(args.device)
+    scan = scan_fn if args.scan == "cuda" else scan_ref
+    if args.checkpoint:
+        with h5py.File(args.checkpoint, "r") as f:
+            if f.attrs.get("precision", b"float") not in ("float", b"float"):
+                print(f"# note: {args.checkpoint} is {f.attrs['precision']}; mamba-ssm computes in float32")
+            dims = [int(f.attrs[a]) for a in ("vocab", "width", "state", "layers")]
+            model = MambaSSMModel(*dims, torch.float32, scan=scan, skip_D=args.mutate)
+            model.load_checkpoint(f)
+        source = args.checkpoint
+    else:
+        model = MambaSSMModel(args.vocab, args.width, args.state, args.layers, torch.float32, scan=scan,
+                              skip_D=args.mutate)
+        model.init_seeded(args.seed)
+        source = f"seed {args.seed}"
+    model.to(device)
+    if args.write_tokens:
+        synthetic_ids(args.batch * Ts[0], model.vocab).astype("<u4").tofile(args.write_tokens)
+
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+    print(f"# mamba-ssm {version} selective_scan_{'fn' if args.scan == 'cuda' else 'ref'} "
+          f"(selective_scan_cuda: {where}); torch {torch.__version__}, {gpu}, float32; "
+          f"V={model.vocab} P={model.width} N={model.state} K={model.layers} batch={args.batch}; "
+          f"parameters from {source}", flush=True)
+    if args.check_ash:
+        ok = check_against_ash(model, args.check_ash, args.checkpoint, args.check_T or Ts[0], args.batch,
+                               args.loss_rtol, args.grad_rtol, device)
+        if not ok:
+            print("mamba_baseline: the mamba-ssm model does not match ash grad", file=sys.stderr)
+            sys.exit(1)
+    if args.no_sweep:
+        return
+    print(f"{'T':>9} {'best s':>10} {'median s':>10} {'us/token':>10} {'loss':>13} {'peak':>12}", flush=True)
+    base = {"engine": "mamba-ssm", "scan": args.scan, "mamba_ssm": version, "torch": torch.__version__,
+            "device": gpu, "vocab": model.vocab, "width": model.width, "state": model.state,
+            "layers": model.layers, "batch": args.batch}
+    for T in Ts:
+        try:
+            row = run(model, T, args.batch, args.reps, device)
+        except torch.cuda.OutOfMemoryError:
+            print(f"{T:>9}  out of memory", flush=True)
+            row = {"T": T, "oom": True}
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps({**base, **row}) + "\n")
+        if row.get("oom"):
+            break
+        peak = f"{row['peak_bytes'] / 2**20:.1f} MiB" if row["peak_bytes"] is not None else "-"
+        print(f"{T:>9} {row['best_seconds']:>10.4f} {row['seconds']:>10.4f} {row['us_per_token']:>10.3f} "
+              f"{row['loss']:>13.10g} {peak:>12}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
