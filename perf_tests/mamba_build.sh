@@ -8,7 +8,7 @@
 # It builds the public package from PyPI's source distribution and vendors nothing.
 # mamba-ssm's own setup.py compiles its kernels for nine architectures (sm_75 … sm_121)
 # and first tries to download a prebuilt wheel; this recipe instead compiles the same ten
-# sources of csrc/selective_scan with the same nvcc flags for --arch alone, through
+# sources of csrc/selective_scan with its nvcc flags for --arch alone, through
 # torch.utils.cpp_extension, against the torch of --python (which must be the torch that
 # runs the baseline: the extension is tied to its version). OUT then holds mamba_ssm/
 # (the package's Python files), selective_scan_cuda*.so and BUILD_INFO.json (version,
@@ -65,13 +65,14 @@ sources = [os.path.join(src, f) for f in (
     "selective_scan_bwd_fp32_real.cu", "selective_scan_bwd_fp32_complex.cu",
     "selective_scan_bwd_fp16_real.cu", "selective_scan_bwd_fp16_complex.cu",
     "selective_scan_bwd_bf16_real.cu", "selective_scan_bwd_bf16_complex.cu")]
-# mamba-ssm 2.3's setup.py flags for nvcc, its nine -gencode pairs replaced by one
-nvcc_flags = ["-O3", "-std=c++17", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+# mamba-ssm 2.3's setup.py flags for nvcc, its nine -gencode pairs replaced by one, and no
+# -std=c++17: cpp_extension adds the standard this torch's headers need (C++20 for torch 2.15)
+nvcc_flags = ["-O3", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
               "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
               "-U__CUDA_NO_BFLOAT162_OPERATORS__", "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
               "--expt-relaxed-constexpr", "--expt-extended-lambda", "--use_fast_math", "--ptxas-options=-v",
               "-lineinfo", "--threads", "4", "-gencode", f"arch=compute_{arch},code=sm_{arch}"]
-cxx_flags = ["-O3", "-std=c++17"]
+cxx_flags = ["-O3"]
 os.environ["TORCH_CUDA_ARCH_LIST"] = ""  # the -gencode above is the only target
 t0 = time.time()
 mod = cpp_extension.load(name="selective_scan_cuda", sources=sources, extra_cflags=cxx_flags,

@@ -485,7 +485,8 @@ TEST(Distributed, CarriedStateMatchesOneProcess) {
 }
 
 // The planner per rank (docs/design.md §8): the busiest rank's plan within
-// 10 % of the largest measured Kokkos peak over the ranks, with the levers.
+// 10 % of the largest measured Kokkos peak over the ranks, with the levers, on
+// layer, data and sequence ranks.
 TEST(Distributed, PlanIsTheBusiestRanksPeak) {
   const std::vector<std::vector<std::string>> configs{
       {"run.storage=bf16", "grad.layer_checkpoint=2", "grad.token_block=256"},
@@ -495,13 +496,14 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
       {"grad.detach_inputs=true", "dist.pipeline_blocks=6"},
   };
   for (const auto& levers : configs)
-    for (const Lay& l : layouts(4)) {
+    for (const Lay& l : layouts(4, true)) {
       if (l.D > 2) continue;  // a replica needs a window
       bool lever = false;
       for (const auto& kv : levers) lever = lever || kv.rfind("run.storage", 0) == 0 || kv.rfind("grad.layer", 0) == 0;
-      if (l.R * l.D == 1 && !lever) continue;  // one process without a lever runs the local engine
+      if (l.R * l.D * l.S == 1 && !lever) continue;  // one process without a lever runs the local engine
+      if (l.S > 1 && !lever) continue;  // sequence ranks without a lever run whole ranges: not planned exactly
       const auto d = tiny_dims(4, 64, 32, 8);
-      Config c = layout_config(d, l.R, l.D, 2);
+      Config c = layout_config(d, l.R, l.D, 2, l.S);
       for (const auto& kv : {"grad.engine=adjoint-exact", "data.seq_len=2048", "grad.chunk=32", "grad.wave=256"})
         c.set(kv);
       for (const auto& kv : levers) c.set(kv);
@@ -524,12 +526,12 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
       std::uint64_t peak = MemoryTracker::peak(sp) - base;
       MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
       const double planned = plan_memory(st, Workload::grad, 4).total(), measured = double(peak);
-      std::string what = "R=" + std::to_string(l.R) + " D=" + std::to_string(l.D);
+      std::string what = "R=" + std::to_string(l.R) + " S=" + std::to_string(l.S) + " D=" + std::to_string(l.D);
       for (const auto& kv : levers) what += " " + kv;
       if (world_rank() == 0)
         std::printf("  plan/measured %.3f (%.2f / %.2f MiB): %s\n", planned / measured, planned / 1048576.0,
                     measured / 1048576.0, what.c_str());
-      EXPECT_LE(std::fabs(planned - measured), 0.10 * measured) << what;
+      EXPECT_LE(std::fabs(planned - measured), 0.05 * measured) << what;  // the promise is 10 %
     }
 }
 

@@ -149,6 +149,40 @@ struct Planner {
            " storage, layer checkpoint " + std::to_string(m);
   }
 
+  // dist::SequenceBlockwise (a lever with S > 1): this rank's token range in whole-range
+  // y buffers, token blocks of blockwise_block_length inside it, layer by layer.
+  std::string sequence_blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
+    const std::int64_t blen = blockwise_block_length(o, Ti), C = std::min<std::int64_t>(o.chunk, blen);
+    const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen), state = B * P * N * S;
+    std::int64_t nkept = 0, nseg = 0;
+    segments(nkept, nseg);
+    persistent.push_back({std::to_string(nkept) + " kept layer input(s), " + storage_name(o.storage),
+                          double(nkept) * M * P * double(storage_bytes(o.storage, scalar_bytes))});
+    persistent.push_back({"states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
+    persistent.push_back({"whole-range y and next y (or g)", 2 * M * P * S});
+    persistent.push_back({"block projections", proj(rb)});
+    if (o.carry_state) persistent.push_back({"carried state", carried_state()});
+    phases.push_back({"forward", {{"range state maps (product, state; a block's)", 4 * state}}});
+    const Items blocks{{"recomputed blocks (in, out)", 2 * rb * P * S}, {"carry maps (range, block; ones)", 5 * state}};
+    if (lr.head) {
+      Items head_phase(blocks.begin(), blocks.begin() + 1);
+      head_phase.push_back({"head chunk", head(rb, hc, true)});
+      phases.push_back({"head", head_phase});
+    }
+    // E3's projections and wave scratch stay allocated from the first block on
+    // (released after the pass); a block's carry map adds μ and products at chunk starts.
+    Items back = blocks;
+    back.push_back({"E3 block projections", proj(rb)});
+    back.push_back({"E3 wave scratch", e3_scratch(B, blen)});
+    Items map = back;
+    map.push_back({"E3 carry map (open carry, chunk starts)", 2 * state + 2 * double((blen + C - 1) / C) * state});
+    phases.push_back({"backward", back});
+    phases.push_back({"backward carry map", map});
+    if (lr.embedding) phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(rb)}}});
+    return "adjoint-exact over token blocks of " + std::to_string(blen) + " in each sequence range, " +
+           storage_name(o.storage) + " storage, layer checkpoint " + std::to_string(o.layer_checkpoint);
+  }
+
   // Whole windows: E3 keeps the layer inputs; E1 and E2 every layer's activations with h^{t-1} and A.
   std::string whole_window(Items& persistent, Phases& phases) const {
     const std::string layer_inputs = " layer inputs";
@@ -229,8 +263,12 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   Phases phases;
   Items persistent;  // engine memory held across the phases below
   // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
+  // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
   const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
-  plan.engine = blockwise ? pl.blockwise(scalar_bytes, persistent, phases) : pl.whole_window(persistent, phases);
+  const bool seq_blocks = blockwise && Sq > 1;
+  plan.engine = seq_blocks  ? pl.sequence_blockwise(scalar_bytes, persistent, phases)
+                : blockwise ? pl.blockwise(scalar_bytes, persistent, phases)
+                            : pl.whole_window(persistent, phases);
   Peak peak;
   for (const auto& ph : phases) peak.consider(ph.first, persistent, ph.second);
   if (w == Workload::train) {
@@ -249,7 +287,7 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   plan.phase = peak.phase;
   plan.items.insert(plan.items.end(), peak.items.begin(), peak.items.end());
   if (multi)
-    plan.engine += blockwise && Sq == 1 ? " (per rank: the busiest of layers " + std::to_string(lr.k0) + ".." +
+    plan.engine += blockwise ? " (per rank: the busiest of layers " + std::to_string(lr.k0) + ".." +
                                               std::to_string(lr.k1 - 1) + ")"
                                         : " (per rank, approximate for dist.* layouts)";
   return plan;
