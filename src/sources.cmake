@@ -4,6 +4,7 @@ set(ASH_LIBRARY_SOURCES
   ash/core/config.cpp
   ash/core/documents.cpp
   ash/kernels/half_storage.cpp
+  ash/kernels/matmul.cpp
   ash/core/memory.cpp
   ash/core/profiler.cpp
   ash/core/sizes.cpp
@@ -37,4 +38,8 @@ set(ASH_MPI_SOURCES
   ash/distributed/distributed_engine.cpp
   ash/distributed/sequence_blockwise.cpp
   ash/distributed/sharded_io.cpp
+)
+# Built only with a CUDA Kokkos: run.matmul's cuBLAS call (links CUDA::cublas).
+set(ASH_CUDA_SOURCES
+  ash/kernels/impl/cublas_gemm.cpp
 )

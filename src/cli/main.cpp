@@ -112,8 +112,9 @@ void run_grad(const GradArgs& a) {
   const auto* pipe = ctx.pipeline_stats();
   const auto usage = ctx.allgather({ash::MemoryTracker::peak(ash::MemSpace::name()),
                                     ash::MemoryTracker::process_hwm_bytes(), pipe ? pipe->bytes_sent : 0});
-  std::printf("engine %s (%s), %lld window(s) of T=%lld\n", ctx.engine().name().c_str(),
-              sizeof(S) == 8 ? "double" : "float", (long long)B, (long long)T);
+  const std::string matmul = st.grad.matmul == ash::Matmul::fp32 ? "" : ", " + ash::matmul_name(st.grad.matmul) + " matmul";
+  std::printf("engine %s (%s%s), %lld window(s) of T=%lld\n", ctx.engine().name().c_str(),
+              sizeof(S) == 8 ? "double" : "float", matmul.c_str(), (long long)B, (long long)T);
   std::printf("loss %.10f\n", loss);
   std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
   if (!ctx.distributed()) {
@@ -176,6 +177,7 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
   ash::Config sizing = cfg;  // the forward keeps one layer at a time: E3's estimate bounds it
   sizing.set("grad.engine=adjoint-exact");
   ash::check_memory(sizing, ash::Workload::grad, sizeof(S), common.max_memory);
+  const ash::MatmulScope matmul(st.grad.matmul, sizeof(S));
   const auto params = ash::load_checkpoint<S>(ckpt);
   const auto ids = ash::load_tokens(tokens);
   const auto T = st.data.seq_len, B = st.data.batch;

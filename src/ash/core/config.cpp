@@ -22,7 +22,7 @@ nlohmann::json Config::defaults() {
     "optim": {"lr": 0.003, "weight_decay": 0.1, "warmup": 50, "steps": 1000, "clip": 1.0,
               "beta1": 0.9, "beta2": 0.95},
     "run":   {"out_dir": "run", "log_every": 10, "eval_every": 100, "ckpt_every": 200, "precision": "float",
-              "storage": "float"},
+              "storage": "float", "matmul": "fp32"},
     "dist":  {"layer_ranks": 1, "data_ranks": 0, "seq_ranks": 1, "pipeline_blocks": 0}
   })");
 }
@@ -244,6 +244,15 @@ std::string storage_name(Storage s) {
   return s == Storage::bf16 ? "bf16" : s == Storage::fp16 ? "fp16" : "float";
 }
 
+Matmul parse_matmul(const std::string& s) {
+  if (s == "fp32") return Matmul::fp32;
+  if (s == "tf32") return Matmul::tf32;
+  if (s == "bf16") return Matmul::bf16;
+  throw Error("run.matmul must be fp32, tf32 or bf16 (got '" + s + "')");
+}
+
+std::string matmul_name(Matmul m) { return m == Matmul::tf32 ? "tf32" : m == Matmul::bf16 ? "bf16" : "fp32"; }
+
 EngineOptions EngineOptions::from_config(const Config& cfg) { return cfg.settings().grad; }
 AdamWOptions AdamWOptions::from_config(const Config& cfg) { return cfg.settings().optim; }
 
@@ -283,6 +292,7 @@ EngineOptions Config::engine_options(const ModelDims& d, const DataOptions& da) 
   require(g.head_chunk >= 0, "grad.head_chunk must be >= 1, or 0 / \"auto\" for the backend's default");
   g.method = parse_method(get<std::string>("grad.engine"));
   g.storage = parse_storage(get<std::string>("run.storage"));
+  g.matmul = parse_matmul(get<std::string>("run.matmul"));
   const auto m = get<std::int64_t>("grad.layer_checkpoint");
   require(m >= 0, "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
   g.layer_checkpoint = resolve_layer_checkpoint(m, d.layers);

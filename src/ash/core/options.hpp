@@ -36,6 +36,14 @@ std::string storage_name(Storage s);
 // Bytes of one stored number (full: sizeof the compute type).
 inline std::size_t storage_bytes(Storage s, std::size_t scalar_bytes) { return s == Storage::full ? scalar_bytes : 2; }
 
+// How the dense products multiply in float (run.matmul, docs/design.md §6): fp32
+// exactly; tf32 and bf16 round both inputs of every product to 10 or 7 mantissa bits
+// and accumulate in FP32, as tensor cores do (ash/kernels/matmul.hpp).
+enum class Matmul { fp32, tf32, bf16 };
+// "fp32", "tf32" or "bf16"; throws ash::Error naming run.matmul for anything else.
+Matmul parse_matmul(const std::string& s);
+std::string matmul_name(Matmul m);
+
 // data.*
 struct DataOptions {
   std::string train;             // token file
@@ -64,6 +72,7 @@ struct EngineOptions {
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
   // block-wise engine of ash/grad/blockwise_engine.hpp):
   Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)
+  Matmul matmul = Matmul::fp32;     // how the dense products multiply (run.matmul; not a memory lever)
   index_t layer_checkpoint = 1;     // keep every m-th layer input, recompute the rest (resolved: >= 1)
   index_t token_block = 0;          // tokens per block of the block-wise pass (0: auto)
   bool carry_state = false;         // windows start from the previous window's state (data.carry_state)

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/kernels/matmul.hpp"
 
 namespace ash::dist {
 
@@ -294,6 +295,7 @@ double DistributedEngine<S>::compute_sequence_blockwise(const ParamSet<S>& param
 
 template <class S>
 double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad) {
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
   const auto t_start = Clock::now();
   const std::uint64_t sent0 = bytes_sent();
   comm_s_ = 0;

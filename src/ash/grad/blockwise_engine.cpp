@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/kernels/matmul.hpp"
 
 namespace ash {
 
@@ -97,6 +98,7 @@ template <class S>
 double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenView& x, index_t targets,
                                          const TokenBlocks& blocks, const RangeLinks<S>& links,
                                          const std::vector<View2<S>>* state, const ParamSet<S>& grad) {
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
   const auto& d = params.dims();
   const LayerRange& lr = params.range();
   require(grad.range() == lr, "BlockwiseEngine: the gradient is not the parameters' range");

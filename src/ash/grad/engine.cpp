@@ -5,6 +5,7 @@
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
+#include "ash/kernels/matmul.hpp"
 
 
 namespace ash {
@@ -27,6 +28,7 @@ LocalEngine<S>::LocalEngine(const EngineOptions& opts) : opts_(opts), layer_(mak
 
 template <class S>
 double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "LocalEngine: needs the whole model");
   const SeqShape s = SeqShape::of(x);

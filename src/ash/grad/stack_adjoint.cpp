@@ -5,6 +5,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/kernels/blocks.hpp"
+#include "ash/kernels/matmul.hpp"
 
 namespace ash {
 
@@ -31,6 +32,7 @@ template <class S>
 void StackAdjoint<S>::forward(const ParamSet<S>& layers, const SeqShape& s, const View2<S>& y0, const View2<S>& yK) {
   check_stack(layers, s, y0, "y0");
   check_stack(layers, s, yK, "yK");
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
   const auto& d = layers.dims();
   const ExecSpace& exec = engine_.execution_space();
   if (d.layers == 0) {

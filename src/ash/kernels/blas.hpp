@@ -1,15 +1,57 @@
 #pragma once
-// Dense products through Kokkos Kernels (OpenBLAS / cuBLAS behind it).
+// Dense products through Kokkos Kernels (OpenBLAS / cuBLAS behind it), in the
+// mode of run.matmul (ash/kernels/matmul.hpp) for float.
 // Only the 7-argument gemm exists in Kokkos Kernels 3.4 (Debian's Trilinos 13.2 packages).
+#include <type_traits>
+
 #include <KokkosBlas3_gemm.hpp>
 
+#include "ash/kernels/matmul.hpp"
+
 namespace ash::impl {
+
+// A copy of the [rows, cols] view v with every value rounded as mode's tensor-core inputs.
+template <class V>
+View2<float> rounded_copy(const V& v, Matmul mode) {
+  const index_t rows = v.extent(0), cols = v.extent(1);
+  View2<float> out(Kokkos::view_alloc(std::string("ash::gemm::rounded_input"), Kokkos::WithoutInitializing), rows,
+                   cols);
+  const bool tf32 = mode == Matmul::tf32;
+  Kokkos::parallel_for(
+      "ash::gemm_round_inputs", Range(0, rows * cols), KOKKOS_LAMBDA(const index_t i) {
+        const index_t r = i / cols, c = i % cols;
+        const float x = v(r, c);
+        out(r, c) = tf32 ? half::round_tf32(x) : half::round_bf16(x);
+      });
+  return out;
+}
 
 // C = alpha op(A) op(B) + beta C
 // The region names the dense products for KernelProfiler (core/profiler.hpp).
 template <class S, class A, class B, class C>
 void gemm(const char* ta, const char* tb, S alpha, const A& a, const B& b, S beta, const C& c) {
   Kokkos::Profiling::pushRegion("ash::gemm");
+  const Matmul mode = matmul_mode();
+  if constexpr (std::is_same_v<S, float>) {
+    if (mode != Matmul::fp32) {
+#if defined(KOKKOS_ENABLE_CUDA)
+      using Space = typename C::memory_space;
+      if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible && a.stride(1) == 1 &&
+          b.stride(1) == 1 && c.stride(1) == 1) {
+        const bool tra = ta[0] == 'T', trb = tb[0] == 'T';
+        cublas_gemm_fast(tra, trb, index_t(c.extent(0)), index_t(c.extent(1)),
+                         index_t(tra ? a.extent(0) : a.extent(1)), alpha, a.data(), index_t(a.stride(0)), b.data(),
+                         index_t(b.stride(0)), beta, c.data(), index_t(c.stride(0)), mode,
+                         ExecSpace().cuda_stream());
+        Kokkos::Profiling::popRegion();
+        return;
+      }
+#endif
+      KokkosBlas::gemm(ta, tb, alpha, rounded_copy(a, mode), rounded_copy(b, mode), beta, c);
+      Kokkos::Profiling::popRegion();
+      return;
+    }
+  }
   KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
   Kokkos::Profiling::popRegion();
 }

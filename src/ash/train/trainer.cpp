@@ -22,6 +22,7 @@
 #include "ash/io/run_lock.hpp"
 #include "ash/model/forward.hpp"
 #include "ash/train/optimizer.hpp"
+#include "ash/kernels/matmul.hpp"
 
 namespace ash {
 
@@ -370,6 +371,7 @@ TrainSummary Trainer<S>::run() {
 
 TrainSummary train(const Config& cfg, const std::string& resume, std::FILE* log, std::int64_t until) {
   const Settings st = cfg.settings();
+  const MatmulScope matmul(st.grad.matmul, st.run.scalar_bytes());  // the steps and the validation forward
   if (st.run.double_precision) return Trainer<double>(cfg, st, resume, log, until).run();
   return Trainer<float>(cfg, st, resume, log, until).run();
 }
