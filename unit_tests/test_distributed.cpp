@@ -418,7 +418,11 @@ TEST(Distributed, MemoryLeversMatchOneProcess) {
     expect_levers_match(K, 29, 4, lever_options(Storage::fp16, 3, 8));
     expect_levers_match(K, 29, 4, lever_options(Storage::full, 9, 8));   // m > K: only y_0
     expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true));     // paper mode
-    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true, 6), false);  // a window: one block
+    // A window: one block per process or range; halos of T̄ - 1 tokens on sequence ranks.
+    expect_levers_match(K, 29, 4, lever_options(Storage::bf16, 2, 8, true, 6));
+    expect_levers_match(K, 29, 4, lever_options(Storage::full, 2, 8, true, 6));
+    expect_levers_match(K, 29, 4, lever_options(Storage::full, 3, 8, true, 3));
+    expect_levers_match(K, 29, 4, lever_options(Storage::full, 1, 8, true, 8));  // S = 4: a halo of a whole range
     // Ranges of 16 and 8 tokens start on the blocks of one process (S = 2, 4).
     expect_levers_match(K, 32, 4, lever_options(Storage::bf16, 1, 8));
     expect_levers_match(K, 32, 4, lever_options(Storage::bf16, 2, 8, true));
@@ -492,6 +496,7 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
       {"run.storage=bf16", "grad.layer_checkpoint=2", "grad.token_block=256"},
       {"run.storage=float", "grad.layer_checkpoint=1", "grad.token_block=512"},
       {"run.storage=fp16", "grad.layer_checkpoint=3", "grad.token_block=256", "grad.detach_inputs=true"},
+      {"run.storage=bf16", "grad.layer_checkpoint=2", "grad.detach_inputs=true", "grad.truncate=100"},  // a window
       {"dist.pipeline_blocks=0"},  // no lever: E3's pipeline over 4 blocks per layer rank
       {"grad.detach_inputs=true", "dist.pipeline_blocks=6"},
   };

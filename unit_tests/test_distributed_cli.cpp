@@ -84,9 +84,12 @@ TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
   double ls = 0;
   expect_close(to_host(load_gradients(seq, d, &ls)), a, d, 1e-12, "S=2");
   EXPECT_NEAR(ls, l1, 1e-12 * l1);
-  // The paper's window across the two ranges (a halo of T-bar - 1 tokens), and bf16 + layer checkpointing on R = 2.
-  for (const std::string extra : {std::string("--detach-inputs --truncate 7 "), std::string("--set run.storage=bf16 "
-                                  "--set grad.layer_checkpoint=2 --set grad.token_block=8 ")}) {
+  // The paper's window across the two ranges (a halo of T-bar - 1 tokens), alone and with layer
+  // checkpointing (each range in one block), and bf16 + layer checkpointing on R = 2.
+  for (const std::string extra : {std::string("--detach-inputs --truncate 7 "),
+                                  std::string("--detach-inputs --truncate 7 --set grad.layer_checkpoint=2 "),
+                                  std::string("--set run.storage=bf16 --set grad.layer_checkpoint=2 "
+                                              "--set grad.token_block=8 ")}) {
     const bool window = extra.find("truncate") != std::string::npos;
     const auto ref = tmp_path("ref_x.h5"), got = tmp_path("got_x.h5");
     ASSERT_EQ(run(g + extra + "--out " + ref).code, 0);
@@ -184,8 +187,8 @@ TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
   for (const auto& c : {Case{3, " --set dist.layer_ranks=2", "", "not a multiple of dist.layer_ranks"},
                         Case{2, " --set dist.layer_ranks=2 --set dist.data_ranks=2", "", "the world has 2 ranks"},
                         Case{3, " --set dist.layer_ranks=3", "", "must not exceed model.layers"},
-                        Case{2, " --set dist.seq_ranks=2 --set run.storage=bf16 --detach-inputs --truncate 4", "",
-                             "runs without the memory levers"},
+                        Case{3, " --set dist.seq_ranks=3 --set run.storage=bf16 --detach-inputs --truncate 20", "",
+                             "each range needs >= T-bar - 1 tokens"},
                         Case{3, " --set dist.seq_ranks=3 --set data.seq_len=2", "", "would leave a token range empty"},
                         Case{2, " --set dist.layer_ranks=2", "ASH_DEBUG_FAIL_RANK=1", "injected failure on rank 1"},
                         Case{2, " --set dist.layer_ranks=2", "ASH_DEBUG_FAIL_RANK=0", "injected failure on rank 0"}}) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/distributed/window_halo.hpp"
 #include "ash/kernels/matmul.hpp"
 
 namespace ash::dist {
@@ -169,41 +170,19 @@ template <class S>
 void DistributedEngine<S>::backward_window_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
   const auto& lay = grid_.layout();
   const ExecSpace& exec = layer_->execution_space();
-  const index_t P = params.dims().width, Bt = ps.Bt, T = ps.T, Tbar = opts_.truncate, T_all = ps.T_all;
-  const index_t H = std::min<index_t>(Tbar - 1, T_all - lay.seq_end(T_all));  // the halo this rank reads
-  const index_t H_prev = lay.seq_rank > 0 ? std::min<index_t>(Tbar - 1, T_all - lay.seq_begin(T_all)) : 0;
-  for (int r = 1; r < lay.S; ++r) {  // every rank checks every range: all throw alike, none waits for a halo
-    const index_t a = T_all * r / lay.S, b = T_all * (r + 1) / lay.S;
-    require(std::min<index_t>(Tbar - 1, T_all - a) <= b - a,
-            "dist.seq_ranks: a window T-bar = " + std::to_string(Tbar) + " reads up to " + std::to_string(Tbar - 1) +
-                " tokens past a token range, and sequence rank " + std::to_string(r) + " holds " +
-                std::to_string(b - a) + "; use fewer sequence ranks or a smaller grad.truncate (each range needs >= "
-                "T-bar - 1 tokens)");
-  }
-  const MPI_Comm sc = grid_.seq();
-  View2<S> out("ash::dist::halo_out", Bt * H_prev, P), in("ash::dist::halo_in", Bt * H, P);
-  auto halo = [&](const View2<S>& own) {  // own's first H_prev tokens to the previous range; the next range's into `in`
-    if (H_prev > 0) {
-      copy_block_rows(own, out, BlockRows{H_prev, T, 0}, true, exec);
-      exec.fence();
-      timed([&] { send(out, lay.seq_rank - 1, tag_halo, sc); });
-    }
-    if (H > 0) timed([&] { recv(in, lay.seq_rank + 1, tag_halo, sc); });
-  };
-  const index_t Te = T + H;
+  const index_t P = params.dims().width, Bt = ps.Bt, T = ps.T, T_all = ps.T_all;
+  require_window_halos(T_all, lay.S, opts_.truncate);
+  WindowHalo<S> halo(lay, Bt, P, T_all, opts_.truncate, tag_halo, grid_.seq(),
+                     [this](const std::function<void()>& fn) { timed(fn); });
+  const index_t Te = halo.extended();
   const TokenView x_ext = token_block(ps.x_rows, lay.seq_begin(T_all), Te);  // own tokens, then the halo's
-  View2<S> g_halo("ash::dist::g_halo", Bt * H, P), y_ext("ash::dist::y_ext", Bt * Te, P),
+  View2<S> g_halo("ash::dist::g_halo", Bt * halo.halo(), P), y_ext("ash::dist::y_ext", Bt * Te, P),
       g_ext("ash::dist::g_ext", Bt * Te, P);
-  halo(ps.g);
-  Kokkos::deep_copy(exec, g_halo, in);
+  halo.exchange(ps.g, g_halo, exec);
   for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
-    halo(ps.store.input(k));
-    copy_block_rows(y_ext, ps.store.input(k), BlockRows{T, Te, 0}, false, exec);
-    copy_block_rows(g_ext, ps.g, BlockRows{T, Te, 0}, false, exec);  // again per layer: the halo rows are masked
-    if (H > 0) {
-      copy_block_rows(y_ext, in, BlockRows{H, Te, T}, false, exec);
-      copy_block_rows(g_ext, g_halo, BlockRows{H, Te, T}, false, exec);
-    }
+    halo.exchange(ps.store.input(k), exec);
+    halo.extend(ps.store.input(k), halo.received(), y_ext, exec);
+    halo.extend(ps.g, g_halo, g_ext, exec);  // again per layer: the halo rows are masked
     blockwise_->backward_window_range(params.layer(k), SeqShape{Bt, Te, DocStarts(x_ext)}, y_ext, g_ext,
                                       ps.h_range[k - ps.store.k0()], T, grad.layer(k));
     ps.store.release(k);
@@ -285,7 +264,7 @@ double DistributedEngine<S>::compute_sequence_blockwise(const ParamSet<S>& param
   const TokenView x = my_windows(x_all);
   const std::vector<View2<S>> state = my_carried_rows(params, x_all.extent(0));
   const index_t T = grid_.layout().seq_end(x.extent(1)) - grid_.layout().seq_begin(x.extent(1));
-  const index_t blen = seq_pass_->block_length(T);
+  const index_t blen = seq_pass_->block_length(T, x.extent(1));
   stats_.blocks = (T + blen - 1) / blen;
   const double loss = seq_pass_->compute(
       params, x, target_count(x_all), carried_ ? &state : nullptr, grad,

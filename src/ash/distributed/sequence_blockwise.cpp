@@ -5,12 +5,13 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/distributed/window_halo.hpp"
 
 namespace ash::dist {
 
 namespace {
 
-constexpr int tag_y = 21, tag_g = 22;
+constexpr int tag_y = 21, tag_g = 22, tag_halo = 23;
 
 // acc ← map ∘ acc for element-wise affine maps x ↦ a ⊙ x + b: acc_b = a ⊙ acc_b + b,
 // acc_a = a ⊙ acc_a (contiguous views of one size).
@@ -32,8 +33,9 @@ template <class S>
 struct SequenceBlockwise<S>::Pass {
   int k0 = 0, k1 = 0, K = 0;
   bool first = true, last = true;  // the layer range has the embedding, the head
-  index_t Bt = 0, T = 0, targets = 0;
-  TokenView x, x_head;  // the range's tokens; and one more (the last row's target) unless the window ends there
+  index_t Bt = 0, T = 0, T_all = 0, targets = 0;
+  // the replica's windows; the range's tokens; and one more (the last row's target) unless the window ends there
+  TokenView x_all, x, x_head;
   LayerSegments seg;
   std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, top]: the segment starts' inputs (not y_0)
   std::unique_ptr<BlockwiseForward<S>> fw;
@@ -54,12 +56,9 @@ struct SequenceBlockwise<S>::Pass {
 
 template <class S>
 SequenceBlockwise<S>::SequenceBlockwise(const Grid& grid, const EngineOptions& opts)
-    : grid_(grid), opts_(opts), layer_(opts) {
+    : grid_(grid), opts_(opts), layer_(opts), whole_(whole_opts()) {
   require(opts.exact_adjoint() && opts.layer_checkpoint >= 1 && opts.token_block >= 0,
           "sequence ranks with memory levers: adjoint-exact with a resolved grad.layer_checkpoint");
-  require(opts.truncate == 0,
-          "dist.seq_ranks > 1 with a window (grad.truncate) runs without the memory levers (run.storage, "
-          "grad.layer_checkpoint, grad.token_block, data.carry_state); use one of the two, or dist.seq_ranks = 1");
 }
 
 template <class S>
@@ -72,6 +71,7 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange& lr = params.range();
   const index_t P = d.width, N = d.state, T_all = x_rows.extent(1);
   const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
+  if (window(T_all)) require_window_halos(T_all, lay.S, opts_.truncate);  // before any work
   Pass ps;
   ps.k0 = lr.k0;
   ps.k1 = lr.k1;
@@ -80,6 +80,8 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   ps.last = lr.head;
   ps.Bt = x_rows.extent(0);
   ps.T = t_b - t_a;
+  ps.T_all = T_all;
+  ps.x_all = x_rows;
   ps.targets = targets;
   ps.x = token_block(x_rows, t_a, ps.T);
   ps.x_head = token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a);
@@ -97,7 +99,7 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
     if (ps.keeps(c))
       ps.kept[std::size_t(c - ps.k0)] = StoredRows<S>("ash::seqblocks::y_kept", opts_.storage, ps.Bt * ps.T, P);
   grad.fill_zero();
-  const TokenBlocks blocks(block_length(ps.T), ps.T);
+  const TokenBlocks blocks(block_length(ps.T, T_all), ps.T);
   ps.fw = std::make_unique<BlockwiseForward<S>>(d, ps.k0, ps.k1, ps.Bt, blocks, true);
   ps.fw->set_documents(ps.x);
   ps.act = LayerActivations<S>(SeqShape{ps.Bt, blocks.len}, d, LayerActivations<S>::projections_only);
@@ -110,6 +112,7 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   const double loss = ps.last ? head(params, ps, grad) : 0.0;
   backward(params, ps, grad);
   layer_.release();
+  whole_.release();
   return loss;
 }
 
@@ -211,23 +214,45 @@ double SequenceBlockwise<S>::head(const ParamSet<S>& params, Pass& ps, const Par
   return loss;
 }
 
-// Layers top down, each over the whole range: y_k recomputed, μ's carry map
-// composed from the blocks (last first) and scanned over the ranks in
-// reverse, then E3 per block, last first, from that carry.
+// g_K (from the head, the last layer rank's broadcast in paper mode, or the
+// next layer rank), the layers top down, the embedding or g to the previous rank.
 template <class S>
 void SequenceBlockwise<S>::backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
   const auto& lay = grid_.layout();
   const MPI_Comm lc = grid_.layers();
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = ps.blocks();
-  const index_t P = params.dims().width, N = params.dims().state;
-  const View2<S> g = ps.yo;  // g_K from the head, or from the next layer rank
+  const View2<S> g = ps.yo;
   if (layer_.detached()) {
     exec.fence();
     ps.timed([&] { broadcast(g, lay.R - 1, lc); });
   } else if (!ps.last) {
     ps.timed([&] { recv(g, lay.layer_rank + 1, tag_g, lc); });
   }
+  if (window(ps.T_all))
+    layers_window(params, ps, g, grad);
+  else
+    layers_carried(params, ps, g, grad);
+  if (ps.first) {
+    const auto gglobal = grad.global();
+    for (index_t j = 0; j < blk.n; ++j)
+      embedding_backward(token_block(ps.x, blk.start(j), blk.size(j)), ps.blk(g, j), gglobal.embedding, exec);
+  } else if (!layer_.detached()) {
+    exec.fence();
+    ps.timed([&] { send(g, lay.layer_rank - 1, tag_g, lc); });
+  }
+}
+
+// Each layer over the whole range: y_k recomputed, μ's carry map composed from
+// the blocks (last first) and scanned over the ranks in reverse, then E3 per
+// block, last first, from that carry.
+template <class S>
+void SequenceBlockwise<S>::layers_carried(const ParamSet<S>& params, Pass& ps, const View2<S>& g,
+                                          const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  const index_t P = params.dims().width, N = params.dims().state;
   const bool tail = lay.seq_rank == lay.S - 1;
   View3<S> Mr("ash::seqblocks::carry_M", ps.Bt, P, N), vr("ash::seqblocks::carry_v", ps.Bt, P, N),
       Mj("ash::seqblocks::block_M", ps.Bt, P, N), vj("ash::seqblocks::block_v", ps.Bt, P, N);
@@ -239,7 +264,7 @@ void SequenceBlockwise<S>::backward(const ParamSet<S>& params, Pass& ps, const P
       Kokkos::deep_copy(exec, Mr, S(1));
       Kokkos::deep_copy(exec, vr, S(0));
       for (index_t j = blk.n - 1; j >= 0; --j) {  // c_before = M ⊙ c_after + v over the range
-        layer_.block_carry_map(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), Mj, vj);
+        whole_.block_carry_map(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), Mj, vj);
         compose_after(Mr, vr, Mj, vj, exec);
       }
       exec.fence();
@@ -252,17 +277,39 @@ void SequenceBlockwise<S>::backward(const ParamSet<S>& params, Pass& ps, const P
         carry.valid = true;
       }
       for (index_t j = blk.n - 1; j >= 0; --j)
-        layer_.backward_block(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), ps.fw->state_before(k, j),
+        whole_.backward_block(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), ps.fw->state_before(k, j),
                               &carry, grad.layer(k));
     }
   }
-  if (ps.first) {
-    const auto gglobal = grad.global();
-    for (index_t j = 0; j < blk.n; ++j)
-      embedding_backward(token_block(ps.x, blk.start(j), blk.size(j)), ps.blk(g, j), gglobal.embedding, exec);
-  } else if (!layer_.detached()) {
-    exec.fence();
-    ps.timed([&] { send(g, lay.layer_rank - 1, tag_g, lc); });
+}
+
+// The paper's window T̄ (paper mode, the range one block): g's halo once, then
+// per layer y_k recomputed, its halo, and E3's window backward over the range
+// extended by the halo from the state before the range; only the range's own
+// tokens add to the gradient (AdjointExactLayer::backward_window_range).
+template <class S>
+void SequenceBlockwise<S>::layers_window(const ParamSet<S>& params, Pass& ps, const View2<S>& g,
+                                         const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const index_t P = params.dims().width, Bt = ps.Bt;
+  require(ps.blocks().n == 1, "SequenceBlockwise: a window runs each range as one block");
+  WindowHalo<S> halo(lay, Bt, P, ps.T_all, opts_.truncate, tag_halo, grid_.seq(), ps.timed);
+  const index_t Te = halo.extended();
+  const TokenView x_ext = token_block(ps.x_all, lay.seq_begin(ps.T_all), Te);  // own tokens, then the halo's
+  View2<S> g_halo("ash::seqblocks::g_halo", Bt * halo.halo(), P), y_ext("ash::seqblocks::y_ext", Bt * Te, P),
+      g_ext("ash::seqblocks::g_ext", Bt * Te, P);
+  halo.exchange(g, g_halo, exec);
+  for (std::size_t i = ps.seg.starts.size(); i-- > 0;) {
+    const int c = ps.seg.starts[i];
+    for (int k = std::min(ps.seg.end_of(i), ps.k1 - 1); k >= c; --k) {
+      recompute(params, ps, c, k);
+      halo.exchange(ps.y, exec);
+      halo.extend(ps.y, halo.received(), y_ext, exec);
+      halo.extend(g, g_halo, g_ext, exec);  // again per layer: the halo rows are masked
+      layer_.backward_window_range(params.layer(k), SeqShape{Bt, Te, DocStarts(x_ext)}, y_ext, g_ext,
+                                   ps.fw->state_before(k, 0), ps.T, grad.layer(k));
+    }
   }
 }
 

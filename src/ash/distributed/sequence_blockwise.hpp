@@ -12,6 +12,9 @@
 //            segment's kept input and the kept states; μ's carry map over the
 //            range composed from the blocks' (last first) and scanned over the
 //            ranks in reverse; then E3's backward_block per block, last first.
+//            With a window T̄ (paper mode) the range is one block and each
+//            layer's backward reads a halo of T̄ − 1 tokens of y_k and g from
+//            the next range instead (window_halo.hpp), as without levers.
 // Whole-range buffers: y and the next y (forward), y_k and g (backward), in
 // block-major row order (block j's Bt·Tj rows contiguous, so a block is a
 // subview). Layer ranks exchange whole ranges (R × S).
@@ -32,8 +35,11 @@ class SequenceBlockwise {
   // opts: adjoint-exact with a memory lever; grid.layout().S > 1.
   SequenceBlockwise(const Grid& grid, const EngineOptions& opts);
   std::string name() const { return blockwise_name(layer_.name(), opts_); }
-  // Tokens per block of a range of T tokens.
-  index_t block_length(index_t T) const { return blockwise_block_length(opts_, T); }
+  // Tokens per block of a range of T tokens of windows of T_all: the whole
+  // range with a window T̄ < T_all (its backward reads a halo past the range).
+  index_t block_length(index_t T, index_t T_all) const {
+    return window(T_all) ? T : blockwise_block_length(whole_opts(), T);
+  }
   // x_rows: this replica's windows [Bt, T_all]; targets: the whole batch's
   // target count; carried (or null): this rank's layers' states of these
   // windows (read on the first range, written on every rank from the last).
@@ -49,11 +55,21 @@ class SequenceBlockwise {
   void forward(const ParamSet<S>& params, Pass& ps);
   double head(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);
   void backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);
+  // The layers' backward: with μ carried over the ranges (exact, detached), or a window's halos.
+  void layers_carried(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
+  void layers_window(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
   // y_k of every block into ps.y from its segment's start c.
   void recompute(const ParamSet<S>& params, Pass& ps, int c, int k);
+  bool window(index_t T_all) const { return opts_.truncate > 0 && opts_.truncate < T_all; }
+  EngineOptions whole_opts() const {
+    EngineOptions o = opts_;
+    o.truncate = 0;
+    return o;
+  }
   const Grid& grid_;
   EngineOptions opts_;
-  AdjointExactLayer<S> layer_;
+  AdjointExactLayer<S> layer_;  // the options' method (a window's backward)
+  AdjointExactLayer<S> whole_;  // without a window: the carry maps and blocks of the exact or detached pass
 };
 
 }  // namespace ash::dist

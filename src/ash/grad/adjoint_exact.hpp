@@ -48,7 +48,8 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   void block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
                        const View3<S>& M, const View3<S>& v) override;
 
- private:
+  // Implementation, public only because nvcc refuses an extended (KOKKOS_LAMBDA)
+  // lambda inside a private or protected member function.
   // μ's carry map of the piece L covers (backward_range, block_carry_map).
   void carry_map(const LayerActivations<S>& act, const SeqShape& s, const View2<S>& g, const View3<S>& M,
                  const View3<S>& v);
@@ -59,6 +60,8 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,
            const View2<S>& g, const View2<S>& h0, ExactCarry<S>* carry, const LayerParams<S>& grad,
            index_t own_T = 0);
+
+ private:
   EngineOptions opts_;
   LayerActivations<S> block_act_;  // projections of one token block (backward_block)
   // run()'s buffers, kept from one layer (and token block) to the next of a

@@ -152,7 +152,11 @@ struct Planner {
   // dist::SequenceBlockwise (a lever with S > 1): this rank's token range in whole-range
   // y buffers, token blocks of blockwise_block_length inside it, layer by layer.
   std::string sequence_blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
-    const std::int64_t blen = blockwise_block_length(o, Ti), C = std::min<std::int64_t>(o.chunk, blen);
+    // A window T̄ < T: each range one block, and a halo of T̄ − 1 tokens from the next range.
+    const bool window = o.truncate > 0 && o.truncate < cfg.data.seq_len;
+    EngineOptions whole = o;
+    whole.truncate = 0;
+    const std::int64_t blen = window ? Ti : blockwise_block_length(whole, Ti), C = std::min<std::int64_t>(o.chunk, blen);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen), state = B * P * N * S;
     std::int64_t nkept = 0, nseg = 0;
     segments(nkept, nseg);
@@ -171,13 +175,22 @@ struct Planner {
     }
     // E3's projections and wave scratch stay allocated from the first block on
     // (released after the pass); a block's carry map adds μ and products at chunk starts.
-    Items back = blocks;
-    back.push_back({"E3 block projections", proj(rb)});
-    back.push_back({"E3 wave scratch", e3_scratch(B, blen)});
-    Items map = back;
-    map.push_back({"E3 carry map (open carry, chunk starts)", 2 * state + 2 * double((blen + C - 1) / C) * state});
-    phases.push_back({"backward", back});
-    phases.push_back({"backward carry map", map});
+    if (window) {
+      const double H = double(std::min<std::int64_t>(o.truncate - 1, Ti)), Te = T + H;
+      phases.push_back({"backward",
+                        {blocks[0],
+                         {"range + halo of y and g; g's halo; halo messages", (2 * Te + 3 * H) * B * P * S},
+                         {"E3 block projections", proj(B * Te)},
+                         {"E3 wave scratch", e3_scratch(B, std::int64_t(Te))}}});
+    } else {
+      Items back = blocks;
+      back.push_back({"E3 block projections", proj(rb)});
+      back.push_back({"E3 wave scratch", e3_scratch(B, blen)});
+      Items map = back;
+      map.push_back({"E3 carry map (open carry, chunk starts)", 2 * state + 2 * double((blen + C - 1) / C) * state});
+      phases.push_back({"backward", back});
+      phases.push_back({"backward carry map", map});
+    }
     if (lr.embedding) phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(rb)}}});
     return "adjoint-exact over token blocks of " + std::to_string(blen) + " in each sequence range, " +
            storage_name(o.storage) + " storage, layer checkpoint " + std::to_string(o.layer_checkpoint);
