@@ -8,17 +8,21 @@ namespace ash::impl {
 
 constexpr double rms_eps = 1e-5;
 
+// One team per row (block_sum_team threads: one on a host, which sums p in
+// order as a plain loop would; 64 on a GPU, whose threads read a row's
+// consecutive channels together instead of one thread striding through it).
+
 // rstd[m] = r(x[m, :]),  yhat[m, p] = w[p] x[m, p] r.
 template <class S, class X, class W, class R, class Y>
 void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, const ExecSpace& exec = ExecSpace()) {
   const index_t M = x.extent(0), P = x.extent(1);
   Kokkos::parallel_for(
-      "ash::rms_norm_forward", Range(exec, 0, M), KOKKOS_LAMBDA(const index_t m) {
-        S ss = 0;
-        for (index_t p = 0; p < P; ++p) ss += x(m, p) * x(m, p);
+      "ash::rms_norm_forward", BlockSumPolicy(exec, M, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
+        const index_t m = team.league_rank();
+        const S ss = team_block_sum<S>(team, P, [&](const index_t p) { return x(m, p) * x(m, p); });
         const S r = S(1) / kmath::sqrt(ss / S(P) + S(rms_eps));
-        rstd(m) = r;
-        for (index_t p = 0; p < P; ++p) yhat(m, p) = w(p) * x(m, p) * r;
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { rstd(m) = r; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t p) { yhat(m, p) = w(p) * x(m, p) * r; });
       });
 }
 
@@ -53,16 +57,15 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
   if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_x", Range(exec, 0, Rn), KOKKOS_LAMBDA(const index_t r) {
-        const index_t m = map(r);
+      "ash::rms_norm_backward_x", BlockSumPolicy(exec, Rn, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
+        const index_t r = team.league_rank(), m = map(r);
         const S rs = rstd(m);
-        S dot = 0;
-        for (index_t p = 0; p < P; ++p) dot += gyhat(r, p) * w(p) * x(m, p) * rs;
-        dot /= S(P);
-        for (index_t p = 0; p < P; ++p) {
+        const S dot = team_block_sum<S>(team, P, [&](const index_t p) { return gyhat(r, p) * w(p) * x(m, p) * rs; }) /
+                      S(P);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t p) {
           const S v = rs * (gyhat(r, p) * w(p) - x(m, p) * rs * dot);
           gx(m, p) = keep * gx(m, p) + v;
-        }
+        });
       });
 }
 
