@@ -42,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 
 import h5py
@@ -51,7 +50,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import SSMModel, rms_norm, synthetic_ids  # noqa: E402
+from torch_baseline import (SSMModel, add_model_arguments, model_from_arguments, rms_norm,  # noqa: E402
+                            synthetic_ids, timed_steps)
 
 
 class _NoExtension(types.ModuleType):
@@ -167,18 +167,8 @@ def run(model, T, batch, reps, device):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for rep in range(reps + 1):  # the first is the warm-up
-        model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = model(x)
-        loss.backward()
-        if cuda:
-            torch.cuda.synchronize()
-        if rep:
-            times.append(time.perf_counter() - t0)
+    timed_steps(model, x, 1, cuda)  # warm-up
+    times, loss = timed_steps(model, x, reps, cuda)
     peak = torch.cuda.max_memory_allocated() if cuda else None
     med = statistics.median(times)
     return {"T": T, "batch": batch, "seconds": med, "best_seconds": min(times),
@@ -188,13 +178,7 @@ def run(model, T, batch, reps, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", default="4096,16384", help="comma-separated context lengths")
-    ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--state", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seed", type=int, default=1234, help="initialisation seed when no --checkpoint")
-    ap.add_argument("--checkpoint", help="ash checkpoint (HDF5, float): parameters and sizes")
+    add_model_arguments(ap, width=256, layers=8)
     ap.add_argument("--scan", choices=("cuda", "ref"), default="cuda")
     ap.add_argument("--mamba-dir", help="output folder of perf_tests/mamba_build.sh")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -226,19 +210,8 @@ def main():
     scan_fn, scan_ref, version, where = import_mamba_scan(args.mamba_dir, args.scan == "cuda")
     device = torch.device(args.device)
     scan = scan_fn if args.scan == "cuda" else scan_ref
-    if args.checkpoint:
-        with h5py.File(args.checkpoint, "r") as f:
-            if f.attrs.get("precision", b"float") not in ("float", b"float"):
-                print(f"# note: {args.checkpoint} is {f.attrs['precision']}; mamba-ssm computes in float32")
-            dims = [int(f.attrs[a]) for a in ("vocab", "width", "state", "layers")]
-            model = MambaSSMModel(*dims, torch.float32, scan=scan, skip_D=args.mutate)
-            model.load_checkpoint(f)
-        source = args.checkpoint
-    else:
-        model = MambaSSMModel(args.vocab, args.width, args.state, args.layers, torch.float32, scan=scan,
-                              skip_D=args.mutate)
-        model.init_seeded(args.seed)
-        source = f"seed {args.seed}"
+    model, source = model_from_arguments(
+        args, lambda *dims: MambaSSMModel(*dims, torch.float32, scan=scan, skip_D=args.mutate))
     model.to(device)
     if args.write_tokens:
         synthetic_ids(args.batch * Ts[0], model.vocab).astype("<u4").tofile(args.write_tokens)

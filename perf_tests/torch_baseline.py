@@ -171,6 +171,30 @@ class SSMModel(torch.nn.Module):
         return F.cross_entropy(logits[:, :-1].reshape(-1, self.vocab), x[:, 1:].reshape(-1))
 
 
+def add_model_arguments(ap, width, layers):
+    """--vocab/--width/--state/--layers/--batch/--seed/--checkpoint, shared with mamba_baseline.py."""
+    ap.add_argument("--width", type=int, default=width)
+    ap.add_argument("--state", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1234, help="initialisation seed when no --checkpoint")
+    ap.add_argument("--checkpoint", help="ash checkpoint (HDF5) to take the parameters and sizes from")
+
+
+def model_from_arguments(args, make):
+    """(model, source): make(vocab, width, state, layers) with the parameters of --checkpoint
+    (its sizes override the flags) or seeded from --seed."""
+    if args.checkpoint:
+        with h5py.File(args.checkpoint, "r") as f:
+            model = make(*[int(f.attrs[a]) for a in ("vocab", "width", "state", "layers")])
+            model.load_checkpoint(f)
+        return model, args.checkpoint
+    model = make(args.vocab, args.width, args.state, args.layers)
+    model.init_seeded(args.seed)
+    return model, f"seed {args.seed}"
+
+
 def synthetic_ids(n, vocab):
     # uint64 multiplication wraps mod 2^64, as size_t does in bench_grad.cpp
     return (np.arange(n, dtype=np.uint64) * np.uint64(2654435761)) % np.uint64(vocab)
@@ -197,6 +221,22 @@ def saved_tensor_bytes(model, x):
     return sum(storages.values())
 
 
+def timed_steps(model, x, reps, cuda):
+    """Seconds of each of `reps` forward + loss.backward() (between synchronisations on a GPU), and the loss."""
+    times = []
+    for _ in range(reps):
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = model(x)
+        loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times, loss
+
+
 def run(model, T, batch, reps, device):
     cuda = device.type == "cuda"
     x = torch.from_numpy(synthetic_ids(batch * T, model.vocab).astype(np.int64).reshape(batch, T)).to(device)
@@ -211,17 +251,7 @@ def run(model, T, batch, reps, device):
     else:
         base = current_rss_bytes()
         per_t_peak = reset_rss_peak()
-    times = []
-    for _ in range(reps):
-        model.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = model(x)
-        loss.backward()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+    times, loss = timed_steps(model, x, reps, cuda)
     if cuda:
         peak = torch.cuda.max_memory_allocated()
     else:
@@ -239,18 +269,12 @@ def mib(b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--T", default="1024,4096,16384", help="comma-separated context lengths")
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--state", type=int, default=16)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=1)
+    add_model_arguments(ap, width=64, layers=2)
     ap.add_argument("--chunk", type=int, default=64, help="tokens per chunk of the scan")
     ap.add_argument("--reps", type=int, default=3, help="timed repetitions per T (after one warm-up)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--precision", choices=("float", "double"), default="float")
-    ap.add_argument("--seed", type=int, default=1234, help="initialisation seed when no --checkpoint")
-    ap.add_argument("--checkpoint", help="ash checkpoint (HDF5) to take the parameters and sizes from")
     ap.add_argument("--json", help="append one JSON line per T to this file")
     ap.add_argument("--write-tokens", metavar="FILE.u32",
                     help="also write the batch*T ids as a little-endian uint32 token file for `ash grad` "
@@ -267,16 +291,7 @@ def main():
         ap.error("--device cuda: torch sees no GPU")
     device = torch.device(args.device)
     dtype = torch.float32 if args.precision == "float" else torch.float64
-    if args.checkpoint:
-        with h5py.File(args.checkpoint, "r") as f:
-            dims = [int(f.attrs[a]) for a in ("vocab", "width", "state", "layers")]
-            model = SSMModel(*dims, dtype, args.chunk)
-            model.load_checkpoint(f)
-        source = args.checkpoint
-    else:
-        model = SSMModel(args.vocab, args.width, args.state, args.layers, dtype, args.chunk)
-        model.init_seeded(args.seed)
-        source = f"seed {args.seed}"
+    model, source = model_from_arguments(args, lambda *dims: SSMModel(*dims, dtype, args.chunk))
     model.to(device)
     if args.write_tokens:
         synthetic_ids(args.batch * Ts[0], model.vocab).astype("<u4").tofile(args.write_tokens)

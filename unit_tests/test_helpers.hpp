@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +97,13 @@ std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const
   const double l = make_engine<S>(o)->compute(ps, x, g);
   if (loss) *loss = l;
   return to_host(g);
+}
+
+// The float with these IEEE-754 bits.
+inline float bits_to_float(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 // A configuration with a model's sizes and seed.

@@ -12,12 +12,6 @@ namespace ash::test {
 
 namespace {
 
-float bits_to_float(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Independent reference: the representable neighbours of f among all 2^16
 // patterns decoded by from(), chosen by distance, ties to the even pattern.
 template <class From>

@@ -11,12 +11,6 @@ namespace ash::test {
 
 namespace {
 
-float from_bits(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // [rows, cols] random floats in [-1, 1), on the device and on the host.
 std::pair<View2<float>, std::vector<float>> random_matrix(index_t rows, index_t cols, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -49,7 +43,7 @@ TEST(Matmul, Tf32RoundsToNearestEvenAtTenMantissaBits) {
   EXPECT_EQ(half::round_tf32(std::numeric_limits<float>::max()), std::numeric_limits<float>::infinity());
   EXPECT_EQ(half::round_tf32(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
   EXPECT_TRUE(std::isnan(half::round_tf32(std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_TRUE(std::isnan(half::round_tf32(from_bits(0x7f800001u))));  // a NaN whose payload would round away
+  EXPECT_TRUE(std::isnan(half::round_tf32(bits_to_float(0x7f800001u))));  // a NaN whose payload would round away
   EXPECT_EQ(half::round_bf16(1.0f + std::ldexp(1.0f, -8)), 1.0f);     // bf16: tie at 7 bits, to even
   EXPECT_EQ(half::round_bf16(1.0f + 3 * std::ldexp(1.0f, -8)), 1.0f + std::ldexp(1.0f, -6));
 }
