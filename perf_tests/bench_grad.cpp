@@ -59,7 +59,8 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
-          {"peak_bytes", peak},       {"space", space}, {"loss", loss}};
+          {"peak_bytes", peak},       {"space", space}, {"loss", loss},
+          {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab}};
 }
 
 }  // namespace

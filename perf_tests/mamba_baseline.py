@@ -192,6 +192,8 @@ def main():
     ap.add_argument("--mutate", action="store_true",
                     help="a wrong mapping on purpose (the skip term D ŷ left out): the smoke test's proof that the check "
                          "can fail")
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="skip the rest of the sweep once the next T's reps would take longer (0: no limit)")
     ap.add_argument("--json", help="append one JSON line per T to this file")
     ap.add_argument("--write-tokens", metavar="FILE.u32", help="write the first T's ids as a uint32 token file")
     args = ap.parse_args()
@@ -233,9 +235,13 @@ def main():
     base = {"engine": "mamba-ssm", "scan": args.scan, "mamba_ssm": version, "torch": torch.__version__,
             "device": gpu, "vocab": model.vocab, "width": model.width, "state": model.state,
             "layers": model.layers, "batch": args.batch}
+    last = None
     for T in Ts:
+        if args.max_seconds and last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
+            print(f"{T:>9}  skipped: about {last['seconds'] * T / last['T']:.0f} s a step, over --max-seconds", flush=True)
+            break
         try:
-            row = run(model, T, args.batch, args.reps, device)
+            row = last = run(model, T, args.batch, args.reps, device)
         except torch.cuda.OutOfMemoryError:
             print(f"{T:>9}  out of memory", flush=True)
             row = {"T": T, "oom": True}
