@@ -37,9 +37,10 @@ Model (every time in seconds; rows = Bd*Ts with Bd = ceil(B/D) windows, Ts = cei
       + rows*P (g) + rows*(2P+2N+1) (one layer's projections)
       + max((k+1)*rows*P + head chunk, k*rows*P + E3 scratch)]  (the head's phase or the backward's),
       E3 scratch = wave of W tokens (3*Bd*W*P*N + cotangents) + 3*Bd*ceil(Ts/C)*P*N chunk carries;
-  with token blocks: k+1 whole-window rows*P (inputs, g), k*nb*Bd*P*N block-start states, one
-      block's projections, and the larger of the head's phase (the last rank's output, one head chunk)
-      and a block's buffers (4 [Bd*blen, P], 2k carries, E3 scratch on blen tokens).
+  with token blocks (exact and paper mode alike: one pipeline): k+1 whole-window rows*P (inputs, g),
+      k*nb*Bd*P*N block-start states, one block's projections, and the larger of the head's phase
+      (the last rank's output, one head chunk) and a block's buffers (4 [Bd*blen, P], 2k carries,
+      E3 scratch on blen tokens).
 """
 import argparse, json, math, os, re, statistics, subprocess, sys, tempfile
 
@@ -131,10 +132,9 @@ def predict(pr, R, S, D, T, B=1, mode="exact", net=None):
         seq = Bd * blen
         mem = s * (2 * shard + (k + 1) * rows * P + k * nb * Bd * P * N + proj(seq)
                    + max(rows * P + hc * (1 + 2 * P + V), 4 * seq * P + 2 * k * Bd * P * N + scratch(min(W, blen), blen)))
-    if nb == 1 or mode == "paper":  # whole windows (the paper-mode backward: whole window, g on every rank)
-        mem = max(mem if nb > 1 else 0.0,
-                  s * (2 * shard + rows * P + proj(rows) + max((k + 1) * rows * P + hc * (1 + 2 * P + V),
-                                                               k * rows * P + scratch(W, Ts))))
+    if nb == 1:  # whole windows (token blocks serve the paper mode as the exact one: the same pipeline)
+        mem = s * (2 * shard + rows * P + proj(rows) + max((k + 1) * rows * P + hc * (1 + 2 * P + V),
+                                                          k * rows * P + scratch(W, Ts)))
     return {"time": total, "mem": mem, "parts": t, "blocks": nb}
 
 
