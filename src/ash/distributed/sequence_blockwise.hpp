@@ -35,11 +35,8 @@ class SequenceBlockwise {
   // opts: adjoint-exact with a memory lever; grid.layout().S > 1.
   SequenceBlockwise(const Grid& grid, const EngineOptions& opts);
   std::string name() const { return blockwise_name(layer_.name(), opts_); }
-  // Tokens per block of a range of T tokens of windows of T_all: the whole
-  // range with a window T̄ < T_all (its backward reads a halo past the range).
-  index_t block_length(index_t T, index_t T_all) const {
-    return window(T_all) ? T : blockwise_block_length(whole_opts(), T);
-  }
+  // Tokens per block of a range of T tokens of windows of T_all.
+  index_t block_length(index_t T, index_t T_all) const { return sequence_block_length(opts_, T, T_all); }
   // x_rows: this replica's windows [Bt, T_all]; targets: the whole batch's
   // target count; carried (or null): this rank's layers' states of these
   // windows (read on the first range, written on every rank from the last).

@@ -84,6 +84,13 @@ index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, i
   return len < T ? len : T;
 }
 
+index_t sequence_block_length(const EngineOptions& opts, index_t T, index_t T_all) {
+  if (opts.truncate > 0 && opts.truncate < T_all) return T;
+  EngineOptions whole = opts;
+  whole.truncate = 0;
+  return blockwise_block_length(whole, T);
+}
+
 template <class S>
 double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();

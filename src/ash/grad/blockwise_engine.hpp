@@ -33,6 +33,10 @@ index_t blockwise_block_length(const EngineOptions& opts, index_t T);
 // when a memory lever is set and 4 blocks per layer rank when none is; whole
 // chunks each.
 index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks);
+// The same on a sequence rank's range of T tokens of windows of T_all
+// (dist::SequenceBlockwise): the whole range with a window T̄ < T_all (its
+// backward reads a halo past the range), else one process's length without a window.
+index_t sequence_block_length(const EngineOptions& opts, index_t T, index_t T_all);
 
 // "adjoint-exact (..., bf16 storage, layer checkpoint m[, carried state])": a
 // method's name with the levers of opts.

@@ -26,33 +26,37 @@ View2<float> rounded_copy(const V& v, Matmul mode) {
   return out;
 }
 
+// The float product in a rounding mode (tf32, bf16): cuBLAS's tensor cores on
+// row-contiguous device views, else the product of rounded copies.
+template <class A, class B, class C>
+void rounded_gemm(const char* ta, const char* tb, float alpha, const A& a, const B& b, float beta, const C& c,
+                  Matmul mode) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  using Space = typename C::memory_space;
+  if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible && a.stride(1) == 1 && b.stride(1) == 1 &&
+      c.stride(1) == 1) {
+    const bool tra = ta[0] == 'T', trb = tb[0] == 'T';
+    cublas_gemm_fast(tra, trb, index_t(c.extent(0)), index_t(c.extent(1)), index_t(tra ? a.extent(0) : a.extent(1)),
+                     alpha, a.data(), index_t(a.stride(0)), b.data(), index_t(b.stride(0)), beta, c.data(),
+                     index_t(c.stride(0)), mode, ExecSpace().cuda_stream());
+    return;
+  }
+#endif
+  KokkosBlas::gemm(ta, tb, alpha, rounded_copy(a, mode), rounded_copy(b, mode), beta, c);
+}
+
 // C = alpha op(A) op(B) + beta C
 // The region names the dense products for KernelProfiler (core/profiler.hpp).
 template <class S, class A, class B, class C>
 void gemm(const char* ta, const char* tb, S alpha, const A& a, const B& b, S beta, const C& c) {
   Kokkos::Profiling::pushRegion("ash::gemm");
-  const Matmul mode = matmul_mode();
+  bool rounded = false;
   if constexpr (std::is_same_v<S, float>) {
-    if (mode != Matmul::fp32) {
-#if defined(KOKKOS_ENABLE_CUDA)
-      using Space = typename C::memory_space;
-      if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible && a.stride(1) == 1 &&
-          b.stride(1) == 1 && c.stride(1) == 1) {
-        const bool tra = ta[0] == 'T', trb = tb[0] == 'T';
-        cublas_gemm_fast(tra, trb, index_t(c.extent(0)), index_t(c.extent(1)),
-                         index_t(tra ? a.extent(0) : a.extent(1)), alpha, a.data(), index_t(a.stride(0)), b.data(),
-                         index_t(b.stride(0)), beta, c.data(), index_t(c.stride(0)), mode,
-                         ExecSpace().cuda_stream());
-        Kokkos::Profiling::popRegion();
-        return;
-      }
-#endif
-      KokkosBlas::gemm(ta, tb, alpha, rounded_copy(a, mode), rounded_copy(b, mode), beta, c);
-      Kokkos::Profiling::popRegion();
-      return;
-    }
+    const Matmul mode = matmul_mode();
+    rounded = mode != Matmul::fp32;
+    if (rounded) rounded_gemm(ta, tb, alpha, a, b, beta, c, mode);
   }
-  KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
+  if (!rounded) KokkosBlas::gemm(ta, tb, alpha, a, b, beta, c);
   Kokkos::Profiling::popRegion();
 }
 

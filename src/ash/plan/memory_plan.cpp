@@ -150,13 +150,11 @@ struct Planner {
   }
 
   // dist::SequenceBlockwise (a lever with S > 1): this rank's token range in whole-range
-  // y buffers, token blocks of blockwise_block_length inside it, layer by layer.
+  // y buffers, token blocks of sequence_block_length inside it, layer by layer.
   std::string sequence_blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
     // A window T̄ < T: each range one block, and a halo of T̄ − 1 tokens from the next range.
     const bool window = o.truncate > 0 && o.truncate < cfg.data.seq_len;
-    EngineOptions whole = o;
-    whole.truncate = 0;
-    const std::int64_t blen = window ? Ti : blockwise_block_length(whole, Ti), C = std::min<std::int64_t>(o.chunk, blen);
+    const std::int64_t blen = sequence_block_length(o, Ti, cfg.data.seq_len), C = std::min<std::int64_t>(o.chunk, blen);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen), state = B * P * N * S;
     std::int64_t nkept = 0, nseg = 0;
     segments(nkept, nseg);
@@ -301,8 +299,8 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   plan.items.insert(plan.items.end(), peak.items.begin(), peak.items.end());
   if (multi)
     plan.engine += blockwise ? " (per rank: the busiest of layers " + std::to_string(lr.k0) + ".." +
-                                              std::to_string(lr.k1 - 1) + ")"
-                                        : " (per rank, approximate for dist.* layouts)";
+                                   std::to_string(lr.k1 - 1) + ")"
+                             : " (per rank, approximate for dist.* layouts)";
   return plan;
 }
 

@@ -20,9 +20,9 @@
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
 #include "ash/io/run_lock.hpp"
+#include "ash/kernels/matmul.hpp"
 #include "ash/model/forward.hpp"
 #include "ash/train/optimizer.hpp"
-#include "ash/kernels/matmul.hpp"
 
 namespace ash {
 
