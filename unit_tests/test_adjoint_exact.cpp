@@ -5,11 +5,9 @@ namespace ash::test {
 
 namespace {
 
-// chunked_h: E3's h replay from chunk-boundary states (a GPU's default form)
-// or sequential through the waves (a host's); both run on every backend here.
-EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0, bool chunked_h = !host_backend) {
-  EngineOptions o;
-  o.e3_chunked_h = chunked_h;
+// form: E3's three forms (test_helpers.hpp); all run on every backend here.
+EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0, E3Form form = default_e3_form()) {
+  EngineOptions o = with_e3_form(EngineOptions(), form);
   o.method = Method::adjoint_exact;
   o.chunk = C;
   o.wave = wave;
@@ -33,13 +31,13 @@ TEST(AdjointExact, EqualsBackpropForAnyDepthChunkAndWave) {
     const auto x = random_tokens(2, T, d.vocab, 90 + K);
     double l1 = 0, l3 = 0;
     const auto e1 = grad_of(engine_options("backprop"), ps, x, &l1);
-    for (const bool chunked_h : {false, true})
+    for (const E3Form form : e3_forms())
       for (auto cw : {std::pair<index_t, index_t>{4, 8}, {4, 1024}, {1, 3}, {7, 7}, {29, 29}, {64, 64}}) {
-        const auto g3 = grad_of(e3(cw.first, cw.second, false, 0, chunked_h), ps, x, &l3);
+        const auto g3 = grad_of(e3(cw.first, cw.second, false, 0, form), ps, x, &l3);
         EXPECT_EQ(l1, l3);
         expect_close(g3, e1, d, 1e-10,
                      "K=" + std::to_string(K) + " N=" + std::to_string(d.state) + " C=" + std::to_string(cw.first) + " wave=" +
-                         std::to_string(cw.second) + (chunked_h ? " chunked h" : " sequential h"));
+                         std::to_string(cw.second) + " " + e3_form_name(form));
       }
   }
 }
@@ -49,8 +47,8 @@ TEST(AdjointExact, DetachedEqualsFullAdjointSharding) {
     const auto d = tiny_dims(K);
     auto ps = random_model<double>(d, 100 + K);
     const auto x = random_tokens(3, 29, d.vocab, 110 + K);
-    for (const bool chunked_h : {false, true})
-      expect_close(grad_of(e3(4, 8, true, 0, chunked_h), ps, x), grad_of(engine_options("adjoint"), ps, x), d, 1e-10,
+    for (const E3Form form : e3_forms())
+      expect_close(grad_of(e3(4, 8, true, 0, form), ps, x), grad_of(engine_options("adjoint"), ps, x), d, 1e-10,
                    "K=" + std::to_string(K));
   }
 }
@@ -62,11 +60,11 @@ TEST(AdjointExact, WindowEqualsTruncatedAdjointSharding) {
   const auto x = random_tokens(2, T, d.vocab, 122);
   for (index_t Tbar : {index_t(1), index_t(3), C - 1, C, C + 1, index_t(10), T}) {
     const auto e2 = grad_of(engine_options("adjoint", Tbar), ps, x);
-    for (const bool chunked_h : {false, true})
+    for (const E3Form form : e3_forms())
       for (index_t wave : {index_t(1), index_t(8), index_t(1024)})
-        expect_close(grad_of(e3(C, wave, true, Tbar, chunked_h), ps, x), e2, d, 1e-10,
+        expect_close(grad_of(e3(C, wave, true, Tbar, form), ps, x), e2, d, 1e-10,
                      "T-bar=" + std::to_string(Tbar) + " wave=" + std::to_string(wave) +
-                         (chunked_h ? " chunked h" : " sequential h"));
+                         " " + e3_form_name(form));
   }
 }
 
@@ -84,9 +82,9 @@ TYPED_TEST(AdjointExactTyped, AgreesWithDoubleBackprop) {
   auto ref = random_model<double>(d, 131);
   const auto ps = cast_model<S>(ref);
   const auto x = random_tokens(2, 37, d.vocab, 132);
-  for (const bool chunked_h : {false, true})
-    expect_close(grad_of(e3(5, 10, false, 0, chunked_h), ps, x), grad_of(engine_options("backprop"), ref, x), d,
-                 Tol<S>::grad_vs_double, chunked_h ? "exact, chunked h" : "exact, sequential h");
+  for (const E3Form form : e3_forms())
+    expect_close(grad_of(e3(5, 10, false, 0, form), ps, x), grad_of(engine_options("backprop"), ref, x), d,
+                 Tol<S>::grad_vs_double, "exact, " + e3_form_name(form));
   expect_close(grad_of(e3(5, 10, true, 6), ps, x), grad_of(engine_options("adjoint", 6), ref, x), d, Tol<S>::grad_vs_double,
                "window");
 }
@@ -95,7 +93,32 @@ TEST(AdjointExact, Deterministic) {
   const auto d = tiny_dims(2);
   auto ps = random_model<double>(d, 141);
   const auto x = random_tokens(2, 40, d.vocab, 142);
-  EXPECT_EQ(grad_of(e3(6, 12), ps, x), grad_of(e3(6, 12), ps, x));
+  for (const E3Form form : e3_forms()) {
+    EngineOptions o = e3(6, 12, false, 0, form);
+    o.e3_channel_block = 3;  // the fused form's two-level sums over channel blocks
+    EXPECT_EQ(grad_of(o, ps, x), grad_of(o, ps, x)) << e3_form_name(form);
+  }
+}
+
+// The fused form's channel blocks (one team per block; ∂L/∂β, ∂L/∂γ summed
+// over blocks in a second pass): any block size gives E1's gradient, including
+// a last block narrower than the others (P = 8 in blocks of 3) and a block of
+// one channel; N = 5 runs five state tiles of one on the host.
+TEST(AdjointExact, FusedChannelBlocksEqualBackprop) {
+  for (const index_t N : {index_t(4), index_t(5)}) {
+    const auto d = tiny_dims(2, 17, 8, N);
+    auto ps = random_model<double>(d, 151);
+    const auto x = random_tokens(2, 29, d.vocab, 152);
+    const auto e1 = grad_of(engine_options("backprop"), ps, x);
+    for (const index_t Pt : {index_t(1), index_t(3), index_t(8), index_t(100)})
+      for (const bool detach : {false, true}) {
+        EngineOptions o = e3(4, 8, detach, 0, E3Form::fused);
+        o.e3_channel_block = Pt;
+        const auto ref = detach ? grad_of(engine_options("adjoint"), ps, x) : e1;
+        expect_close(grad_of(o, ps, x), ref, d, 1e-10,
+                     "N=" + std::to_string(N) + " Pt=" + std::to_string(Pt) + (detach ? " detached" : ""));
+      }
+  }
 }
 
 }  // namespace ash::test

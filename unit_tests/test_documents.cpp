@@ -105,9 +105,8 @@ std::vector<Case> every_engine() {
       {"E3 token blocks, layer checkpoint 2, detached", blockwise(Storage::full, 2, 8, true)},
       {"E3 bf16 storage, layer checkpoint 2", blockwise(Storage::bf16, 2, 12)},
   };
-  EngineOptions chunked = opts(Method::adjoint_exact);
-  chunked.e3_chunked_h = host_backend;  // the other h-replay form too
-  c.push_back({"E3 exact, other h replay", chunked});
+  for (const E3Form f : e3_forms())  // every form of E3 (the default one is above)
+    if (f != default_e3_form()) c.push_back({"E3 exact, " + e3_form_name(f), with_e3_form(opts(Method::adjoint_exact), f)});
   return c;
 }
 

@@ -89,6 +89,24 @@ inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, b
   return o;
 }
 
+// E3's three forms in one source (docs/design.md §6): h replayed sequentially
+// through the waves (a host's default), from chunk-boundary states, or the
+// fused per-chunk kernels (a GPU's default). Tests run every form on every backend.
+enum class E3Form { sequential, chunked, fused };
+inline const std::vector<E3Form>& e3_forms() {
+  static const std::vector<E3Form> forms{E3Form::sequential, E3Form::chunked, E3Form::fused};
+  return forms;
+}
+inline E3Form default_e3_form() { return host_backend ? E3Form::sequential : E3Form::fused; }
+inline std::string e3_form_name(E3Form f) {
+  return f == E3Form::sequential ? "sequential h" : f == E3Form::chunked ? "chunked h" : "fused";
+}
+inline EngineOptions with_e3_form(EngineOptions o, E3Form f) {
+  o.e3_chunked_h = f != E3Form::sequential;
+  o.e3_fused = f == E3Form::fused;
+  return o;
+}
+
 // The gradient an engine computes, flattened to the host (and the loss).
 template <class S>
 std::vector<double> grad_of(const EngineOptions& o, const ParamSet<S>& ps, const TokenView& x,

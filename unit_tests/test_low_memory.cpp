@@ -123,12 +123,11 @@ TEST(Half, KernelConversionMatchesHost) {
 
 namespace {
 
-// chunked_h: E3's two h-replay forms (see test_adjoint_exact); the block-wise
-// engine starts each block from a carried state, which both must honour.
+// form: E3's three forms (test_helpers.hpp); the block-wise engine starts
+// each block from a carried state, which all must honour.
 EngineOptions lowmem(Storage st, index_t m, index_t block, bool detach = false, index_t Tbar = 0,
-                     bool chunked_h = !host_backend) {
-  EngineOptions o;
-  o.e3_chunked_h = chunked_h;
+                     E3Form form = default_e3_form()) {
+  EngineOptions o = with_e3_form(EngineOptions(), form);
   o.method = Method::adjoint_exact;
   o.chunk = 8;
   o.wave = 16;
@@ -167,15 +166,15 @@ TYPED_TEST(LowMemoryTyped, CheckpointingIsBitwiseAndMatchesE3) {
     const auto ps = cast_model<S>(random_model<double>(d, 300 + K));
     const auto x = random_tokens(2, T, d.vocab, 310 + K);
     double l1 = 0, lm = 0, le = 0;
-    for (const bool chunked_h : {false, true}) {
-      const std::string form = chunked_h ? " chunked h" : " sequential h";
-      const auto g1 = grad_of(lowmem(Storage::full, 1, 16, false, 0, chunked_h), ps, x, &l1);
+    for (const E3Form f : e3_forms()) {
+      const std::string form = " " + e3_form_name(f);
+      const auto g1 = grad_of(lowmem(Storage::full, 1, 16, false, 0, f), ps, x, &l1);
       for (index_t m : {2, 3, 5, 6}) {
-        const auto gm = grad_of(lowmem(Storage::full, m, 16, false, 0, chunked_h), ps, x, &lm);
+        const auto gm = grad_of(lowmem(Storage::full, m, 16, false, 0, f), ps, x, &lm);
         EXPECT_EQ(lm, l1) << "K=" << K << " m=" << m << form;
         EXPECT_EQ(gm, g1) << "K=" << K << " m=" << m << form;  // bitwise
       }
-      EngineOptions plain = lowmem(Storage::full, 1, 0, false, 0, chunked_h);
+      EngineOptions plain = lowmem(Storage::full, 1, 0, false, 0, f);
       plain.token_block = 0;
       const auto gp = grad_of(plain, ps, x, &le);
       EXPECT_NEAR(l1, le, 10 * Tol<S>::forward * std::fabs(le));
@@ -250,12 +249,12 @@ TEST(LowMemory, CarriedStateGradientMatchesFiniteDifferences) {
     auto st = copy_state(h0);
     return forward_loss(p, x, 1024, st, x, 0);
   };
-  // Both h-replay forms must start every block from the carried state.
+  // Every form must start every block from the carried state.
   std::vector<double> gv;
-  for (const bool chunked_h : {false, true}) {
-    SCOPED_TRACE(chunked_h ? "chunked h" : "sequential h");
+  for (const E3Form f : e3_forms()) {
+    SCOPED_TRACE(e3_form_name(f));
     auto state = copy_state(h0);
-    auto eng = make_engine<double>(lowmem(Storage::full, 1, 8, false, 0, chunked_h));
+    auto eng = make_engine<double>(lowmem(Storage::full, 1, 8, false, 0, f));
     eng->set_carried_state(&state);
     ParamSet<double> g(d);
     const double loss = eng->compute(ps, x, g);

@@ -5,6 +5,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/model/forward.hpp"
+#include "ash/grad/impl/e3_fused.hpp"
 #include "ash/kernels/chunked_scan.hpp"
 
 namespace ash {
@@ -390,7 +391,8 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     v = zero ? View3<S>(std::string(label), rows, P_, N_)
              : View3<S>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, P_, N_);
   };
-  const bool chunked_h = opts_.e3_chunked_h;
+  const bool fused = opts_.e3_fused && !window;
+  const bool chunked_h = opts_.e3_chunked_h || fused;
   if (chunked_h) {
     ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.n, P, N, true);
     w.hrun = View2<S>();
@@ -407,13 +409,34 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     ensure(w.Ms, "ash::e3::mu_chunk_start", Bt * chunks.n, P, N, true);
   else
     w.Ms = View3<S>();
-  ensure(w.hbuf, "ash::e3::wave_hprev", Bt * Wbuf, P, N, false);
-  ensure(w.Abuf, "ash::e3::wave_A", Bt * Wbuf, P, N, false);
-  ensure(w.mubuf, "ash::e3::wave_mu", Bt * Wbuf, P, N, false);
+  const impl::FusedShape fs = impl::fused_shape(P, N, C, impl::lane_tile(N), opts_.e3_channel_block, sizeof(S));
+  const index_t ncw_max = (Wbuf + C - 1) / C;  // chunks per wave (waves are whole chunks here)
+  if (fused) {
+    w.hbuf = w.Abuf = w.mubuf = View3<S>();
+    ensure(w.alog_part, "ash::e3::fused_alog_part", Bt * ncw_max, P, N, false);
+    if (fs.nPB > 1) {
+      ensure(w.beta_part, "ash::e3::fused_beta_part", Bt * Wbuf, fs.nPB, N, false);
+      ensure(w.gamma_part, "ash::e3::fused_gamma_part", Bt * Wbuf, fs.nPB, N, false);
+    } else {
+      w.beta_part = w.gamma_part = View3<S>();
+    }
+    if (index_t(w.d_part.extent(0)) != Bt * ncw_max || index_t(w.d_part.extent(1)) != P) {
+      w.d_part = View2<S>(Kokkos::view_alloc(std::string("ash::e3::fused_d_part"), Kokkos::WithoutInitializing),
+                          Bt * ncw_max, P);
+      w.bd_part = View2<S>(Kokkos::view_alloc(std::string("ash::e3::fused_bd_part"), Kokkos::WithoutInitializing),
+                           Bt * ncw_max, P);
+    }
+  } else {
+    w.beta_part = w.gamma_part = w.alog_part = View3<S>();
+    w.d_part = w.bd_part = View2<S>();
+    ensure(w.hbuf, "ash::e3::wave_hprev", Bt * Wbuf, P, N, false);
+    ensure(w.Abuf, "ash::e3::wave_A", Bt * Wbuf, P, N, false);
+    ensure(w.mubuf, "ash::e3::wave_mu", Bt * Wbuf, P, N, false);
+  }
   if (!w.cot || index_t(w.cot->gyhat.extent(0)) != Bt * Wbuf || index_t(w.cot->gyhat.extent(1)) != P ||
-      index_t(w.cot->gbeta.extent(1)) != N) {
+      index_t(w.cot->gbeta.extent(1)) != N || (w.cot->alog_part.extent(0) > 0) == fused) {
     w.cot.reset();
-    w.cot = std::make_unique<LayerCotangents<S>>(Bt * Wbuf, d);
+    w.cot = std::make_unique<LayerCotangents<S>>(Bt * Wbuf, d, !fused);  // the fused form keeps its own partials
   }
   const View3<S> Hb = w.Hb, scratch = w.scratch, Ms = w.Ms, hbuf = w.hbuf, Abuf = w.Abuf, mubuf = w.mubuf;
   const View2<S> hrun = w.hrun;
@@ -427,6 +450,15 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   if (!window) chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
   for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
     const index_t Ww = (w0 + W < T) ? W : T - w0;
+    if (fused) {
+      const impl::FusedOut<S> out{cot.gz,       cot.gyhat,  w.beta_part, w.gamma_part, cot.gbeta,
+                                  cot.ggamma,   w.alog_part, w.d_part,   w.bd_part};
+      ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, h0, Ms, cin, layer.D, w0, Ww, fs, out,
+                                                           exec));
+      const ParamPartials<S> parts{w.alog_part, w.d_part, w.bd_part, Bt * ((Ww + C - 1) / C)};
+      ssm_layer_backward_dense(layer, s, y, act, g, RowBlock{w0, Ww}, cot, parts, grad, g, opts_.detach_inputs, exec);
+      continue;
+    }
     if (chunked_h) {
       ASH_WITH_LANE_TILE(N, wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
     } else {

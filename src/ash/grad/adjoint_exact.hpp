@@ -69,6 +69,10 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   struct Work {
     View3<S> Hb, scratch, Ms, hbuf, Abuf, mubuf;
     View2<S> hrun;  // the sequential form's running state [Bt·P, N]
+    // The fused form's (impl/e3_fused.hpp): channel-block shares of ∂L/∂β,
+    // ∂L/∂γ per token row, and per-chunk partial sums of A_log, D, bδ.
+    View3<S> beta_part, gamma_part, alog_part;
+    View2<S> d_part, bd_part;
     std::unique_ptr<LayerCotangents<S>> cot;
   };
   Work work_;

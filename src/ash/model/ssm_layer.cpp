@@ -20,15 +20,17 @@ LayerActivations<S>::LayerActivations(const SeqShape& s, const ModelDims& d, Sto
 }
 
 template <class S>
-LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d)
+LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d, bool row_partials)
     : gyhat("ash::cot::gyhat", rows, d.width),
       gz("ash::cot::gz", rows, d.width),
       gbeta("ash::cot::gbeta", rows, d.state),
       ggamma("ash::cot::ggamma", rows, d.state),
-      yhat_rows("ash::cot::yhat_rows", rows, d.width),
-      alog_part("ash::cot::alog_part", impl::row_blocks(rows), d.width, d.state),
-      d_part("ash::cot::d_part", impl::row_blocks(rows), d.width),
-      bd_part("ash::cot::bd_part", impl::row_blocks(rows), d.width) {}
+      yhat_rows("ash::cot::yhat_rows", rows, d.width) {
+  if (!row_partials) return;
+  alog_part = View3<S>("ash::cot::alog_part", impl::row_blocks(rows), d.width, d.state);
+  d_part = View2<S>("ash::cot::d_part", impl::row_blocks(rows), d.width);
+  bd_part = View2<S>("ash::cot::bd_part", impl::row_blocks(rows), d.width);
+}
 
 namespace {
 
@@ -277,7 +279,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                              const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av,
                              const LayerCotangents<S>& cot, const LayerParams<S>& grad, const View2<S>& gy_in,
                              bool detach_input, const ExecSpace& exec) {
-  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t T = s.T, N = act.beta.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
   const index_t nblk = impl::row_blocks(R);
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
@@ -286,14 +288,27 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
   const BlockRows map{W, T, t0};
   ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, p.D, map, R, mu, hprev, Av, cot, exec));
   ASH_WITH_LANE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
+  ssm_layer_backward_dense(p, s, y_in, act, gy, rb, cot, ParamPartials<S>{cot.alog_part, cot.d_part, cot.bd_part, nblk},
+                           grad, gy_in, detach_input, exec);
+}
+
+template <class S>
+void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
+                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
+                              const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
+                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
+                              const ExecSpace& exec) {
+  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t W = rb.W, t0 = rb.t0, R = s.batch * W, nblk = parts.n;
+  const BlockRows map{W, T, t0};
   // Sums over row blocks, in a fixed order.
   auto gAlog = grad.A_log;
   auto gD = grad.D;
   auto gbd = grad.b_delta;
   auto a = act.a;
-  auto alog_part = cot.alog_part;
-  auto d_part = cot.d_part;
-  auto bd_part = cot.bd_part;
+  auto alog_part = parts.alog;
+  auto d_part = parts.d;
+  auto bd_part = parts.bd;
   Kokkos::parallel_for(
       "ash::vjp_param_sums", impl::BlockSumPolicy(exec, P * N, impl::block_sum_team),
       KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
@@ -365,7 +380,11 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
                                            const View3<S>&, const View3<S>&, const View3<S>&,                      \
                                            const LayerCotangents<S>&,                                              \
-                                           const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);
+                                           const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
+  template void ssm_layer_backward_dense<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,               \
+                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,          \
+                                            const LayerCotangents<S>&, const ParamPartials<S>&,                    \
+                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

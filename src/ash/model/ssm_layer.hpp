@@ -110,7 +110,18 @@ struct LayerCotangents {
   View3<S> alog_part;  // Σ_i μ^i h^{i-1} A^i Δ^i per row block [R/reduce_rows, P, N]
   View2<S> d_part;     // Σ_i g^i ŷ^i per row block [R/reduce_rows, P]
   View2<S> bd_part;    // Σ_i ∂L/∂z^i per row block [R/reduce_rows, P]
-  LayerCotangents(index_t rows, const ModelDims& d);
+  // row_partials = false leaves the three partial-sum views empty (E3's fused
+  // kernels keep their own per chunk).
+  LayerCotangents(index_t rows, const ModelDims& d, bool row_partials = true);
+};
+
+// First-level partial sums of the A_log, D and bδ gradients over n blocks of
+// token rows: alog [n, P, N] (before the factor a), d and bd [n, P].
+template <class S>
+struct ParamPartials {
+  View3<S> alog;
+  View2<S> d, bd;
+  index_t n = 0;
 };
 
 // Token rows handled by one ssm_layer_backward_rows call: tokens t in
@@ -134,5 +145,16 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                              const LayerCotangents<S>& cot,
                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                              const ExecSpace& exec = ExecSpace());
+
+// The part of ssm_layer_backward_rows after the per-token VJPs, for an engine
+// that forms those itself (E3's fused kernels): given cot's gz, gyhat (its D
+// and state terms), gbeta and ggamma of the block's rows and the partial sums
+// `parts`, adds the A_log, D, bδ sums and the dense and RMSNorm VJPs.
+template <class S>
+void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
+                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
+                              const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
+                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
+                              const ExecSpace& exec = ExecSpace());
 
 }  // namespace ash

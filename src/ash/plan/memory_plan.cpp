@@ -15,6 +15,7 @@
 #include "ash/core/memory.hpp"
 #include "ash/core/sizes.hpp"
 #include "ash/grad/blockwise_engine.hpp"
+#include "ash/grad/impl/e3_fused.hpp"
 #include "ash/kernels/row_sums.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/head.hpp"
@@ -106,11 +107,21 @@ struct Planner {
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
     const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
+    const bool fused = o.e3_fused && !window, chunked_h = o.e3_chunked_h || fused;
     // h, products (and μ) at chunk starts; the sequential h form keeps no h or
     // products for h, only μ and its products in exact mode, plus a running h
-    const double nchunk_bufs = o.e3_chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
-    const double bound = nchunk_bufs * Bt * double(nc) * P * N * S + (o.e3_chunked_h ? 0.0 : Bt * P * N * S);
-    return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);  // one wave of h, A, μ; cotangents
+    const double nchunk_bufs = chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
+    const double bound = nchunk_bufs * Bt * double(nc) * P * N * S + (chunked_h ? 0.0 : Bt * P * N * S);
+    if (!fused) return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);  // one wave of h, A, μ; cotangents
+    // The fused form (grad/impl/e3_fused.hpp): cotangents without row partials,
+    // per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ, and on a
+    // host each thread's team scratch (Kokkos keeps it once grown).
+    const auto fs = impl::fused_shape(index_t(P), index_t(N), index_t(C), impl::lane_tile(index_t(N)),
+                                      o.e3_channel_block, std::size_t(S));
+    const double ncw = std::ceil(Wb / double(C)), rows = Bt * Wb;
+    const double shares = fs.nPB > 1 ? 2 * rows * double(fs.nPB) * N * S : 0.0;
+    const double team = host_backend ? 2 * double(C) * double(fs.Pt) * N * S * double(ExecSpace().concurrency()) : 0.0;
+    return bound + rows * (3 * P + 2 * N) * S + Bt * ncw * (P * N + 2 * P) * S + shares + team;
   }
   double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)
     const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows), cfg.model.vocab,
