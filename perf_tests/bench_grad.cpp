@@ -2,12 +2,15 @@
 //   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
 //                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
+//                  [--e3-form auto|waves|fused]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
 // (what `ash eval` runs), the baseline the gradient's cost is measured against.
 // --profile prints the time per kernel (KernelProfiler) of the last repetition. Peak bytes are the Kokkos Tools
 // high-water mark of the compute call alone (parameters and gradient buffers
 // excluded) in the default memory space; "vs E1" is the ratio to backprop's
-// peak at the same T in the same run.
+// peak at the same T in the same run. --e3-form picks E3's per-chunk backward
+// (docs/design.md §6): the backend's default, the wave buffers (a host's) or
+// the fused kernels (a GPU's); rows carry it as "e3_form".
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -57,7 +60,10 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
   if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
+  const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
+  const bool fused = e3 && o.e3_fused && !(o.truncate > 0 && o.truncate < T);
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
+          {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
           {"peak_bytes", peak},       {"space", space}, {"loss", loss},
           {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab}};
@@ -70,7 +76,7 @@ int main(int argc, char* argv[]) {
   ash::MemoryTracker::install();
   CLI::App app{"AdjointSharding gradient-engine benchmark"};
   std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
-              precision = "double", json_out;
+              precision = "double", json_out, e3_form = "auto";
   ash::ModelDims d;
   long long batch = 1, chunk = 64, wave = 0;
   bool profile = false;
@@ -90,6 +96,8 @@ int main(int argc, char* argv[]) {
   app.add_option("--reps", reps);
   app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
   app.add_option("--json", json_out, "also write the rows as JSON lines");
+  app.add_option("--e3-form", e3_form, "E3's per-chunk backward: auto (the backend's), waves or fused")
+      ->check(CLI::IsMember({"auto", "waves", "fused"}));
   CLI11_PARSE(app, argc, argv);
 
   std::string cmd;
@@ -112,6 +120,7 @@ int main(int argc, char* argv[]) {
     if (e.find(':') != std::string::npos) o.truncate = std::stoll(e.substr(e.find(':') + 1));
     o.chunk = chunk;
     o.wave = wave;
+    if (e3_form != "auto") o.e3_fused = e3_form == "fused";
     for (long long T : parse_list(Ts)) {
       const double work = double(T) * double(o.truncate > 0 && o.truncate < T ? o.truncate : T) *
                           double(d.width * d.state * d.layers * batch);
@@ -126,7 +135,9 @@ int main(int argc, char* argv[]) {
         if (!fwd && o.method == ash::Method::backprop) e1_peak[T] = peak;
         char ratio[32] = "-";
         if (e1_peak.count(T)) std::snprintf(ratio, sizeof ratio, "%.3f", peak / e1_peak[T]);
-        std::printf("%-28s %8lld %12.4f %14.2f %14s %8s %10.4f\n", row["engine"].get<std::string>().c_str(), T,
+        const std::string label =
+            row["engine"].get<std::string>() + (row["e3_form"] == "fused" ? " fused" : "");
+        std::printf("%-28s %8lld %12.4f %14.2f %14s %8s %10.4f\n", label.c_str(), T,
                     row["seconds"].get<double>(), row["us_per_token"].get<double>(),
                     ash::format_bytes(row["peak_bytes"].get<std::uint64_t>()).c_str(), ratio,
                     row["loss"].get<double>());

@@ -5,7 +5,7 @@ namespace ash::test {
 
 namespace {
 
-// form: E3's three forms (test_helpers.hpp); all run on every backend here.
+// form: E3's four forms (test_helpers.hpp); all run on every backend here.
 EngineOptions e3(index_t C, index_t wave, bool detach = false, index_t Tbar = 0, E3Form form = default_e3_form()) {
   EngineOptions o = with_e3_form(EngineOptions(), form);
   o.method = Method::adjoint_exact;
@@ -110,14 +110,16 @@ TEST(AdjointExact, FusedChannelBlocksEqualBackprop) {
     auto ps = random_model<double>(d, 151);
     const auto x = random_tokens(2, 29, d.vocab, 152);
     const auto e1 = grad_of(engine_options("backprop"), ps, x);
-    for (const index_t Pt : {index_t(1), index_t(3), index_t(8), index_t(100)})
-      for (const bool detach : {false, true}) {
-        EngineOptions o = e3(4, 8, detach, 0, E3Form::fused);
-        o.e3_channel_block = Pt;
-        const auto ref = detach ? grad_of(engine_options("adjoint"), ps, x) : e1;
-        expect_close(grad_of(o, ps, x), ref, d, 1e-10,
-                     "N=" + std::to_string(N) + " Pt=" + std::to_string(Pt) + (detach ? " detached" : ""));
-      }
+    for (const E3Form form : {E3Form::fused_sequential, E3Form::fused_chunked})
+      for (const index_t Pt : {index_t(1), index_t(3), index_t(8), index_t(100)})
+        for (const bool detach : {false, true}) {
+          EngineOptions o = e3(4, 8, detach, 0, form);
+          o.e3_channel_block = Pt;
+          const auto ref = detach ? grad_of(engine_options("adjoint"), ps, x) : e1;
+          expect_close(grad_of(o, ps, x), ref, d, 1e-10,
+                       "N=" + std::to_string(N) + " Pt=" + std::to_string(Pt) + (detach ? " detached " : " ") +
+                           e3_form_name(form));
+        }
   }
 }
 

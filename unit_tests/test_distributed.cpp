@@ -233,12 +233,10 @@ TEST(Distributed, ShardedAdamWStepEqualsOneProcess) {
 
 // Context parallelism: every R × S × D layout with S > 1 (R = 2 × S = 2 and
 // S = 2 × D = 2 at 4 ranks); T = 29 leaves uneven ranges (S = 3: 9, 10, 10).
-// The backend's E3 form, and the fused one (a GPU's) on a host too: a range
-// takes the later ranges' carry into its last chunk.
+// The backend's E3 form and the other backend's (fused, chunked or
+// sequential h): a range takes the later ranges' carry into its last chunk.
 TEST(Distributed, SequenceRanksMatchOneProcess) {
-  std::vector<E3Form> forms{default_e3_form()};
-  if (forms[0] != E3Form::fused) forms.push_back(E3Form::fused);
-  for (const E3Form f : forms) {
+  for (const E3Form f : {E3Form::fused_sequential, E3Form::fused_chunked}) {
     SCOPED_TRACE(e3_form_name(f));
     for (int K : {4, 5}) {
       auto o = with_e3_form(engine_options("adjoint-exact"), f);

@@ -89,21 +89,28 @@ inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, b
   return o;
 }
 
-// E3's three forms in one source (docs/design.md §6): h replayed sequentially
-// through the waves (a host's default), from chunk-boundary states, or the
-// fused per-chunk kernels (a GPU's default). Tests run every form on every backend.
-enum class E3Form { sequential, chunked, fused };
+// E3's four forms in one source (docs/design.md §6): h replayed sequentially
+// through the waves (a host's default) or from chunk-boundary states (a
+// GPU's), each with the per-token state VJPs from [wave, P, N] buffers or
+// fused into per-chunk kernels (the default). Tests run every form on every backend.
+enum class E3Form { sequential, chunked, fused_sequential, fused_chunked };
 inline const std::vector<E3Form>& e3_forms() {
-  static const std::vector<E3Form> forms{E3Form::sequential, E3Form::chunked, E3Form::fused};
+  static const std::vector<E3Form> forms{E3Form::sequential, E3Form::chunked, E3Form::fused_sequential,
+                                         E3Form::fused_chunked};
   return forms;
 }
-inline E3Form default_e3_form() { return host_backend ? E3Form::sequential : E3Form::fused; }
+inline E3Form default_e3_form() { return host_backend ? E3Form::fused_sequential : E3Form::fused_chunked; }
 inline std::string e3_form_name(E3Form f) {
-  return f == E3Form::sequential ? "sequential h" : f == E3Form::chunked ? "chunked h" : "fused";
+  switch (f) {
+    case E3Form::sequential: return "sequential h, wave buffers";
+    case E3Form::chunked: return "chunked h, wave buffers";
+    case E3Form::fused_sequential: return "sequential h, fused";
+    default: return "chunked h, fused";
+  }
 }
 inline EngineOptions with_e3_form(EngineOptions o, E3Form f) {
-  o.e3_chunked_h = f != E3Form::sequential;
-  o.e3_fused = f == E3Form::fused;
+  o.e3_chunked_h = f == E3Form::chunked || f == E3Form::fused_chunked;
+  o.e3_fused = f == E3Form::fused_sequential || f == E3Form::fused_chunked;
   return o;
 }
 

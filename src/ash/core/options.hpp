@@ -69,12 +69,11 @@ struct EngineOptions {
   // sequence's waves from a running state (a host's form). Defaults to the
   // backend's form; tests run the other one too.
   bool e3_chunked_h = !host_backend;
-  // E3's per-chunk backward fused into one kernel per wave (C++ API only;
+  // E3's per-token state VJPs fused into per-chunk kernels (C++ API only;
   // docs/design.md §6): h, A and μ of a chunk stay in team scratch instead of
-  // [wave, P, N] buffers. Exact and detached modes (a window keeps the wave
-  // buffers); implies the chunk-boundary h form. Defaults to on for a GPU; a
-  // host keeps the wave buffers, which stay in its cache (tests run both).
-  bool e3_fused = !host_backend;
+  // [wave, P, N] buffers, with either h form. Exact and detached modes (a
+  // window keeps the wave buffers). On by default; tests run both.
+  bool e3_fused = true;
   index_t e3_channel_block = 0;  // the fused form's channels per team (0: auto, impl::fused_shape)
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
   // block-wise engine of ash/grad/blockwise_engine.hpp):

@@ -392,7 +392,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
              : View3<S>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, P_, N_);
   };
   const bool fused = opts_.e3_fused && !window;
-  const bool chunked_h = opts_.e3_chunked_h || fused;
+  const bool chunked_h = opts_.e3_chunked_h;
   if (chunked_h) {
     ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.n, P, N, true);
     w.hrun = View2<S>();
@@ -409,7 +409,8 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     ensure(w.Ms, "ash::e3::mu_chunk_start", Bt * chunks.n, P, N, true);
   else
     w.Ms = View3<S>();
-  const impl::FusedShape fs = impl::fused_shape(P, N, C, impl::lane_tile(N), opts_.e3_channel_block, sizeof(S));
+  const impl::FusedShape fs = impl::fused_shape(P, N, C, impl::lane_tile(N), opts_.e3_channel_block, sizeof(S), Bt,
+                                                   index_t(this->exec_.concurrency()));
   const index_t ncw_max = (Wbuf + C - 1) / C;  // chunks per wave (waves are whole chunks here)
   if (fused) {
     w.hbuf = w.Abuf = w.mubuf = View3<S>();
@@ -453,8 +454,8 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     if (fused) {
       const impl::FusedOut<S> out{cot.gz,       cot.gyhat,  w.beta_part, w.gamma_part, cot.gbeta,
                                   cot.ggamma,   w.alog_part, w.d_part,   w.bd_part};
-      ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, h0, Ms, cin, layer.D, w0, Ww, fs, out,
-                                                           exec));
+      ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww, fs,
+                                                           out, exec));
       const ParamPartials<S> parts{w.alog_part, w.d_part, w.bd_part, Bt * ((Ww + C - 1) / C)};
       ssm_layer_backward_dense(layer, s, y, act, g, RowBlock{w0, Ww}, cot, parts, grad, g, opts_.detach_inputs, exec);
       continue;

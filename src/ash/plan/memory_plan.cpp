@@ -107,7 +107,7 @@ struct Planner {
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
     const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
-    const bool fused = o.e3_fused && !window, chunked_h = o.e3_chunked_h || fused;
+    const bool fused = o.e3_fused && !window, chunked_h = o.e3_chunked_h;
     // h, products (and μ) at chunk starts; the sequential h form keeps no h or
     // products for h, only μ and its products in exact mode, plus a running h
     const double nchunk_bufs = chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
@@ -117,10 +117,12 @@ struct Planner {
     // per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ, and on a
     // host each thread's team scratch (Kokkos keeps it once grown).
     const auto fs = impl::fused_shape(index_t(P), index_t(N), index_t(C), impl::lane_tile(index_t(N)),
-                                      o.e3_channel_block, std::size_t(S));
+                                      o.e3_channel_block, std::size_t(S), index_t(Bt),
+                                      index_t(ExecSpace().concurrency()));
     const double ncw = std::ceil(Wb / double(C)), rows = Bt * Wb;
     const double shares = fs.nPB > 1 ? 2 * rows * double(fs.nPB) * N * S : 0.0;
-    const double team = host_backend ? 2 * double(C) * double(fs.Pt) * N * S * double(ExecSpace().concurrency()) : 0.0;
+    const double team =  // two [C, Pt·N + 1] arrays
+        host_backend ? 2 * double(C) * (double(fs.Pt) * N + 1) * S * double(ExecSpace().concurrency()) : 0.0;
     return bound + rows * (3 * P + 2 * N) * S + Bt * ncw * (P * N + 2 * P) * S + shares + team;
   }
   double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)

@@ -19,29 +19,33 @@ namespace ash::impl {
 // Where the fused kernels write one wave of Bt·W token rows (row r = b·W + t - w0).
 template <class S>
 struct FusedOut {
-  View2<S> gz, gyhat;             // [Bt·W, P]: ∂L/∂z; g D + Δ Σ_n μ β (the dense VJPs add the rest)
+  View2<S> gz, gyhat;              // [Bt·W, P]: ∂L/∂z; g D + Δ Σ_n μ β (the dense VJPs add the rest)
   View3<S> beta_part, gamma_part;  // [Bt·W, nPB, N]: sums over each channel block (nPB > 1)
-  View2<S> gbeta, ggamma;         // [Bt·W, N]: the sums over all channels
-  View3<S> alog_part;             // [Bt·ncw, P, N]: Σ_t μ h^{t-1} A Δ per chunk of the wave
-  View2<S> d_part, bd_part;       // [Bt·ncw, P]: Σ_t g ŷ and Σ_t ∂L/∂z per chunk
+  View2<S> gbeta, ggamma;          // [Bt·W, N]: the sums over all channels
+  View3<S> alog_part;              // [Bt·ncw, P, N]: Σ_t μ h^{t-1} A Δ per chunk of the wave
+  View2<S> d_part, bd_part;        // [Bt·ncw, P]: Σ_t g ŷ and Σ_t ∂L/∂z per chunk
 };
 
 // Channels per team for chunks of C tokens: `requested` if > 0, else as many
 // as keep the two [C, Pt·N] scratch arrays within `budget` bytes (a GPU's
 // shared memory; a host's L2), at least one. A GPU puts one state per thread
 // (Pt·N/NT threads, at most 1024); a host runs teams of one thread with
-// NT-wide tiles.
+// NT-wide tiles, and its sequential h form one team per (sequence, block), so
+// blocks narrow until the Bt sequences give each of its `concurrency`
+// threads 4 teams.
 struct FusedShape {
   index_t Pt = 1, nPB = 1;
   int team = 1;
 };
 
-inline FusedShape fused_shape(index_t P, index_t N, index_t C, int NT, index_t requested, std::size_t scalar_bytes) {
+inline FusedShape fused_shape(index_t P, index_t N, index_t C, int NT, index_t requested, std::size_t scalar_bytes,
+                              index_t Bt, index_t concurrency) {
   constexpr std::size_t budget = host_backend ? (std::size_t(256) << 10) : (std::size_t(32) << 10);
   FusedShape f;
   const std::size_t per_channel = 2 * std::size_t(C) * std::size_t(N) * scalar_bytes;
   f.Pt = std::max<index_t>(1, std::min<index_t>(P, requested > 0 ? requested : index_t(budget / per_channel)));
   if (!host_backend) f.Pt = std::min<index_t>(f.Pt, std::max<index_t>(1, 1024 / (N / NT)));
+  if (host_backend && requested <= 0) f.Pt = std::min<index_t>(f.Pt, std::max<index_t>(1, Bt * P / (4 * concurrency)));
   f.nPB = (P + f.Pt - 1) / f.Pt;
   f.team = host_backend ? 1 : int(f.Pt * (N / NT));
   return f;
@@ -51,117 +55,156 @@ using FusedPolicy = Kokkos::TeamPolicy<ExecSpace>;
 using FusedMember = FusedPolicy::member_type;
 
 // One wave [w0, w0+W) of whole chunks of every sequence (exact or detached
-// mode, no window). Hb: h at chunk ends (h0 before the first chunk; zero when
-// empty); Ms: μ at chunk starts; carry: the later block's A μ past the last
-// chunk. D: the layer's skip weights.
+// mode, no window). h before a chunk comes from one of E3's two h forms:
+// chunk-parallel, Hb holds h at chunk ends (a team per chunk); sequential
+// (Hb empty), hrun ([Bt·P, N]) carries h from chunk to chunk and wave to wave
+// (a team walks its wave's chunks in order; waves come in order). h0: h
+// before the first chunk (zero when empty). Ms: μ at chunk starts; carry: the
+// later block's A μ past the last chunk. D: the layer's skip weights.
 template <int NT, class S>
-void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& h0,
-                          const View3<S>& Ms, const ExactCarry<S>& carry, const Unmanaged1<S>& D, index_t w0,
-                          index_t W, const FusedShape fs, const FusedOut<S>& out, const ExecSpace& exec) {
+void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& hrun,
+                          const View2<S>& h0, const View3<S>& Ms, const ExactCarry<S>& carry, const Unmanaged1<S>& D,
+                          index_t w0, index_t W, const FusedShape fs, const FusedOut<S>& out, const ExecSpace& exec) {
   using Scratch = Kokkos::View<S**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.n, C = ch.len;
   const index_t Pt = fs.Pt, nPB = fs.nPB, ntile = N / NT, PtN = Pt * N;
   const index_t c_lo = w0 / C, ncw = (W + C - 1) / C;
-  const bool has_h0 = h0.extent(0) > 0, split = nPB > 1;
+  const bool has_h0 = h0.extent(0) > 0, split = nPB > 1, sequential = Hb.extent(0) == 0;
+  const index_t per_team = sequential ? ncw : 1;  // chunks a team walks
   const FusedOut<S> o = out;
   // Past 48 KiB (CUDA's shared memory without an opt-in) the arrays go to
   // level 1, global memory private to the team.
-  const std::size_t bytes = 2 * Scratch::shmem_size(C, PtN);
+  const index_t ld = PtN + 1;  // padded row: a GPU warp reading a column of rows hits 32 banks
+  const std::size_t bytes = 2 * Scratch::shmem_size(C, ld);
   const int level = !host_backend && bytes > (std::size_t(48) << 10) ? 1 : 0;
-  FusedPolicy policy(exec, Bt * ncw * nPB, fs.team);
+  FusedPolicy policy(exec, Bt * (ncw / per_team) * nPB, fs.team);
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
   Kokkos::parallel_for(
       "ash::e3::fused_chunk", policy, KOKKOS_LAMBDA(const FusedMember& team) {
-        const index_t l = team.league_rank(), pb = l % nPB, bcw = l / nPB, b = bcw / ncw, c = c_lo + bcw % ncw;
-        const index_t t0 = ch.start(c), t1 = ch.end(c), len = t1 - t0, p0 = pb * Pt;
-        const index_t np = p0 + Pt < P ? Pt : P - p0;  // channels of this block
+        const index_t l = team.league_rank(), pb = l % nPB, bcw = l / nPB;
+        const index_t b = bcw / (ncw / per_team), c_first = c_lo + (bcw % (ncw / per_team)) * per_team;
+        const index_t p0 = pb * Pt, np = p0 + Pt < P ? Pt : P - p0;  // channels of this block
         // X: A^t, then μ^t. Y: h^{t-1}, then h^{t-1} A^t. Row t - t0, column (q - p0)·N + n.
-        Scratch X(team.team_scratch(level), C, PtN), Y(team.team_scratch(level), C, PtN);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t it) {
-          const index_t ql = it / ntile, n0 = (it % ntile) * NT, q = p0 + ql, col = ql * N + n0;
-          S h[NT], av[NT], cy[NT];
-          for (int j = 0; j < NT; ++j) {
-            h[j] = c > 0 ? Hb(b * nc + c - 1, q, n0 + j) : (has_h0 ? h0(b * P + q, n0 + j) : S(0));
-            av[j] = L.a(q, n0 + j);
-          }
-          for (index_t t = t0; t < t1; ++t) {
-            const index_t m = b * T + t;
-            const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
+        Scratch X(team.team_scratch(level), C, ld), Y(team.team_scratch(level), C, ld);
+        for (index_t c = c_first; c < c_first + per_team; ++c) {
+          const index_t t0 = ch.start(c), t1 = ch.end(c), len = t1 - t0;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t it) {
+            const index_t ql = it / ntile, n0 = (it % ntile) * NT, q = p0 + ql, col = ql * N + n0;
+            S h[NT], av[NT], cy[NT];
             for (int j = 0; j < NT; ++j) {
-              const S A = kp * exp_fast(dq * av[j]);
-              X(t - t0, col + j) = A;
-              Y(t - t0, col + j) = h[j];
-              h[j] = A * h[j] + du * L.beta(m, n0 + j);
+              h[j] = c == 0 ? (has_h0 ? h0(b * P + q, n0 + j) : S(0))
+                            : (sequential ? hrun(b * P + q, n0 + j) : Hb(b * nc + c - 1, q, n0 + j));
+              av[j] = L.a(q, n0 + j);
             }
-          }
-          // μ^t = g^t γ^t + A^{t+1} μ^{t+1}, from the carry past the chunk.
-          for (int j = 0; j < NT; ++j)
-            cy[j] = c + 1 < nc ? L.A(b * T + t1, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
-                               : (carry.valid ? carry.A(b, q, n0 + j) * carry.mu(b, q, n0 + j) : S(0));
-          for (index_t t = t1 - 1; t >= t0; --t) {
-            const index_t m = b * T + t;
-            const S g = L.gy(m, q);
-            for (int j = 0; j < NT; ++j) {
-              const S A = X(t - t0, col + j), mu = g * L.gamma(m, n0 + j) + cy[j];
-              X(t - t0, col + j) = mu;
-              Y(t - t0, col + j) *= A;
-              cy[j] = A * mu;
+            for (index_t t = t0; t < t1; ++t) {
+              const index_t m = b * T + t;
+              const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
+              for (int j = 0; j < NT; ++j) {
+                const S A = kp * exp_fast(dq * av[j]);
+                X(t - t0, col + j) = A;
+                Y(t - t0, col + j) = h[j];
+                h[j] = A * h[j] + du * L.beta(m, n0 + j);
+              }
             }
-          }
-        });
-        team.team_barrier();
-        const index_t prow = b * ncw + (c - c_lo);  // this chunk's row of the partial sums
-        // Per (token, channel), sums over n: gΔ = Σ μ (hA a + β ŷ) and Σ μ β;
-        // per channel, the chunk's D and bδ sums.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np), [&](const index_t ql) {
-          const index_t q = p0 + ql;
-          S d = 0, bd = 0;
-          for (index_t t = t0; t < t1; ++t) {
-            const index_t m = b * T + t, r = b * W + t - w0;
-            const S dq = L.delta(m, q), yq = L.yhat(m, q), g = L.gy(m, q);
+            if (sequential)
+              for (int j = 0; j < NT; ++j) hrun(b * P + q, n0 + j) = h[j];
+            // μ^t = g^t γ^t + A^{t+1} μ^{t+1}, from the carry past the chunk.
+            for (int j = 0; j < NT; ++j)
+              cy[j] = c + 1 < nc ? L.A(b * T + t1, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
+                                 : (carry.valid ? carry.A(b, q, n0 + j) * carry.mu(b, q, n0 + j) : S(0));
+            for (index_t t = t1 - 1; t >= t0; --t) {
+              const index_t m = b * T + t;
+              const S g = L.gy(m, q);
+              for (int j = 0; j < NT; ++j) {
+                const S A = X(t - t0, col + j), mu = g * L.gamma(m, n0 + j) + cy[j];
+                X(t - t0, col + j) = mu;
+                Y(t - t0, col + j) *= A;
+                cy[j] = A * mu;
+              }
+            }
+          });
+          team.team_barrier();
+          const index_t prow = b * ncw + (c - c_lo);  // this chunk's row of the partial sums
+          // Per (token, channel), sums over n: gΔ = Σ μ (hA a + β ŷ), then
+          // ∂L/∂z = gΔ softplus'(z), and Σ μ β. Tokens fastest: a GPU's warp
+          // reads 32 rows of scratch, which the padded row length spreads over
+          // the banks.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * len), [&](const index_t i) {
+            const index_t ql = i / len, t = t0 + i % len, q = p0 + ql, m = b * T + t;
+            const S dq = L.delta(m, q), yq = L.yhat(m, q);
             S gd = 0, gh = 0;
-            for (index_t n = 0; n < N; ++n) {
-              const S mu = X(t - t0, ql * N + n), bn = L.beta(m, n);
-              gd += mu * (Y(t - t0, ql * N + n) * L.a(q, n) + bn * yq);
-              gh += mu * bn;
+            for (index_t n0 = 0; n0 < N; n0 += NT) {
+              S pd[NT], ph[NT];
+              for (int j = 0; j < NT; ++j) {
+                const index_t col = ql * N + n0 + j;
+                const S mu = X(t - t0, col), bn = L.beta(m, n0 + j);
+                pd[j] = mu * (Y(t - t0, col) * L.a(q, n0 + j) + bn * yq);
+                ph[j] = mu * bn;
+              }
+              for (int j = 0; j < NT; ++j) {
+                gd += pd[j];
+                gh += ph[j];
+              }
             }
-            const S gz = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
-            o.gz(r, q) = gz;
-            o.gyhat(r, q) = g * D(q) + gh * dq;
-            d += g * yq;
-            bd += gz;
-          }
-          o.d_part(prow, q) = d;
-          o.bd_part(prow, q) = bd;
-        });
-        // Per (channel, state): the chunk's Σ_t μ h^{t-1} A Δ.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * N), [&](const index_t i) {
-          const index_t ql = i / N, n = i % N, q = p0 + ql;
-          S acc = 0;
-          for (index_t t = t0; t < t1; ++t) acc += X(t - t0, i) * Y(t - t0, i) * L.delta(b * T + t, q);
-          o.alog_part(prow, q, n) = acc;
-        });
-        // Per (token, state), sums over the block's channels in order:
-        // ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * N), [&](const index_t i) {
-          const index_t t = t0 + i / N, n = i % N, m = b * T + t, r = b * W + t - w0;
-          const S bn = L.beta(m, n);
-          S gb = 0, gg = 0;
-          for (index_t ql = 0; ql < np; ++ql) {
+            const index_t r = b * W + t - w0;
+            o.gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
+            o.gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
+          });
+          // Per (channel, state tile): the chunk's Σ_t μ h^{t-1} A Δ.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t i) {
+            const index_t ql = i / ntile, n0 = (i % ntile) * NT, q = p0 + ql, col = ql * N + n0;
+            S acc[NT];
+            for (int j = 0; j < NT; ++j) acc[j] = 0;
+            for (index_t t = t0; t < t1; ++t) {
+              const S dq = L.delta(b * T + t, q);
+              for (int j = 0; j < NT; ++j) acc[j] += X(t - t0, col + j) * Y(t - t0, col + j) * dq;
+            }
+            for (int j = 0; j < NT; ++j) o.alog_part(prow, q, n0 + j) = acc[j];
+          });
+          // Per (token, state tile), sums over the block's channels in order:
+          // ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * ntile), [&](const index_t i) {
+            const index_t t = t0 + i / ntile, n0 = (i % ntile) * NT, m = b * T + t, r = b * W + t - w0;
+            S gb[NT], gg[NT], bv[NT];
+            for (int j = 0; j < NT; ++j) {
+              gb[j] = 0;
+              gg[j] = 0;
+              bv[j] = L.beta(m, n0 + j);
+            }
+            for (index_t ql = 0; ql < np; ++ql) {
+              const index_t q = p0 + ql, col = ql * N + n0;
+              const S du = L.delta(m, q) * L.yhat(m, q), g = L.gy(m, q);
+              for (int j = 0; j < NT; ++j) {
+                gb[j] += X(t - t0, col + j) * du;
+                gg[j] += g * (Y(t - t0, col + j) + du * bv[j]);
+              }
+            }
+            for (int j = 0; j < NT; ++j) {
+              if (split) {
+                o.beta_part(r, pb, n0 + j) = gb[j];
+                o.gamma_part(r, pb, n0 + j) = gg[j];
+              } else {
+                o.gbeta(r, n0 + j) = gb[j];
+                o.ggamma(r, n0 + j) = gg[j];
+              }
+            }
+          });
+          team.team_barrier();  // the gz rows above, for the bδ sum
+          // Per channel: the chunk's D and bδ sums.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np), [&](const index_t ql) {
             const index_t q = p0 + ql;
-            const S du = L.delta(m, q) * L.yhat(m, q);
-            gb += X(t - t0, ql * N + n) * du;
-            gg += L.gy(m, q) * (Y(t - t0, ql * N + n) + du * bn);
-          }
-          if (split) {
-            o.beta_part(r, pb, n) = gb;
-            o.gamma_part(r, pb, n) = gg;
-          } else {
-            o.gbeta(r, n) = gb;
-            o.ggamma(r, n) = gg;
-          }
-        });
+            S d = 0, bd = 0;
+            for (index_t t = t0; t < t1; ++t) {
+              const index_t m = b * T + t;
+              d += L.gy(m, q) * L.yhat(m, q);
+              bd += o.gz(b * W + t - w0, q);
+            }
+            o.d_part(prow, q) = d;
+            o.bd_part(prow, q) = bd;
+          });
+          team.team_barrier();  // scratch is read above before the next chunk overwrites it
+        }
       });
   if (!split) return;
   // The second level: per (token, state), the channel blocks in order.
