@@ -4,7 +4,8 @@
 //   triad     a = b + s·c over 64 MiB per array (the memory peak)
 //   h_scan    impl::boundary_states (chunk-local h scans + carry), T tokens
 //   fwd_scan  ssm_layer_scan: the forward replay forming ỹ (one chunk per sequence on a CPU)
-//   e3_layer  one layer of E3's backward (h, μ scans, VJP rows, dense VJPs)
+//   e3_layer  one layer of E3's backward (h, μ scans, VJP rows, dense VJPs), T tokens,
+//             the wave buffers (0) or the fused per-chunk kernels (1)
 //   vjp_rows  ssm_layer_backward_rows on one wave of 1024 tokens (μ, h, A given)
 //   head      head_loss with its gradient (logits, log-sum-exp, two GEMMs, RMSNorm VJP)
 //   e2_window E2's windowed adjoint of one layer, T̄ = 64
@@ -132,21 +133,27 @@ void time_layer_backward(benchmark::State& st, ash::LayerAdjoint<S>& layer, ash:
   }
 }
 
-// Per (token, channel, state), E3 evaluates 3 exps (h boundary, μ chunk, wave)
-// and about 30 FLOPs of scans and VJPs, and moves h, A, μ of the wave (5
-// passes of 4 bytes); plus 12 P² + 12 P N FLOPs of dense VJPs per token.
+// Per (token, channel, state), E3 evaluates 3 exps (h boundary, μ chunk, the
+// chunk replay) and about 30 FLOPs of scans and VJPs; plus 12 P² + 12 P N
+// FLOPs of dense VJPs per token. Bytes: the wave form (second argument 0)
+// moves h, A, μ of the wave (5 passes of 4 bytes per state); the fused form (1,
+// the default) only per-token rows, ~8 P + 6 N numbers (projections, g, the
+// cotangents), and the per-chunk boundary states and sums (~4 P·N per chunk).
 void BM_e3_layer(benchmark::State& st) {
   const ash::index_t T = st.range(0);
+  const bool fused = st.range(1) != 0;
   Setup su(T);
   const auto P = su.d.width, N = su.d.state;
   ash::EngineOptions o;
   o.method = ash::Method::adjoint_exact;
+  o.e3_fused = fused;
   ash::AdjointExactLayer<S> layer(o);
   ash::ActivationStore<S> store(su.s, su.d, 0, 1, layer.store(), false);
   Kokkos::deep_copy(store.input(0), su.y);
   time_layer_backward(st, layer, store, su);
+  const double per_state = fused ? 4.0 / double(o.chunk) : 5.0;
   set_counters(st, double(T), double(T) * (P * N * (3 * exp_flops + 30) + 12.0 * P * P + 12.0 * P * N),
-               double(T) * P * N * 5 * 4 * sizeof(S));
+               double(T) * (per_state * P * N + (fused ? 8.0 * P + 6.0 * N : 0.0)) * sizeof(S));
 }
 
 // Per (token, channel, state) ~14 FLOPs reading μ, h, A and writing μ' (4
@@ -207,7 +214,10 @@ BENCHMARK(BM_gemm)->Arg(512)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_triad)->Arg(1 << 24)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_h_scan)->RangeMultiplier(4)->Range(1 << 10, 1 << 16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_fwd_scan)->RangeMultiplier(4)->Range(1 << 10, 1 << 16)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_e3_layer)->RangeMultiplier(4)->Range(1 << 10, 1 << 16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_e3_layer)
+    ->ArgsProduct({benchmark::CreateRange(1 << 10, 1 << 16, 4), {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_vjp_rows)->Arg(1024)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_head)->RangeMultiplier(4)->Range(1 << 10, 1 << 14)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_e2_window)->RangeMultiplier(4)->Range(1 << 10, 1 << 14)->Unit(benchmark::kMillisecond)->UseRealTime();
