@@ -2,7 +2,7 @@
 //   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
 //                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
-//                  [--e3-form auto|waves|fused]
+//                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
 // (what `ash eval` runs), the baseline the gradient's cost is measured against.
 // --profile prints the time per kernel (KernelProfiler) of the last repetition. Peak bytes are the Kokkos Tools
@@ -10,7 +10,9 @@
 // excluded) in the default memory space; "vs E1" is the ratio to backprop's
 // peak at the same T in the same run. --e3-form picks E3's per-chunk backward
 // (docs/design.md §6): the backend's default, the wave buffers (a host's) or
-// the fused kernels (a GPU's); rows carry it as "e3_form".
+// the fused kernels (every backend's default); rows carry it as "e3_form".
+// --matmul is run.matmul (float only; docs/design.md §6) for the forward and
+// every engine; rows carry it as "matmul".
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -43,6 +45,7 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   std::unique_ptr<ash::GradientEngine<S>> engine;
   if (!fwd) engine = ash::make_engine<S>(o);
   const std::string space = ash::MemSpace::name();
+  const ash::MatmulScope matmul(o.matmul, sizeof(S));  // the engines set it themselves; the forward needs it here
   std::vector<double> times;
   std::uint64_t peak = 0;
   double loss = 0;
@@ -63,7 +66,7 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
   const bool fused = e3 && o.e3_fused && !(o.truncate > 0 && o.truncate < T);
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
-          {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"},
+          {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"}, {"matmul", ash::matmul_name(o.matmul)},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
           {"peak_bytes", peak},       {"space", space}, {"loss", loss},
           {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab}};
@@ -76,7 +79,7 @@ int main(int argc, char* argv[]) {
   ash::MemoryTracker::install();
   CLI::App app{"AdjointSharding gradient-engine benchmark"};
   std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
-              precision = "double", json_out, e3_form = "auto";
+              precision = "double", json_out, e3_form = "auto", matmul = "fp32";
   ash::ModelDims d;
   long long batch = 1, chunk = 64, wave = 0;
   bool profile = false;
@@ -98,6 +101,8 @@ int main(int argc, char* argv[]) {
   app.add_option("--json", json_out, "also write the rows as JSON lines");
   app.add_option("--e3-form", e3_form, "E3's per-chunk backward: auto (the backend's), waves or fused")
       ->check(CLI::IsMember({"auto", "waves", "fused"}));
+  app.add_option("--matmul", matmul, "run.matmul: fp32, tf32 or bf16 (float only)")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
 
   std::string cmd;
@@ -121,6 +126,7 @@ int main(int argc, char* argv[]) {
     o.chunk = chunk;
     o.wave = wave;
     if (e3_form != "auto") o.e3_fused = e3_form == "fused";
+    o.matmul = ash::parse_matmul(matmul);
     for (long long T : parse_list(Ts)) {
       const double work = double(T) * double(o.truncate > 0 && o.truncate < T ? o.truncate : T) *
                           double(d.width * d.state * d.layers * batch);
@@ -136,7 +142,8 @@ int main(int argc, char* argv[]) {
         char ratio[32] = "-";
         if (e1_peak.count(T)) std::snprintf(ratio, sizeof ratio, "%.3f", peak / e1_peak[T]);
         const std::string label =
-            row["engine"].get<std::string>() + (row["e3_form"] == "fused" ? " fused" : "");
+            row["engine"].get<std::string>() + (row["e3_form"] == "fused" ? " fused" : "") +
+            (matmul != "fp32" ? " " + matmul : "");
         std::printf("%-28s %8lld %12.4f %14.2f %14s %8s %10.4f\n", label.c_str(), T,
                     row["seconds"].get<double>(), row["us_per_token"].get<double>(),
                     ash::format_bytes(row["peak_bytes"].get<std::uint64_t>()).c_str(), ratio,
