@@ -262,6 +262,15 @@ TEST(Distributed, WindowsAcrossSequenceRanksMatchOneProcess) {
       expect_layouts_match(K, 29, 4, o, 0, true);
     }
   }
+  // Ranges of one token (T = 5 on S = 4: 1, 1, 1, 2) with T-bar = 2: a range and
+  // its halo (2 tokens) fit in one window, so E3 runs unwindowed there, and the
+  // halo's rows must still add nothing (in every E3 form).
+  for (const E3Form f : e3_forms()) {
+    SCOPED_TRACE(e3_form_name(f));
+    auto o = with_e3_form(engine_options("adjoint-exact", 2, true), f);
+    o.chunk = 1;
+    expect_layouts_match(4, 5, 4, o, 0, true);
+  }
   // A range shorter than T-bar - 1 (with a range after it) is refused on every rank.
   if (world_size() != 4) return;
   const auto d = tiny_dims(2);

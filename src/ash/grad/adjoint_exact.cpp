@@ -391,7 +391,9 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     v = zero ? View3<S>(std::string(label), rows, P_, N_)
              : View3<S>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, P_, N_);
   };
-  const bool fused = opts_.e3_fused && !window;
+  // A range with a halo (own < T) keeps the wave buffers: its halo rows must
+  // reach μ but add no VJP, which the wave form masks (mask_halo below).
+  const bool fused = opts_.e3_fused && !window && own == T;
   const bool chunked_h = opts_.e3_chunked_h;
   if (chunked_h) {
     ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.n, P, N, true);

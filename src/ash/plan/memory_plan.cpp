@@ -103,11 +103,13 @@ struct Planner {
   double cot(double rows) const {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per reduce_rows rows
     return (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * (P * N + 2 * P)) * S;
   }
-  double e3_scratch(double Bt, std::int64_t Tw) const {  // AdjointExactLayer::run on windows of Tw tokens
+  // AdjointExactLayer::run on windows of Tw tokens; halo: a range with a halo
+  // after its own tokens (the wave form, as run keeps it)
+  double e3_scratch(double Bt, std::int64_t Tw, bool halo = false) const {
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
     const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
-    const bool fused = o.e3_fused && !window, chunked_h = o.e3_chunked_h;
+    const bool fused = o.e3_fused && !window && !halo, chunked_h = o.e3_chunked_h;
     // h, products (and μ) at chunk starts; the sequential h form keeps no h or
     // products for h, only μ and its products in exact mode, plus a running h
     const double nchunk_bufs = chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
@@ -192,7 +194,7 @@ struct Planner {
                         {blocks[0],
                          {"range + halo of y and g; g's halo; halo messages", (2 * Te + 3 * H) * B * P * S},
                          {"E3 block projections", proj(B * Te)},
-                         {"E3 wave scratch", e3_scratch(B, std::int64_t(Te))}}});
+                         {"E3 wave scratch", e3_scratch(B, std::int64_t(Te), H > 0)}}});
     } else {
       Items back = blocks;
       back.push_back({"E3 block projections", proj(rb)});

@@ -75,138 +75,147 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   const index_t per_team = sequential ? ncw : 1;  // chunks a team walks
   const FusedOut<S> o = out;
   // Past 48 KiB (CUDA's shared memory without an opt-in) the arrays go to
-  // level 1, global memory private to the team.
+  // level 1, global memory private to the team. Kokkos' CUDA teams keep
+  // sizeof(double)·(team + 2) bytes of the block's shared memory before the
+  // scratch; fs.team bounds the team used below.
   const index_t ld = PtN + 1;  // padded row: a GPU warp reading a column of rows hits 32 banks
   const std::size_t bytes = 2 * Scratch::shmem_size(C, ld);
-  const int level = !host_backend && bytes > (std::size_t(48) << 10) ? 1 : 0;
-  FusedPolicy policy(exec, Bt * (ncw / per_team) * nPB, fs.team);
-  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
-  Kokkos::parallel_for(
-      "ash::e3::fused_chunk", policy, KOKKOS_LAMBDA(const FusedMember& team) {
-        const index_t l = team.league_rank(), pb = l % nPB, bcw = l / nPB;
-        const index_t b = bcw / (ncw / per_team), c_first = c_lo + (bcw % (ncw / per_team)) * per_team;
-        const index_t p0 = pb * Pt, np = p0 + Pt < P ? Pt : P - p0;  // channels of this block
-        // X: A^t, then μ^t. Y: h^{t-1}, then h^{t-1} A^t. Row t - t0, column (q - p0)·N + n.
-        Scratch X(team.team_scratch(level), C, ld), Y(team.team_scratch(level), C, ld);
-        for (index_t c = c_first; c < c_first + per_team; ++c) {
-          const index_t t0 = ch.start(c), t1 = ch.end(c), len = t1 - t0;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t it) {
-            const index_t ql = it / ntile, n0 = (it % ntile) * NT, q = p0 + ql, col = ql * N + n0;
-            S h[NT], av[NT], cy[NT];
-            for (int j = 0; j < NT; ++j) {
-              h[j] = c == 0 ? (has_h0 ? h0(b * P + q, n0 + j) : S(0))
-                            : (sequential ? hrun(b * P + q, n0 + j) : Hb(b * nc + c - 1, q, n0 + j));
-              av[j] = L.a(q, n0 + j);
-            }
-            for (index_t t = t0; t < t1; ++t) {
-              const index_t m = b * T + t;
-              const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
-              for (int j = 0; j < NT; ++j) {
-                const S A = kp * exp_fast(dq * av[j]);
-                X(t - t0, col + j) = A;
-                Y(t - t0, col + j) = h[j];
-                h[j] = A * h[j] + du * L.beta(m, n0 + j);
-              }
-            }
-            if (sequential)
-              for (int j = 0; j < NT; ++j) hrun(b * P + q, n0 + j) = h[j];
-            // μ^t = g^t γ^t + A^{t+1} μ^{t+1}, from the carry past the chunk.
-            for (int j = 0; j < NT; ++j)
-              cy[j] = c + 1 < nc ? L.A(b * T + t1, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
-                                 : (carry.valid ? carry.A(b, q, n0 + j) * carry.mu(b, q, n0 + j) : S(0));
-            for (index_t t = t1 - 1; t >= t0; --t) {
-              const index_t m = b * T + t;
-              const S g = L.gy(m, q);
-              for (int j = 0; j < NT; ++j) {
-                const S A = X(t - t0, col + j), mu = g * L.gamma(m, n0 + j) + cy[j];
-                X(t - t0, col + j) = mu;
-                Y(t - t0, col + j) *= A;
-                cy[j] = A * mu;
-              }
-            }
-          });
-          team.team_barrier();
-          const index_t prow = b * ncw + (c - c_lo);  // this chunk's row of the partial sums
-          // Per (token, channel), sums over n: gΔ = Σ μ (hA a + β ŷ), then
-          // ∂L/∂z = gΔ softplus'(z), and Σ μ β. Tokens fastest: a GPU's warp
-          // reads 32 rows of scratch, which the padded row length spreads over
-          // the banks.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * len), [&](const index_t i) {
-            const index_t ql = i / len, t = t0 + i % len, q = p0 + ql, m = b * T + t;
-            const S dq = L.delta(m, q), yq = L.yhat(m, q);
-            S gd = 0, gh = 0;
-            for (index_t n0 = 0; n0 < N; n0 += NT) {
-              S pd[NT], ph[NT];
-              for (int j = 0; j < NT; ++j) {
-                const index_t col = ql * N + n0 + j;
-                const S mu = X(t - t0, col), bn = L.beta(m, n0 + j);
-                pd[j] = mu * (Y(t - t0, col) * L.a(q, n0 + j) + bn * yq);
-                ph[j] = mu * bn;
-              }
-              for (int j = 0; j < NT; ++j) {
-                gd += pd[j];
-                gh += ph[j];
-              }
-            }
-            const index_t r = b * W + t - w0;
-            o.gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
-            o.gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
-          });
-          // Per (channel, state tile): the chunk's Σ_t μ h^{t-1} A Δ.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t i) {
-            const index_t ql = i / ntile, n0 = (i % ntile) * NT, q = p0 + ql, col = ql * N + n0;
-            S acc[NT];
-            for (int j = 0; j < NT; ++j) acc[j] = 0;
-            for (index_t t = t0; t < t1; ++t) {
-              const S dq = L.delta(b * T + t, q);
-              for (int j = 0; j < NT; ++j) acc[j] += X(t - t0, col + j) * Y(t - t0, col + j) * dq;
-            }
-            for (int j = 0; j < NT; ++j) o.alog_part(prow, q, n0 + j) = acc[j];
-          });
-          // Per (token, state tile), sums over the block's channels in order:
-          // ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * ntile), [&](const index_t i) {
-            const index_t t = t0 + i / ntile, n0 = (i % ntile) * NT, m = b * T + t, r = b * W + t - w0;
-            S gb[NT], gg[NT], bv[NT];
-            for (int j = 0; j < NT; ++j) {
-              gb[j] = 0;
-              gg[j] = 0;
-              bv[j] = L.beta(m, n0 + j);
-            }
-            for (index_t ql = 0; ql < np; ++ql) {
-              const index_t q = p0 + ql, col = ql * N + n0;
-              const S du = L.delta(m, q) * L.yhat(m, q), g = L.gy(m, q);
-              for (int j = 0; j < NT; ++j) {
-                gb[j] += X(t - t0, col + j) * du;
-                gg[j] += g * (Y(t - t0, col + j) + du * bv[j]);
-              }
-            }
-            for (int j = 0; j < NT; ++j) {
-              if (split) {
-                o.beta_part(r, pb, n0 + j) = gb[j];
-                o.gamma_part(r, pb, n0 + j) = gg[j];
-              } else {
-                o.gbeta(r, n0 + j) = gb[j];
-                o.ggamma(r, n0 + j) = gg[j];
-              }
-            }
-          });
-          team.team_barrier();  // the gz rows above, for the bδ sum
-          // Per channel: the chunk's D and bδ sums.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np), [&](const index_t ql) {
-            const index_t q = p0 + ql;
-            S d = 0, bd = 0;
-            for (index_t t = t0; t < t1; ++t) {
-              const index_t m = b * T + t;
-              d += L.gy(m, q) * L.yhat(m, q);
-              bd += o.gz(b * W + t - w0, q);
-            }
-            o.d_part(prow, q) = d;
-            o.bd_part(prow, q) = bd;
-          });
-          team.team_barrier();  // scratch is read above before the next chunk overwrites it
+  const std::size_t reserved = sizeof(double) * std::size_t(fs.team + 2);
+  const int level = !host_backend && bytes + reserved > (std::size_t(48) << 10) ? 1 : 0;
+  const index_t league = Bt * (ncw / per_team) * nPB;
+  const auto body = KOKKOS_LAMBDA(const FusedMember& team) {
+    const index_t l = team.league_rank(), pb = l % nPB, bcw = l / nPB;
+    const index_t b = bcw / (ncw / per_team), c_first = c_lo + (bcw % (ncw / per_team)) * per_team;
+    const index_t p0 = pb * Pt, np = p0 + Pt < P ? Pt : P - p0;  // channels of this block
+    // X: A^t, then μ^t. Y: h^{t-1}, then h^{t-1} A^t. Row t - t0, column (q - p0)·N + n.
+    Scratch X(team.team_scratch(level), C, ld), Y(team.team_scratch(level), C, ld);
+    for (index_t c = c_first; c < c_first + per_team; ++c) {
+      const index_t t0 = ch.start(c), t1 = ch.end(c), len = t1 - t0;
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t it) {
+        const index_t ql = it / ntile, n0 = (it % ntile) * NT, q = p0 + ql, col = ql * N + n0;
+        S h[NT], av[NT], cy[NT];
+        for (int j = 0; j < NT; ++j) {
+          h[j] = c == 0 ? (has_h0 ? h0(b * P + q, n0 + j) : S(0))
+                        : (sequential ? hrun(b * P + q, n0 + j) : Hb(b * nc + c - 1, q, n0 + j));
+          av[j] = L.a(q, n0 + j);
+        }
+        for (index_t t = t0; t < t1; ++t) {
+          const index_t m = b * T + t;
+          const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
+          for (int j = 0; j < NT; ++j) {
+            const S A = kp * exp_fast(dq * av[j]);
+            X(t - t0, col + j) = A;
+            Y(t - t0, col + j) = h[j];
+            h[j] = A * h[j] + du * L.beta(m, n0 + j);
+          }
+        }
+        if (sequential)
+          for (int j = 0; j < NT; ++j) hrun(b * P + q, n0 + j) = h[j];
+        // μ^t = g^t γ^t + A^{t+1} μ^{t+1}, from the carry past the chunk.
+        for (int j = 0; j < NT; ++j)
+          cy[j] = c + 1 < nc ? L.A(b * T + t1, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
+                             : (carry.valid ? carry.A(b, q, n0 + j) * carry.mu(b, q, n0 + j) : S(0));
+        for (index_t t = t1 - 1; t >= t0; --t) {
+          const index_t m = b * T + t;
+          const S g = L.gy(m, q);
+          for (int j = 0; j < NT; ++j) {
+            const S A = X(t - t0, col + j), mu = g * L.gamma(m, n0 + j) + cy[j];
+            X(t - t0, col + j) = mu;
+            Y(t - t0, col + j) *= A;
+            cy[j] = A * mu;
+          }
         }
       });
+      team.team_barrier();
+      const index_t prow = b * ncw + (c - c_lo);  // this chunk's row of the partial sums
+      // Per (token, channel), sums over n: gΔ = Σ μ (hA a + β ŷ), then
+      // ∂L/∂z = gΔ softplus'(z), and Σ μ β. Tokens fastest: a GPU's warp
+      // reads 32 rows of scratch, which the padded row length spreads over
+      // the banks.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * len), [&](const index_t i) {
+        const index_t ql = i / len, t = t0 + i % len, q = p0 + ql, m = b * T + t;
+        const S dq = L.delta(m, q), yq = L.yhat(m, q);
+        S gd = 0, gh = 0;
+        for (index_t n0 = 0; n0 < N; n0 += NT) {
+          S pd[NT], ph[NT];
+          for (int j = 0; j < NT; ++j) {
+            const index_t col = ql * N + n0 + j;
+            const S mu = X(t - t0, col), bn = L.beta(m, n0 + j);
+            pd[j] = mu * (Y(t - t0, col) * L.a(q, n0 + j) + bn * yq);
+            ph[j] = mu * bn;
+          }
+          for (int j = 0; j < NT; ++j) {
+            gd += pd[j];
+            gh += ph[j];
+          }
+        }
+        const index_t r = b * W + t - w0;
+        o.gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
+        o.gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
+      });
+      // Per (channel, state tile): the chunk's Σ_t μ h^{t-1} A Δ.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t i) {
+        const index_t ql = i / ntile, n0 = (i % ntile) * NT, q = p0 + ql, col = ql * N + n0;
+        S acc[NT];
+        for (int j = 0; j < NT; ++j) acc[j] = 0;
+        for (index_t t = t0; t < t1; ++t) {
+          const S dq = L.delta(b * T + t, q);
+          for (int j = 0; j < NT; ++j) acc[j] += X(t - t0, col + j) * Y(t - t0, col + j) * dq;
+        }
+        for (int j = 0; j < NT; ++j) o.alog_part(prow, q, n0 + j) = acc[j];
+      });
+      // Per (token, state tile), sums over the block's channels in order:
+      // ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * ntile), [&](const index_t i) {
+        const index_t t = t0 + i / ntile, n0 = (i % ntile) * NT, m = b * T + t, r = b * W + t - w0;
+        S gb[NT], gg[NT], bv[NT];
+        for (int j = 0; j < NT; ++j) {
+          gb[j] = 0;
+          gg[j] = 0;
+          bv[j] = L.beta(m, n0 + j);
+        }
+        for (index_t ql = 0; ql < np; ++ql) {
+          const index_t q = p0 + ql, col = ql * N + n0;
+          const S du = L.delta(m, q) * L.yhat(m, q), g = L.gy(m, q);
+          for (int j = 0; j < NT; ++j) {
+            gb[j] += X(t - t0, col + j) * du;
+            gg[j] += g * (Y(t - t0, col + j) + du * bv[j]);
+          }
+        }
+        for (int j = 0; j < NT; ++j) {
+          if (split) {
+            o.beta_part(r, pb, n0 + j) = gb[j];
+            o.gamma_part(r, pb, n0 + j) = gg[j];
+          } else {
+            o.gbeta(r, n0 + j) = gb[j];
+            o.ggamma(r, n0 + j) = gg[j];
+          }
+        }
+      });
+      team.team_barrier();  // the gz rows above, for the bδ sum
+      // Per channel: the chunk's D and bδ sums.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np), [&](const index_t ql) {
+        const index_t q = p0 + ql;
+        S d = 0, bd = 0;
+        for (index_t t = t0; t < t1; ++t) {
+          const index_t m = b * T + t;
+          d += L.gy(m, q) * L.yhat(m, q);
+          bd += o.gz(b * W + t - w0, q);
+        }
+        o.d_part(prow, q) = d;
+        o.bd_part(prow, q) = bd;
+      });
+      team.team_barrier();  // scratch is read above before the next chunk overwrites it
+    }
+  };
+  // Every loop above is a TeamThreadRange, so any team size gives the same
+  // result; a GPU may cap fs.team's one thread per state by its registers.
+  FusedPolicy probe(exec, league, fs.team);
+  probe.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  const int team = std::min(fs.team, probe.team_size_max(body, Kokkos::ParallelForTag()));
+  FusedPolicy policy(exec, league, team);
+  policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
+  Kokkos::parallel_for("ash::e3::fused_chunk", policy, body);
   if (!split) return;
   // The second level: per (token, state), the channel blocks in order.
   Kokkos::parallel_for(
