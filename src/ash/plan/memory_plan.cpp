@@ -116,15 +116,22 @@ struct Planner {
     const double bound = nchunk_bufs * Bt * double(nc) * P * N * S + (chunked_h ? 0.0 : Bt * P * N * S);
     if (!fused) return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);  // one wave of h, A, μ; cotangents
     // The fused form (grad/impl/e3_fused.hpp): cotangents without row partials,
-    // per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ, and on a
-    // host each thread's team scratch (Kokkos keeps it once grown).
+    // per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ, and the
+    // team scratch Kokkos keeps once grown: on a host each thread's; on a GPU
+    // none while it fits shared memory, else level 1 for as many teams as can
+    // be resident (CUDA's concurrency / team size) or the whole league.
     const auto fs = impl::fused_shape(index_t(P), index_t(N), index_t(C), impl::lane_tile(index_t(N)),
                                       o.e3_channel_block, std::size_t(S), index_t(Bt),
                                       index_t(ExecSpace().concurrency()));
     const double ncw = std::ceil(Wb / double(C)), rows = Bt * Wb;
     const double shares = fs.nPB > 1 ? 2 * rows * double(fs.nPB) * N * S : 0.0;
-    const double team =  // two [C, Pt·N + 1] arrays
-        host_backend ? 2 * double(C) * (double(fs.Pt) * N + 1) * S * double(ExecSpace().concurrency()) : 0.0;
+    const double per_team = 2 * double(C) * (double(fs.Pt) * N + 1) * S;  // two [C, Pt·N + 1] arrays
+    const double conc = double(ExecSpace().concurrency());
+    const bool level1 = !host_backend && per_team + 8.0 * (fs.team + 2) > 48.0 * 1024;
+    const double league = Bt * (chunked_h ? ncw : 1.0) * double(fs.nPB);
+    const double team = host_backend ? per_team * conc
+                        : level1     ? per_team * std::min(std::floor(conc / double(fs.team)), league)
+                                     : 0.0;
     return bound + rows * (3 * P + 2 * N) * S + Bt * ncw * (P * N + 2 * P) * S + shares + team;
   }
   double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)
