@@ -211,9 +211,10 @@ void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const Laye
   impl::decay_rates(p.A_log, act.a, exec);
   auto delta = act.delta;
   auto bd = p.b_delta;
+  // Two-dimensional: no 64-bit division per element (a host's cost here).
   Kokkos::parallel_for(
-      "ash::layer_delta", Range(exec, 0, M * P),
-      KOKKOS_LAMBDA(const index_t i) { delta(i / P, i % P) = softplus(delta(i / P, i % P) + bd(i % P)); });
+      "ash::layer_delta", Range2(exec, {0, 0}, {M, P}),
+      KOKKOS_LAMBDA(const index_t m, const index_t q) { delta(m, q) = softplus(delta(m, q) + bd(q)); });
 }
 
 template <class S>
