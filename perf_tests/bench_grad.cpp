@@ -64,7 +64,7 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   const double med = times[times.size() / 2];
   if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
   const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
-  const bool fused = e3 && o.e3_fused && !(o.truncate > 0 && o.truncate < T);
+  const bool fused = e3 && ash::e3_fused_form(o, T);
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
           {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"}, {"matmul", ash::matmul_name(o.matmul)},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},

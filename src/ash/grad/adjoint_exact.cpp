@@ -249,6 +249,10 @@ index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_t
   return unit * (wave / unit > 0 ? wave / unit : 1);
 }
 
+bool e3_fused_form(const EngineOptions& opts, index_t T, bool halo) {
+  return opts.e3_fused && !(opts.truncate > 0 && opts.truncate < T) && !halo;
+}
+
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
@@ -391,9 +395,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     v = zero ? View3<S>(std::string(label), rows, P_, N_)
              : View3<S>(Kokkos::view_alloc(std::string(label), Kokkos::WithoutInitializing), rows, P_, N_);
   };
-  // A range with a halo (own < T) keeps the wave buffers: its halo rows must
-  // reach μ but add no VJP, which the wave form masks (mask_halo below).
-  const bool fused = opts_.e3_fused && !window && own == T;
+  const bool fused = e3_fused_form(opts_, T, own < T);  // a halo: the wave form's mask_halo below
   const bool chunked_h = opts_.e3_chunked_h;
   if (chunked_h) {
     ensure(w.Hb, "ash::e3::h_boundary", Bt * chunks.n, P, N, true);

@@ -22,6 +22,12 @@ namespace ash {
 // fill the device. `state_per_token` is Bt·P·N.
 index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token);
 
+// Whether E3 runs its fused per-chunk backward (grad/impl/e3_fused.hpp) on a
+// window of T tokens: when asked for, outside a window T̄ < T, and not on a
+// range with a halo after its own tokens, whose rows must reach μ but add no
+// VJP (the wave form masks them).
+bool e3_fused_form(const EngineOptions& opts, index_t T, bool halo = false);
+
 template <class S>
 class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
  public:

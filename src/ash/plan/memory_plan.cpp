@@ -14,6 +14,7 @@
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/core/sizes.hpp"
+#include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/impl/e3_fused.hpp"
 #include "ash/kernels/row_sums.hpp"
@@ -109,7 +110,7 @@ struct Planner {
     const bool window = o.truncate > 0 && o.truncate < Tw;
     const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
     const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
-    const bool fused = o.e3_fused && !window && !halo, chunked_h = o.e3_chunked_h;
+    const bool fused = e3_fused_form(o, Tw, halo), chunked_h = o.e3_chunked_h;
     // h, products (and μ) at chunk starts; the sequential h form keeps no h or
     // products for h, only μ and its products in exact mode, plus a running h
     const double nchunk_bufs = chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);

@@ -3,8 +3,8 @@
 // backward"): one team per (sequence, chunk, block of Pt channels), or with
 // the sequential h form per (sequence, block) walking the chunks in order,
 // replays h over a chunk, runs μ's reverse scan and forms every per-token VJP
-// of the state, keeping h^{t-1}, A^t and μ^t of the chunk in team scratch. Global memory gets only what the
-// dense VJPs need: per (token, channel) gz and the D and state parts of ∂L/∂ŷ,
+// of the state, keeping h^{t-1}, A^t and μ^t of the chunk in team scratch.
+// Global memory gets only what the dense VJPs need: per (token, channel) gz and the D and state parts of ∂L/∂ŷ,
 // per (token, channel block, state) the block's share of ∂L/∂β and ∂L/∂γ (the
 // first level of a fixed-order two-level sum over channels), and per (chunk,
 // channel) the partial sums of the A_log, D and bδ gradients. No per-(token,
