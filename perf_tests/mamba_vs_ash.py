@@ -7,12 +7,15 @@ gradient of both across T (batch 1) until out of memory or over the time budget,
 and once at batch 8; the rows go to OUT/ash.jsonl and OUT/mamba.jsonl, a joined
 table (time and peak ratios, longest T of each) to OUT/summary.md and stdout.
 
-    mamba_vs_ash.py --out DIR --python PY [--mamba-dir DIR] [--build build]
+    mamba_vs_ash.py --out DIR --python PY [--mamba-dir DIR] [--build build | --ash ASH --bench BENCH]
                     [--widths 64,256,1024] [--layers 2,8] [--T 4096,...,16777216]
-                    [--batch8-T 16384] [--max-seconds 120] [--reps 3] [--quick]
+                    [--batch8-T 16384] [--max-seconds 120] [--reps 3] [--deadline S] [--quick]
 
 PY is the interpreter with torch (and mamba-ssm, or --mamba-dir from
 perf_tests/mamba_build.sh). On a GPU machine ash must be a CUDA build (--build).
+--ash / --bench name the two executables where they are not in a build folder (the GPU
+bundle of perf_tests/gpu/bundle.sh). --deadline S: no measurement starts after S seconds
+from the start; the summary is still written (a GPU window's stage has a fixed budget).
 --quick is the host smoke run: mamba-ssm's selective_scan_ref on the CPU at tiny
 sizes (it checks the plumbing, not speed).
 """
@@ -21,13 +24,21 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run(cmd, log):
+def run(cmd, log, timeout=None):
     print("$ " + " ".join(cmd), flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        with open(log, "a") as f:
+            f.write("$ " + " ".join(cmd) + "\n" + out + f"\n# stopped at the deadline ({timeout:.0f} s)\n")
+        sys.stdout.write(out + f"# stopped at the deadline ({timeout:.0f} s)\n")
+        return 124
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n" + r.stdout + r.stderr)
     sys.stdout.write(r.stdout)
@@ -79,6 +90,9 @@ def main():
     ap.add_argument("--python", default=sys.executable, help="interpreter with torch (and mamba-ssm)")
     ap.add_argument("--mamba-dir", help="perf_tests/mamba_build.sh's output folder")
     ap.add_argument("--build", default="build", help="the ash build folder (a CUDA build on a GPU)")
+    ap.add_argument("--ash", help="the ash executable (default: BUILD/src/ash)")
+    ap.add_argument("--bench", help="ash_bench_grad (default: BUILD/perf_tests/ash_bench_grad)")
+    ap.add_argument("--deadline", type=float, default=0, help="start no measurement after this many seconds")
     ap.add_argument("--widths", default="64,256,1024")
     ap.add_argument("--layers", default="2,8")
     ap.add_argument("--T", default=",".join(str(2**e) for e in range(12, 25)))
@@ -95,45 +109,62 @@ def main():
         if os.path.exists(os.path.join(args.out, name)):
             os.remove(os.path.join(args.out, name))
     log = os.path.join(args.out, "log.txt")
-    ash = os.path.join(args.build, "src", "ash")
-    bench = os.path.join(args.build, "perf_tests", "ash_bench_grad")
+    ash = args.ash or os.path.join(args.build, "src", "ash")
+    bench = args.bench or os.path.join(args.build, "perf_tests", "ash_bench_grad")
+    t_start = time.monotonic()
+
+    def out_of_time(what):
+        if args.deadline and time.monotonic() - t_start > args.deadline:
+            print(f"# deadline ({args.deadline:.0f} s) reached: {what} and the rest not measured", flush=True)
+            return True
+        return False
+
+    def left():
+        return max(1.0, args.deadline - (time.monotonic() - t_start)) if args.deadline else None
+
     scan = ["--scan", "ref", "--device", "cpu", "--threads", "1"] if args.quick else []
     mamba_dir = ["--mamba-dir", args.mamba_dir] if args.mamba_dir else []
     Ts = [int(t) for t in args.T.split(",")]
     failed = 0
-    for P in [int(p) for p in args.widths.split(",")]:
-        for K in [int(k) for k in args.layers.split(",")]:
-            ckpt = os.path.join(args.out, f"model_P{P}_K{K}.h5")
-            sizes = ["--set", f"model.width={P}", "--set", "model.state=16", "--set", f"model.layers={K}",
-                     "--set", "model.vocab=256"]
-            if run([ash, "init", "--precision", "float", "--out", ckpt] + sizes, log):
-                return 1
-            base = [args.python, os.path.join(HERE, "mamba_baseline.py"), "--checkpoint", ckpt, "--reps",
-                    str(args.reps), "--max-seconds", str(args.max_seconds), "--json",
-                    os.path.join(args.out, "mamba.jsonl")] + scan + mamba_dir
-            # the mapping, checked on this shape: loss and every gradient against ash grad
-            failed += run(base + ["--check-ash", ash, "--check-T", str(args.check_T), "--T", str(args.check_T),
-                                  "--no-sweep"], log) != 0
-            runs = [(1, Ts)] + ([(8, [args.batch8_T])] if args.batch8_T else [])
-            for batch, T_list in runs:
-                run(base + ["--batch", str(batch), "--T", ",".join(map(str, T_list))], log)
-                last = None  # ash: one process per T, stopped by a failure or the time budget
-                for T in T_list:
-                    if last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
-                        print(f"# ash E3 P={P} K={K} batch={batch}: T={T} and up skipped (time budget)")
-                        break
-                    one = os.path.join(args.out, "ash_last.jsonl")  # the benchmark rewrites its --json file
-                    if os.path.exists(one):
-                        os.remove(one)
-                    run([bench, "--engines", "adjoint-exact", "--T", str(T), "--width", str(P), "--state", "16",
-                         "--layers", str(K), "--batch", str(batch), "--reps", str(args.reps), "--precision", "float",
-                         "--json", one], log)
-                    new = rows(one)
-                    if not new:  # out of memory or another failure: the rest of the series is larger
-                        break
-                    with open(os.path.join(args.out, "ash.jsonl"), "a") as f:
-                        f.write(json.dumps(new[-1]) + "\n")
-                    last = new[-1]
+    shapes = [(int(p), int(k)) for p in args.widths.split(",") for k in args.layers.split(",")]
+    for P, K in shapes:
+        if out_of_time(f"P={P} K={K}"):
+            break
+        ckpt = os.path.join(args.out, f"model_P{P}_K{K}.h5")
+        sizes = ["--set", f"model.width={P}", "--set", "model.state=16", "--set", f"model.layers={K}",
+                 "--set", "model.vocab=256"]
+        if run([ash, "init", "--precision", "float", "--out", ckpt] + sizes, log, left()):
+            return 1
+        base = [args.python, os.path.join(HERE, "mamba_baseline.py"), "--checkpoint", ckpt, "--reps",
+                str(args.reps), "--max-seconds", str(args.max_seconds), "--json",
+                os.path.join(args.out, "mamba.jsonl")] + scan + mamba_dir
+        # the mapping, checked on this shape: loss and every gradient against ash grad
+        failed += run(base + ["--check-ash", ash, "--check-T", str(args.check_T), "--T", str(args.check_T),
+                              "--no-sweep"], log, left()) != 0
+        runs = [(1, Ts)] + ([(8, [args.batch8_T])] if args.batch8_T else [])
+        for batch, T_list in runs:
+            if out_of_time(f"P={P} K={K} batch={batch}"):
+                break
+            run(base + ["--batch", str(batch), "--T", ",".join(map(str, T_list))], log, left())
+            last = None  # ash: one process per T, stopped by a failure or the time budget
+            for T in T_list:
+                if out_of_time(f"ash E3 P={P} K={K} batch={batch} T={T}"):
+                    break
+                if last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
+                    print(f"# ash E3 P={P} K={K} batch={batch}: T={T} and up skipped (time budget)")
+                    break
+                one = os.path.join(args.out, "ash_last.jsonl")  # the benchmark rewrites its --json file
+                if os.path.exists(one):
+                    os.remove(one)
+                run([bench, "--engines", "adjoint-exact", "--T", str(T), "--width", str(P), "--state", "16",
+                     "--layers", str(K), "--batch", str(batch), "--reps", str(args.reps), "--precision", "float",
+                     "--json", one], log, left())
+                new = rows(one)
+                if not new:  # out of memory or another failure: the rest of the series is larger
+                    break
+                with open(os.path.join(args.out, "ash.jsonl"), "a") as f:
+                    f.write(json.dumps(new[-1]) + "\n")
+                last = new[-1]
     summary(args.out)
     measured = [len(rows(os.path.join(args.out, f))) for f in ("ash.jsonl", "mamba.jsonl")]
     if min(measured) == 0:

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -13,6 +14,13 @@
 #endif
 
 namespace ash::test {
+
+// The ash executable: $ASH_CLI where set (a build moved to another machine, e.g. the GPU
+// bundle of perf_tests/gpu/bundle.sh), else the path this test was built with.
+inline const char* cli_path() {
+  const char* e = std::getenv("ASH_CLI");
+  return e && *e ? e : ASH_CLI;
+}
 
 struct CliResult {
   int code;
@@ -29,7 +37,7 @@ inline CliResult run_shell(const std::string& cmd) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-inline CliResult run(const std::string& args) { return run_shell(std::string(ASH_CLI) + " " + args); }
+inline CliResult run(const std::string& args) { return run_shell(std::string(cli_path()) + " " + args); }
 
 inline void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

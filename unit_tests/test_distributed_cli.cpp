@@ -18,10 +18,17 @@ namespace ash::test {
 
 namespace {
 
+// $ASH_MPIEXEC where set (a moved build: the GPU bundle's own Open MPI), else the line
+// this test was built with.
+std::string mpiexec_line() {
+  const char* e = std::getenv("ASH_MPIEXEC");
+  return e && *e ? e : ASH_MPIEXEC;
+}
+
 // A hang fails instead of stalling: `timeout` ends mpiexec after 120 s (exit 124).
 CliResult mpirun(int n, const std::string& args, const std::string& env = "") {
-  return run_shell(env + " timeout 120 " + std::string(ASH_MPIEXEC) + " -n " + std::to_string(n) + " " +
-                   std::string(ASH_CLI) + " " + args);
+  return run_shell(env + " timeout 120 " + mpiexec_line() + " -n " + std::to_string(n) + " " +
+                   std::string(cli_path()) + " " + args);
 }
 
 std::size_t count(const std::string& hay, const std::string& needle) {
@@ -221,8 +228,8 @@ TEST_F(DistributedCli, LockIsHeldByTheWholeRun) {
   // `exec` keeps the shell's PID for the job, so $$ names it. Progress is read
   // from metrics.jsonl, not stdout (an unread pipe full of progress lines would
   // block the job); `timeout` bounds the run whatever happens.
-  const std::string cmd = "echo $$; exec timeout -k 10 240 " + std::string(ASH_MPIEXEC) + " -n 2 " +
-                          std::string(ASH_CLI) + " " + args + " 2>&1";
+  const std::string cmd = "echo $$; exec timeout -k 10 240 " + mpiexec_line() + " -n 2 " +
+                          std::string(cli_path()) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[4096];
@@ -257,8 +264,8 @@ TEST_F(DistributedCli, Sigusr1StopsEveryRankAfterTheSameStepWithACheckpoint) {
                     " --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=24"
                     " --set optim.steps=100000000 --set run.log_every=100000000 --set run.ckpt_every=0"
                     " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" + dir;
-  const std::string cmd = "echo $$; exec timeout -k 10 240 " + std::string(ASH_MPIEXEC) + " -n 2 " +
-                          std::string(ASH_CLI) + " " + args + " 2>&1";
+  const std::string cmd = "echo $$; exec timeout -k 10 240 " + mpiexec_line() + " -n 2 " +
+                          std::string(cli_path()) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[4096];

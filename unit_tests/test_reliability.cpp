@@ -54,10 +54,10 @@ class Child {
       ::dup2(fds[1], 2);
       ::close(fds[0]);
       ::close(fds[1]);
-      std::vector<char*> argv{const_cast<char*>(ASH_CLI)};
+      std::vector<char*> argv{const_cast<char*>(cli_path())};
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      ::execv(ASH_CLI, argv.data());
+      ::execv(cli_path(), argv.data());
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -171,9 +171,9 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
 // an address-space limit at all).
 TEST(Reliability, AllocationFailureIsAClearError) {
   const std::string init = host_backend
-                               ? "PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) +
+                               ? "PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(cli_path()) +
                                      " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") + "'"
-                               : std::string(ASH_CLI) + " init --set model.width=160000 --set model.layers=1 " +
+                               : std::string(cli_path()) + " init --set model.width=160000 --set model.layers=1 " +
                                      "--max-memory 1000000000000000 --out " + tmp_path("big.h5");
   const auto [code, out] = run_shell(init);
   ASSERT_NE(code, -1) << "killed by a signal: " << out;
@@ -183,12 +183,12 @@ TEST(Reliability, AllocationFailureIsAClearError) {
   // An address-space limit too small to start (OpenBLAS's threads would retry forever): one line, exit 2.
   for (const char* kib : {"100000", "150000", "220000"}) {
     const auto [c3, o3] = run_shell("timeout 60 bash -c 'ulimit -v " + std::string(kib) + "; exec " +
-                                    std::string(ASH_CLI) + " plan'");
+                                    std::string(cli_path()) + " plan'");
     EXPECT_EQ(c3, 2) << kib << ": " << o3;
     EXPECT_NE(o3.find("address-space limit (ulimit -v)"), std::string::npos) << o3;
   }
   if (!host_backend) {  // the address-space limit stops the backend itself: a clear error too
-    const auto [c2, o2] = run_shell("bash -c 'ulimit -v 1500000; exec " + std::string(ASH_CLI) + " init --out " +
+    const auto [c2, o2] = run_shell("bash -c 'ulimit -v 1500000; exec " + std::string(cli_path()) + " init --out " +
                                     tmp_path("small.h5") + "'");
     EXPECT_EQ(c2, 2) << o2;
     EXPECT_NE(o2.find("cannot start Kokkos"), std::string::npos) << o2;
@@ -272,7 +272,7 @@ TEST(Reliability, FileSizeLimitKeepsThePreviousFile) {
   const auto before = slurp(ckpt);
   // 50 KiB limit, a ~1 MiB model. PMIX_MCA_gds=hash: Open MPI's singleton
   // start-up would otherwise need shared-memory files above the limit.
-  const auto [code, out] = run_shell("PMIX_MCA_gds=hash bash -c 'ulimit -f 50; exec " + std::string(ASH_CLI) +
+  const auto [code, out] = run_shell("PMIX_MCA_gds=hash bash -c 'ulimit -f 50; exec " + std::string(cli_path()) +
                                      " init --set model.width=256 --out " + ckpt + "'");
   ASSERT_NE(code, -1) << "killed by a signal: " << out;
   EXPECT_EQ(code, 2) << out;
@@ -529,7 +529,7 @@ TEST(Reliability, HostileCheckpointsAreRefusedWithoutHanging) {
         "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") +
             " --resume " + file};
   };
-  auto timed = [](const std::string& args) { return run_shell("timeout 60 " + std::string(ASH_CLI) + " " + args); };
+  auto timed = [](const std::string& args) { return run_shell("timeout 60 " + std::string(cli_path()) + " " + args); };
   for (const auto& v : verbs(fifo)) EXPECT_CLEAR_ERROR(timed(v), "'" + fifo + "' is not a regular file");
 
   auto linked = [&](const std::string& name, const std::string& target, const char* in_target, bool v2 = false) {
@@ -688,7 +688,7 @@ TEST(Reliability, DeepJsonAndNonRegularConfigsAreClearErrors) {
   const auto fifo = tmp_path("config.fifo");
   fs::remove(fifo);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  EXPECT_CLEAR_ERROR(run_shell("timeout 30 " + std::string(ASH_CLI) + " plan --config " + fifo), "not a regular file");
+  EXPECT_CLEAR_ERROR(run_shell("timeout 30 " + std::string(cli_path()) + " plan --config " + fifo), "not a regular file");
   const auto big = tmp_path("big.json");
   write(big, "{\"model\": {\"width\": 8}}" + std::string(2 << 20, ' '));
   EXPECT_CLEAR_ERROR(run("plan --config " + big), "a configuration is at most");
@@ -701,7 +701,7 @@ TEST(Reliability, DeepJsonAndNonRegularConfigsAreClearErrors) {
                            "grad --checkpoint " + ckpt + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
                            "train --resume " + ckpt + " --set data.train=" + corpus + " --set run.out_dir=" +
                                tmp_path("deeprun")})
-    EXPECT_CLEAR_ERROR(run_shell("timeout 60 " + std::string(ASH_CLI) + " " + verb), "levels deep");
+    EXPECT_CLEAR_ERROR(run_shell("timeout 60 " + std::string(cli_path()) + " " + verb), "levels deep");
 }
 
 // Every integer key and option at 2^31, 2^32 and 2^63 - 1: validated into the
@@ -709,7 +709,7 @@ TEST(Reliability, DeepJsonAndNonRegularConfigsAreClearErrors) {
 TEST(Reliability, IntegerKeysAtTheEdgesRunOrAreRefused) {
   const auto corpus = corpus_file(), ckpt = tmp_path("m.h5"), out = tmp_path("g.h5");
   ASSERT_EQ(run("init " + small_model + "--set data.batch=2 --out " + ckpt).code, 0);
-  const std::string t = "timeout 120 " + std::string(ASH_CLI) + " ";
+  const std::string t = "timeout 120 " + std::string(cli_path()) + " ";
   const auto g = t + "grad --checkpoint " + ckpt + " --tokens " + corpus + " --out " + out + " ";
   for (const std::string v : {"2147483648", "4294967296", "9223372036854775807"}) {
     for (const char* k : {"model.vocab", "model.width", "model.state", "model.layers", "model.seed"}) {
@@ -759,7 +759,7 @@ TEST(Reliability, ResumedCursorsAreCheckedAgainstTheTokenFile) {
     in.read(&text[0], 3000);
     write(shorter, text);
   }
-  const std::string t = "timeout 120 " + std::string(ASH_CLI) + " ";
+  const std::string t = "timeout 120 " + std::string(cli_path()) + " ";
   for (const std::string mode : {"--set data.sequential=true --set data.carry_state=true ",
                                  "--set data.sequential=true "}) {
     const auto dir = tmp_path("cursor");
