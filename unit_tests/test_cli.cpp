@@ -159,6 +159,19 @@ TEST_F(Cli, EvalScoresEachDocument) {
   bad = run(g + "--set data.pack=true");
   EXPECT_EQ(bad.code, 2) << bad.out;
   EXPECT_NE(bad.out.find("data.pack needs data.separator"), std::string::npos) << bad.out;
+  bad = run(g + "--set 'data.separator=\\u20ac'");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("data.separator holds the character U+20AC, which is not a byte"), std::string::npos)
+      << bad.out;
+  // A byte >= 0x80 named as \u00XX separates documents (issue 35: it was matched as its
+  // UTF-8 encoding, and 99 separators made one document).
+  std::string high;
+  for (int i = 0; i < 99; ++i) high += std::string(5 + i % 7, 'a' + char(i % 26)) + char(0xDD);
+  write(dir() + "high.txt", high);
+  auto h = run("eval --checkpoint " + ckpt + " --tokens " + dir() + "high.txt --set data.seq_len=64 " +
+               "--set 'data.separator=\\u00dd'");
+  ASSERT_EQ(h.code, 0) << h.out;
+  EXPECT_NE(h.out.find("99 documents (data.separator)"), std::string::npos) << h.out;
 }
 
 TEST_F(Cli, BadConfigs) {

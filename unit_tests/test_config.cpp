@@ -1,4 +1,6 @@
 // JSON configuration: canonical keys, --set overrides, errors that name the key.
+#include <chrono>
+#include <cstdio>
 #include <fstream>
 
 #include "test_helpers.hpp"
@@ -58,6 +60,44 @@ TEST(Config, InvalidUtf8IsAClearError) {
   EXPECT_NE(what_of([&] { c.set("model.width=2\xc2"); }).find("'model.width' expects a number"), std::string::npos);
   EXPECT_NE(what_of([&] { c.merge(nlohmann::json{{"run", {{"out_dir", "r\xff"}}}}, "f.json"); }).find("UTF-8"),
             std::string::npos);
+  EXPECT_EQ(c.json().dump(), Config().json().dump()) << "nothing applied";
+}
+
+// data.separator names bytes (issue 35): \u0080-\u00ff are the byte values, not
+// their UTF-8 encodings; a character above U+00FF is refused, naming the key.
+TEST(Config, SeparatorCharactersAreBytes) {
+  Config c;
+  c.set("data.separator=\\u00dd");  // bare: a JSON string's contents
+  EXPECT_EQ(c.settings().data.separator, std::string(1, char(0xDD)));
+  c.set(R"(data.separator="%\u0080\u00ff\n")");
+  EXPECT_EQ(c.settings().data.separator, std::string("%\x80\xff\n"));
+  c.set("data.separator=\xc3\xa9");  // a literal U+00E9 is the byte 0xE9 too
+  EXPECT_EQ(c.settings().data.separator, std::string(1, char(0xE9)));
+  for (std::uint32_t b = 0; b < 256; ++b) {  // every byte value can be named
+    char esc[8];
+    std::snprintf(esc, sizeof esc, "\\u%04x", unsigned(b));
+    c.set(std::string("data.separator=") + esc);
+    ASSERT_EQ(c.settings().data.separator, std::string(1, char(b))) << esc;
+  }
+  c.set("data.separator=\\u0100");
+  EXPECT_NE(what_of([&] { c.settings(); }).find("data.separator holds the character U+0100, which is not a byte"),
+            std::string::npos);
+  c.set("data.separator=\xe2\x82\xac");  // the euro sign
+  EXPECT_NE(what_of([&] { c.settings(); }).find("U+20AC"), std::string::npos);
+}
+
+// A dotted --set key is section.name: a long path is refused before it is split
+// (60,000 parts took over a minute and passed the nesting limit).
+TEST(Config, SetKeysWithManyPartsAreRefusedAtOnce) {
+  Config c;
+  std::string key = "model";
+  for (int i = 0; i < 60000; ++i) key += ".x";
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto msg = what_of([&] { c.set(key + "=1"); });
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  EXPECT_NE(msg.find("unknown config key (60001 dotted parts"), std::string::npos) << msg.substr(0, 300);
+  EXPECT_LT(msg.size(), 400u);
+  EXPECT_NE(what_of([&] { c.set("model.width.x=1"); }).find("3 dotted parts"), std::string::npos);
   EXPECT_EQ(c.json().dump(), Config().json().dump()) << "nothing applied";
 }
 

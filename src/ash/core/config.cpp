@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -182,10 +183,14 @@ void Config::set(const std::string& assignment) {
     value = nlohmann::json(text);
   }
   // Build {"a": {"b": value}} and merge it, so the same key/type checks apply.
+  // Every key is section.name: a longer dotted path is refused before it is
+  // split (a key of 60,000 parts would build 60,000 nested objects).
+  const auto dots = std::count(key.begin(), key.end(), '.');
+  require(dots <= 1, "--set " + key.substr(0, 80) + (key.size() > 80 ? "..." : "") + ": unknown config key (" +
+                         std::to_string(dots + 1) + " dotted parts; keys are section.name, e.g. model.width)");
   nlohmann::json doc = value;
-  std::string rest = key;
   std::vector<std::string> parts;
-  std::stringstream ss(rest);
+  std::stringstream ss(key);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) doc = nlohmann::json{{*it, doc}};
   merge(doc, "--set " + key);
@@ -256,6 +261,30 @@ std::string matmul_name(Matmul m) { return m == Matmul::tf32 ? "tf32" : m == Mat
 EngineOptions EngineOptions::from_config(const Config& cfg) { return cfg.settings().grad; }
 AdamWOptions AdamWOptions::from_config(const Config& cfg) { return cfg.settings().optim; }
 
+// data.separator names bytes: each character of the JSON string, U+0000 to U+00FF,
+// is that byte value ("\u00dd" is the byte 0xDD, not its UTF-8 encoding C3 9D).
+std::string separator_bytes(const std::string& utf8) {
+  std::string out;
+  for (std::size_t i = 0; i < utf8.size();) {
+    const auto c = static_cast<unsigned char>(utf8[i]);
+    const int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    require(len > 0 && i + std::size_t(len) <= utf8.size(), "data.separator is not valid UTF-8 text");
+    std::uint32_t cp = len == 1 ? c : c & (0x3F >> (len - 1));
+    for (int k = 1; k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(utf8[i + std::size_t(k)]);
+      require((cc >> 6) == 0x2, "data.separator is not valid UTF-8 text");
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "U+%04X", unsigned(cp));
+    require(cp <= 0xFF, std::string("data.separator holds the character ") + hex +
+                            ", which is not a byte: it names bytes, \\u0000 to \\u00ff (one character each)");
+    out.push_back(static_cast<char>(cp));
+    i += std::size_t(len);
+  }
+  return out;
+}
+
 DataOptions Config::data_options() const {
   DataOptions da;
   da.train = get<std::string>("data.train");
@@ -264,7 +293,7 @@ DataOptions Config::data_options() const {
   da.batch = get<std::int64_t>("data.batch");
   da.sequential = get<bool>("data.sequential");
   da.carry_state = get<bool>("data.carry_state");
-  da.separator = get<std::string>("data.separator");
+  da.separator = separator_bytes(get<std::string>("data.separator"));
   da.pack = get<bool>("data.pack");
   require(da.seq_len >= 2, "data.seq_len must be >= 2: a window of T tokens has T-1 targets (got " +
                                std::to_string(da.seq_len) + ")");

@@ -26,6 +26,10 @@ std::size_t json_depth(const std::string& text);
 // and nesting deeper than max_json_depth; throws ash::Error naming `origin`.
 nlohmann::json parse_json_strict(const std::string& text, const std::string& origin);
 
+// data.separator's characters (UTF-8, as JSON decodes them) as the bytes they name:
+// U+0000 to U+00FF are the byte values 0x00 to 0xFF; anything above is an ash::Error.
+std::string separator_bytes(const std::string& utf8);
+
 class Config {
  public:
   Config();  // all defaults
