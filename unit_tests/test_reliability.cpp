@@ -159,6 +159,20 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
   EXPECT_CLEAR_ERROR(run(g.substr(0, g.find("--tokens")) + "--tokens " + fs::temp_directory_path().string() +
                          " --out " + out),
                      "not a regular file");
+  // A byte file becomes 4-byte ids, 4x its size (issue 35: a sparse .txt of a fifth of
+  // memory passed the check and was read until killed). A sparse file a quarter of
+  // memory's size needs all of memory: refused at once, before anything is read.
+  if (const std::uint64_t mem = physical_memory_bytes(); mem > 0) {
+    const auto sparse = tmp_path("sparse.txt");
+    { std::ofstream(sparse, std::ios::binary) << 'a'; }
+    fs::resize_file(sparse, mem / 4);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_CLEAR_ERROR(run_shell("timeout 60 " + std::string(cli_path()) + " eval --checkpoint " + ckpt +
+                                 " --tokens " + sparse),
+                       "as 4-byte token ids, more than 80% of memory");
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+    fs::remove(sparse);
+  }
   EXPECT_EQ(checked_mul(3, 5, "x"), 15);
   EXPECT_THROW(checked_mul(std::int64_t(1) << 40, std::int64_t(1) << 30, "x"), Error);
   EXPECT_THROW(checked_mul(-1, 2, "x"), Error);

@@ -1,5 +1,6 @@
 #include "ash/io/tokens.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -25,28 +26,40 @@ std::vector<std::uint32_t> load_tokens(const std::string& path) {
           "token file '" + path + "' is not a regular file (a directory or a device?)");
   const std::uint64_t size = std::filesystem::file_size(path, ec);
   require(!ec, "cannot read the size of token file '" + path + "': " + ec.message());
+  const std::size_t width = ends_with(path, ".u32") ? 4 : ends_with(path, ".u16") ? 2 : 1;
+  require(size % width == 0, "token file '" + path + "' has " + std::to_string(size) + " bytes, not a multiple of " +
+                                 std::to_string(width) + " (truncated .u" + std::to_string(8 * width) + " file?)");
+  // What the file becomes: a 4-byte id per token (a byte file grows 4x), decoded in
+  // pieces so the file's bytes are never held whole beside it.
+  const std::uint64_t ids = size / width, need = ids <= ~std::uint64_t(0) / 4 ? ids * 4 : ~std::uint64_t(0);
   const std::uint64_t mem = physical_memory_bytes();
-  // The bytes and the 4-byte ids are both held while decoding.
-  require(mem == 0 || size / 4 < mem / 5, "token file '" + path + "' (" + format_bytes(size) +
-                                              ") does not fit in memory (" + format_bytes(mem) + ")");
+  require(mem == 0 || need <= mem / 5 * 4,
+          "token file '" + path + "' (" + format_bytes(size) + ", " + std::to_string(ids) + " tokens) needs " +
+              format_bytes(need) + " as 4-byte token ids, more than 80% of memory (" + format_bytes(mem) + ")");
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "cannot open token file '" + path + "'");
-  std::vector<unsigned char> bytes;
+  std::vector<std::uint32_t> out(ids);
+  std::vector<unsigned char> piece(std::size_t(1) << 20);
+  std::size_t done = 0;  // tokens decoded
   try {  // libstdc++ reports a read error (EIO) by throwing from the stream buffer
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    while (done < out.size()) {
+      const std::size_t n = std::min<std::size_t>(piece.size() / width, out.size() - done);
+      in.read(reinterpret_cast<char*>(piece.data()), std::streamsize(n * width));
+      require(std::size_t(in.gcount()) == n * width && !in.bad(),
+              "error while reading token file '" + path + "' (it changed or could not be read)");
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t v = 0;
+        for (std::size_t j = 0; j < width; ++j) v |= std::uint32_t(piece[i * width + j]) << (8 * j);  // little-endian
+        out[done + i] = v;
+      }
+      done += n;
+    }
+    // Nothing past the size it reported (a /proc file reports 0; a file may grow).
+    require(in.rdbuf()->sgetc() == std::char_traits<char>::eof(),
+            "token file '" + path + "' holds more than the " + format_bytes(size) +
+                " its size says (a /proc or growing file?)");
   } catch (const std::ios_base::failure& e) {
     throw Error("error while reading token file '" + path + "': " + e.code().message());
-  }
-  require(!in.bad(), "error while reading token file '" + path + "'");
-  const std::size_t width = ends_with(path, ".u32") ? 4 : ends_with(path, ".u16") ? 2 : 1;
-  require(bytes.size() % width == 0, "token file '" + path + "' has " + std::to_string(bytes.size()) +
-                                         " bytes, not a multiple of " + std::to_string(width) +
-                                         " (truncated .u" + std::to_string(8 * width) + " file?)");
-  std::vector<std::uint32_t> out(bytes.size() / width);
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    std::uint32_t v = 0;
-    for (std::size_t j = 0; j < width; ++j) v |= std::uint32_t(bytes[i * width + j]) << (8 * j);  // little-endian
-    out[i] = v;
   }
   return out;
 }
