@@ -951,4 +951,78 @@ TEST(Reliability, SameSigtermTwiceWithinASecondStopsOnceWithACheckpoint) {
   EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), std::stoll(m[1].str()));
 }
 
+// ---- 8. hostile paths (issue 35): links are never written through ---------
+
+namespace {
+
+// `ash ARGS` under a timeout (a hang is status 124).
+CliResult timed(const std::string& args) { return run_shell("timeout 120 " + std::string(ASH_CLI) + " " + args); }
+
+// A file whose bytes the test checks afterwards.
+std::string victim_file(const std::string& name) {
+  const auto p = tmp_path(name);
+  write(p, "precious bytes that no ash run may touch\n");
+  return p;
+}
+
+}  // namespace
+
+// <dir>/.lock is truncated and rewritten with the PID: a symbolic link there
+// (dangling or not), a FIFO or a hard link to another file is refused, naming
+// the path, and whatever it points at is untouched.
+TEST(Reliability, LockFileThatIsALinkIsRefusedNotFollowed) {
+  const auto corpus = corpus_file(), victim = victim_file("victim.h5"), model = tmp_path("m.h5");
+  const auto before = slurp(victim);
+  ASSERT_EQ(run("init " + small_model + "--out " + model).code, 0);
+  const auto dir = tmp_path("linked_lock");
+  const auto lock = dir + "/.lock";
+  auto writers = [&] {
+    return std::vector<std::string>{
+        "train " + small_model + "--set data.train=" + corpus + " --set optim.steps=2 --set run.out_dir=" + dir,
+        "init " + small_model + "--out " + dir + "/x.h5",
+        "grad --checkpoint " + model + " --tokens " + corpus + " --out " + dir + "/g.h5"};
+  };
+  auto fresh_dir = [&] {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  };
+  auto nothing_written = [&] {
+    EXPECT_TRUE(slurp(victim) == before) << "the lock's target was written";
+    for (const char* f : {"/x.h5", "/g.h5", "/checkpoint.h5", "/metrics.jsonl"}) EXPECT_FALSE(fs::exists(dir + f)) << f;
+  };
+
+  fresh_dir();
+  fs::create_symlink(victim, lock);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "the lock file '" + lock + "'");
+  EXPECT_CLEAR_ERROR(timed(writers()[0]), "is a symbolic link, which ash never follows");
+  EXPECT_TRUE(fs::is_symlink(lock));
+  nothing_written();
+
+  // A dangling link: following it would create its target.
+  const auto nowhere = tmp_path("nowhere.h5");
+  fs::remove(nowhere);
+  fresh_dir();
+  fs::create_symlink(nowhere, lock);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "is a symbolic link, which ash never follows");
+  EXPECT_FALSE(fs::exists(nowhere));
+  nothing_written();
+
+  // A hard link to the victim, and a FIFO.
+  fresh_dir();
+  fs::create_hard_link(victim, lock);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "has 2 hard links");
+  nothing_written();
+  fresh_dir();
+  ASSERT_EQ(::mkfifo(lock.c_str(), 0600), 0);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "is not a regular file");
+  nothing_written();
+
+  // An ordinary lock file left by an earlier run still works.
+  fresh_dir();
+  write(lock, "12345\n");
+  const auto ok = timed(writers()[1]);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  fs::remove_all(dir);
+}
+
 }  // namespace ash::test
