@@ -851,15 +851,25 @@ TEST(Reliability, SecondRunOnTheSameDirectoryFailsNamingThePid) {
     ::kill(a.pid(), SIGKILL);  // a stale lock: the kernel drops the flock
     a.finish();
   }
-  // A killed writer's temp file is cleaned by the next run of the directory.
-  const auto stale = dir + "/checkpoint.h5.tmp.999999";
+  // A killed writer's temp file is cleaned by the next run of the directory:
+  // write_atomically's names (six random characters) and older builds' (a PID).
+  // A symbolic link of such a name is left alone, its target untouched.
+  const auto stale = dir + "/checkpoint.h5.tmp.999999", stale_new = dir + "/checkpoint.h5.tmp.a1B2c3";
   write(stale, "half a file");
+  write(stale_new, "half a file");
+  const auto target = tmp_path("not_a_temp.txt");
+  write(target, "kept");
+  fs::remove(dir + "/checkpoint.h5.tmp.777777");
+  fs::create_symlink(target, dir + "/checkpoint.h5.tmp.777777");
   auto args = train_args(dir, corpus, 3);
   std::string line;
   for (const auto& s : args) line += "'" + s + "' ";
   const auto r = run(line);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(stale));
+  EXPECT_FALSE(fs::exists(stale_new));
+  EXPECT_TRUE(fs::is_symlink(dir + "/checkpoint.h5.tmp.777777"));
+  EXPECT_EQ(slurp(target), "kept");
   EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), 3);
 }
 
@@ -1022,6 +1032,71 @@ TEST(Reliability, LockFileThatIsALinkIsRefusedNotFollowed) {
   write(lock, "12345\n");
   const auto ok = timed(writers()[1]);
   EXPECT_EQ(ok.code, 0) << ok.out;
+  fs::remove_all(dir);
+}
+
+// The temporary file of every write is created exclusively under an
+// unpredictable name: a link planted at the old name <out>.tmp.<pid> (bash's
+// $$ is the PID of the ash it execs) is not written through, and --out ends up
+// a regular file. A link at --out itself, or at the run's checkpoint, is
+// replaced by the rename; one at metrics.jsonl (appended to, never renamed)
+// is refused. The victim is never touched.
+TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
+  const auto corpus = corpus_file(), victim = victim_file("victim.txt"), model = tmp_path("m.h5");
+  const auto before = slurp(victim);
+  ASSERT_EQ(run("init " + small_model + "--out " + model).code, 0);
+  for (const std::string verb : {"init", "grad"}) {
+    SCOPED_TRACE(verb);
+    const auto out = tmp_path(verb + "_out.h5");
+    fs::remove(out);
+    const std::string args = verb == "init" ? "init " + small_model + "--out " + out
+                                            : "grad --checkpoint " + model + " --tokens " + corpus + " --out " + out;
+    const auto r = run_shell("timeout 120 bash -c 'ln -s " + victim + " " + out + ".tmp.$$ && exec " +
+                             std::string(ASH_CLI) + " " + args + "'");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(slurp(victim) == before) << "written through the planted link";
+    EXPECT_FALSE(fs::is_symlink(out)) << "--out became the planted link";
+    EXPECT_TRUE(fs::is_regular_file(out));
+    EXPECT_NO_THROW(inspect_checkpoint(out, Verify::all));
+    // The planted link is left alone; no temporary file of ash's remains.
+    for (const auto& e : fs::directory_iterator(fs::path(out).parent_path())) {
+      const auto name = e.path().filename().string();
+      if (name.rfind(fs::path(out).filename().string() + ".tmp.", 0) == 0)
+        EXPECT_TRUE(fs::is_symlink(e.symlink_status())) << "temp file left: " << e.path();
+    }
+    // A link at --out: replaced by the new file.
+    fs::remove(out);
+    fs::create_symlink(victim, out);
+    const auto r2 = timed(args);
+    EXPECT_EQ(r2.code, 0) << r2.out;
+    EXPECT_FALSE(fs::is_symlink(out));
+    EXPECT_TRUE(slurp(victim) == before);
+  }
+
+  const auto dir = tmp_path("linked_outputs");
+  const auto train = "train " + small_model + "--set data.train=" + corpus + " --set optim.steps=2 --set run.out_dir=" + dir;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(victim, dir + "/checkpoint.h5");
+  auto r = timed(train);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::is_symlink(dir + "/checkpoint.h5"));
+  EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), 2);
+  EXPECT_TRUE(slurp(victim) == before);
+
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(victim, dir + "/metrics.jsonl");
+  EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is a symbolic link");
+  EXPECT_TRUE(slurp(victim) == before) << "metrics appended through the link";
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.h5"));
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/metrics.jsonl");
+  EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is not a regular file");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir + "/metrics.jsonl").c_str(), 0600), 0);  // never blocks on it
+  EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is not a regular file");
   fs::remove_all(dir);
 }
 
