@@ -456,7 +456,7 @@ TEST(Reliability, StrictSchemaOnRead) {
   const auto nosum = fresh("nosum.h5");
   rewrite_dataset(nosum, "/params/final_norm", H5T_IEEE_F64LE);
   expect_error(load(nosum), "has no Fletcher-32 checksum (format 3 has one)");
-  set_format_version(nosum, 2);
+  downgrade_to_v2(nosum);  // a format-2 file: no digest left (a lowered version alone is refused)
   expect_error(load(nosum), "has no Fletcher-32 checksum (format 2 has one)");
   set_format_version(nosum, 1);
   EXPECT_EQ(to_host(load_checkpoint<double>(nosum)), to_host(ps));
@@ -1098,6 +1098,88 @@ TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
   ASSERT_EQ(::mkfifo((dir + "/metrics.jsonl").c_str(), 0600), 0);  // never blocks on it
   EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is not a regular file");
   fs::remove_all(dir);
+}
+
+// ---- 9. a lowered format_version (issue 35) ---------------------------------
+
+namespace {
+
+// Rewrites every value of a dataset through HDF5 (Fletcher-32 recomputed,
+// the digest not).
+void set_all_values(const std::string& path, const char* ds_path, double value) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t ds = H5Dopen2(f, ds_path, H5P_DEFAULT);
+  hid_t sp = H5Dget_space(ds);
+  std::vector<double> v(static_cast<std::size_t>(H5Sget_simple_extent_npoints(sp)), value);
+  EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+  H5Sclose(sp);
+  H5Dclose(ds);
+  H5Fclose(f);
+}
+
+}  // namespace
+
+// Setting format_version from 3 to 2 or 1 would switch the digests off and let
+// an edit load: every verb refuses a file whose declared version its digests
+// contradict. A genuine format-2 file still loads, with one warning on stderr
+// naming the weaker check.
+TEST(Reliability, LoweredFormatVersionIsRefusedAndFormat2Warns) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  auto verbs = [&](const std::string& file) {
+    return std::vector<std::string>{
+        "inspect " + file,
+        "inspect --no-verify " + file,
+        "generate --checkpoint " + file + " --prompt ab --tokens 2",
+        "grad --checkpoint " + file + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
+        "eval --checkpoint " + file + " --tokens " + corpus,
+        "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") +
+            " --set optim.steps=1 --set run.precision=double --resume " + file};
+  };
+  for (const int v : {2, 1}) {
+    SCOPED_TRACE("format_version " + std::to_string(v));
+    const auto lowered = tmp_path("lowered" + std::to_string(v) + ".h5");
+    write(lowered, slurp(ckpt));
+    set_all_values(lowered, "/params/final_norm", 3.0);
+    set_format_version(lowered, v);
+    for (const auto& verb : verbs(lowered))
+      EXPECT_CLEAR_ERROR(timed(verb), "'" + lowered + "' declares checkpoint format version " + std::to_string(v) +
+                                          ", which its contents contradict: the root carries a format-3 digest");
+  }
+  // Only one dataset's digest left behind is enough.
+  const auto one = tmp_path("one_digest.h5");
+  write(one, slurp(ckpt));
+  downgrade_to_v2(one);
+  {
+    hid_t f = H5Fopen(one.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "/params/head", H5P_DEFAULT);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(ds, "digest", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    const std::uint64_t zero = 0;
+    H5Awrite(a, H5T_NATIVE_UINT64, &zero);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Dclose(ds);
+    H5Fclose(f);
+  }
+  EXPECT_CLEAR_ERROR(timed("inspect " + one), "contradict: /params/head carries a format-3 digest attribute");
+
+  // A genuine format-2 file: loads, one warning per run naming Fletcher-32.
+  const auto v2 = tmp_path("genuine_v2.h5");
+  write(v2, slurp(ckpt));
+  downgrade_to_v2(v2);
+  const std::string warning = "ash: warning: '" + v2 + "' is checkpoint format 2: its data is checked by Fletcher-32 only";
+  for (const auto& verb : verbs(v2)) {
+    SCOPED_TRACE(verb);
+    const auto r = timed(verb);
+    EXPECT_EQ(r.code, 0) << r.out;
+    const auto at = r.out.find(warning);
+    EXPECT_NE(at, std::string::npos) << r.out;
+    if (at != std::string::npos) EXPECT_EQ(r.out.find(warning, at + 1), std::string::npos) << "warned twice:\n" << r.out;
+  }
+  const auto r3 = timed("inspect " + ckpt);
+  EXPECT_EQ(r3.code, 0) << r3.out;
+  EXPECT_EQ(r3.out.find("warning"), std::string::npos) << r3.out;
 }
 
 }  // namespace ash::test

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "ash/ash.hpp"
@@ -29,6 +30,31 @@ struct Common {
   std::vector<std::string> sets;
   std::uint64_t max_memory = 0;  // --max-memory; 0: the machine's physical memory
 };
+
+// Warnings go to stderr from the only process, or world rank 0 of an MPI run.
+bool g_print_warnings = true;
+
+// ash::inspect_checkpoint, and once per file a warning on stderr when the file
+// is of a format with weaker checks than format 3 (docs/file_format.md,
+// Versioning): every verb that reads a checkpoint starts here.
+ash::CheckpointInfo inspect(const std::string& path, ash::Verify verify = ash::Verify::header) {
+  auto info = ash::inspect_checkpoint(path, verify);
+  static std::set<std::string> warned;
+  if (info.format_version < 3 && g_print_warnings && warned.insert(path).second) {
+    if (info.format_version == 2)
+      std::fprintf(stderr,
+                   "ash: warning: '%s' is checkpoint format 2: its data is checked by Fletcher-32 only, without "
+                   "format 3's XXH3 digests (some corruptions and any edit made through HDF5 go unseen)\n",
+                   path.c_str());
+    else
+      std::fprintf(stderr,
+                   "ash: warning: '%s' is checkpoint format 1: nothing checks its data (no Fletcher-32 checksums, "
+                   "no digests)\n",
+                   path.c_str());
+    std::fflush(stderr);
+  }
+  return info;
+}
 
 // The same file by path or by inode (a hard link, "./x" vs "x").
 bool same_file(const std::string& a, const std::string& b) {
@@ -76,7 +102,7 @@ struct GradArgs {
 
 template <class S>
 void run_grad(const GradArgs& a) {
-  ash::Config cfg = ash::inspect_checkpoint(a.checkpoint).config;
+  ash::Config cfg = inspect(a.checkpoint).config;
   cfg.reset_section("dist");  // the layout is this run's, not the one that wrote the checkpoint
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(a.common.sets);
@@ -167,7 +193,7 @@ int run_plan(const Common& c, const std::string& workload, const std::string& pr
 // token over every target, and the forward's time per token.
 template <class S>
 void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common, bool carry) {
-  ash::Config cfg = ash::inspect_checkpoint(ckpt).config;
+  ash::Config cfg = inspect(ckpt).config;
   cfg.reset_section("dist");
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(common.sets);
@@ -225,7 +251,7 @@ int run_train(const Common& c, const std::string& resume, long long until) {
   ash::Config cfg = load_config(c);
   if (!resume.empty()) {
     // The checkpoint's configuration is the base; the file and --set override it.
-    const auto info = ash::inspect_checkpoint(resume);
+    const auto info = inspect(resume);
     ash::Config merged = info.config;
     merged.reset_section("dist");  // resharding: the layout is this run's
     if (!c.config_file.empty()) merged.merge_file(c.config_file);
@@ -267,7 +293,7 @@ void run_generate(const std::string& ckpt, const std::string& prompt, long long 
   // The model in double and its file image, checked before either is allocated
   // (only the stored model sizes: the rest of the stored configuration is not used).
   ash::Config sizes;
-  sizes.merge(nlohmann::json{{"model", ash::inspect_checkpoint(ckpt, ash::Verify::header).config.json()["model"]}},
+  sizes.merge(nlohmann::json{{"model", inspect(ckpt, ash::Verify::header).config.json()["model"]}},
               "'" + ckpt + "': config attribute");
   ash::check_memory(sizes, ash::Workload::init, 8, max_memory);
   ash::CheckpointInfo info;
@@ -299,7 +325,7 @@ void run_generate(const std::string& ckpt, const std::string& prompt, long long 
 }
 
 void run_inspect(const std::string& path, bool verify) {
-  const auto info = ash::inspect_checkpoint(path, verify ? ash::Verify::all : ash::Verify::none);
+  const auto info = inspect(path, verify ? ash::Verify::all : ash::Verify::none);
   std::printf("checkpoint %s\n", path.c_str());
   std::printf("format_version %d, precision %s, step %lld, data_cursor %lld\n", info.format_version,
               info.precision.c_str(), (long long)info.step, (long long)info.data_cursor);
@@ -482,13 +508,13 @@ int run_verb(const Verbs& v) {
   } else if (*v.grad) {
     require_distinct_output(v.g.out, {{"--checkpoint", v.g.checkpoint}, {"--tokens", v.g.tokens}});
     std::string prec = v.g.precision;
-    if (prec.empty()) prec = ash::inspect_checkpoint(v.g.checkpoint).precision;
+    if (prec.empty()) prec = inspect(v.g.checkpoint).precision;
     if (prec == "float")
       run_grad<float>(v.g);
     else
       run_grad<double>(v.g);
   } else if (*v.eval) {
-    const std::string prec = v.eval_precision.empty() ? ash::inspect_checkpoint(v.eval_ckpt).precision : v.eval_precision;
+    const std::string prec = v.eval_precision.empty() ? inspect(v.eval_ckpt).precision : v.eval_precision;
     if (prec == "float")
       run_eval<float>(v.eval_ckpt, v.eval_tokens, v.eval_common, v.eval_carry);
     else
@@ -571,6 +597,7 @@ int main(int argc, char* argv[]) {
   // MPI first, and only under a launcher: a one-process verb starts no MPI runtime.
   ash::dist::Session mpi(&argc, &argv, /*only_under_launcher=*/true);
   if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
+  g_print_warnings = mpi.rank() == 0;
 #endif
   // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
   // address-space limit) is a clear error, not an uncaught exception.
