@@ -1182,4 +1182,47 @@ TEST(Reliability, LoweredFormatVersionIsRefusedAndFormat2Warns) {
   EXPECT_EQ(r3.out.find("warning"), std::string::npos) << r3.out;
 }
 
+// ---- 10. runs with no targets (issue 35) ------------------------------------
+
+// With data.separator a token that starts a document is nobody's target; a
+// file where every token after a window's first starts one would give a loss
+// of 0 (train, grad: zero gradients) or NaN (eval) over 0 targets. Each verb
+// refuses it, naming why.
+TEST(Reliability, RunsWithoutTargetsAreRefused) {
+  const auto ckpt = tmp_path("m.h5"), nl = tmp_path("newlines.txt"), g = tmp_path("g.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  write(nl, std::string(300, '\n'));  // with the separator "\n", tokens 1.. all start documents
+  const std::string sep = " --set 'data.separator=\\n'";
+  const std::string why = "hold no target: every token after the first of a window starts a document (data.separator)";
+  EXPECT_CLEAR_ERROR(timed("eval --checkpoint " + ckpt + " --tokens " + nl + sep), why);
+  EXPECT_CLEAR_ERROR(timed("eval --carry-state --checkpoint " + ckpt + " --tokens " + nl + sep), why);
+  fs::remove(g);
+  EXPECT_CLEAR_ERROR(timed("grad --checkpoint " + ckpt + " --tokens " + nl + sep + " --out " + g), why);
+  EXPECT_FALSE(fs::exists(g));
+  const auto dir = tmp_path("no_targets");
+  fs::remove_all(dir);
+  const auto train = "train " + small_model + "--set data.train=" + nl + " --set optim.steps=2 --set run.out_dir=" + dir + sep;
+  EXPECT_CLEAR_ERROR(timed(train), "has no target in its");
+  EXPECT_CLEAR_ERROR(timed(train + " --set data.pack=true"), "has no target in its");
+  EXPECT_CLEAR_ERROR(timed(train + " --set data.sequential=true --set data.carry_state=true --set grad.engine=adjoint-exact"),
+                     "has no target in its");
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.h5"));
+  // Text to train on, and a validation tail of newlines only: its loss would read 0.
+  const auto tail = tmp_path("newline_tail.txt");
+  write(tail, slurp(corpus_file()) + std::string(2000, '\n'));
+  fs::remove_all(dir);
+  EXPECT_CLEAR_ERROR(timed("train " + small_model + "--set data.train=" + tail +
+                           " --set optim.steps=2 --set run.out_dir=" + dir + sep),
+                     "the validation windows of token file '" + tail + "' hold no target");
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.h5"));
+  // One scored token is enough: token 6 ('x') starts a document, token 7
+  // follows 'x', not a separator: the only target (T = 32: not a window's first).
+  std::string one(300, '\n');
+  one[6] = 'x';
+  write(nl, one);
+  const auto e = timed("eval --checkpoint " + ckpt + " --tokens " + nl + sep);
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("over 1 targets"), std::string::npos) << e.out;
+}
+
 }  // namespace ash::test

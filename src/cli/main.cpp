@@ -72,6 +72,14 @@ void require_distinct_output(const std::string& out, const std::vector<std::pair
       ash::require(!same_file(out, path), "--out '" + out + "' is the same file as " + flag + " '" + path + "'");
 }
 
+// The message for windows that hold no target (data.separator only: a window
+// of T >= 2 tokens without document starts has T - 1 targets).
+std::string no_targets(const std::string& tokens, const std::string& windows) {
+  return "token file '" + tokens + "': " + windows +
+         " hold no target: every token after the first of a window starts a document (data.separator), so there "
+         "is nothing to predict and no loss";
+}
+
 ash::Config load_config(const Common& c) {
   ash::Config cfg;
   if (!c.config_file.empty()) cfg.merge_file(c.config_file);
@@ -122,6 +130,9 @@ void run_grad(const GradArgs& a) {
   std::vector<std::uint8_t> starts;  // data.separator: document starts (empty: none)
   ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
   const auto x = ash::make_windows(ids, B, T, st.model.vocab, 0, st.data.separator.empty() ? nullptr : &starts);
+  // A loss over no target is 0 and its gradient all zeros: not a result.
+  ash::require(ash::target_count(x) > 0, no_targets(a.tokens, "the " + std::to_string(B) + " window(s) of T=" +
+                                                                  std::to_string(T) + " tokens"));
   const auto params = ctx.load(a.checkpoint);
   ash::ParamSet<S> grad(st.model, ctx.range());
   ash::MemoryTracker::reset_peak();
@@ -222,6 +233,12 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
     long long count = 1;
     for (const auto f : starts) count += f;
     std::printf("%lld documents (data.separator): each from h = 0, the first token of each not scored\n", count);
+    // The tokens scored: every one after the first of its window (--carry-state:
+    // after the first of the file), windows of T from 0 and a last one of >= 2.
+    const ash::index_t end = full * T + (rest >= 2 ? rest : 0);
+    bool any = false;
+    for (ash::index_t i = 1; i < (carry ? n : end) && !any; ++i) any = (carry || i % T != 0) && !starts[std::size_t(i)];
+    ash::require(any, no_targets(tokens, "its windows"));
   }
   std::fflush(stdout);
   if (!carry) {
@@ -229,6 +246,7 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
       std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens, (long long)n,
                    t.bits_per_token());
     }, docs);
+    ash::require(tot.targets > 0, no_targets(tokens, "its windows"));
     std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", tot.nats / double(tot.targets),
                 tot.bits_per_token(), (long long)tot.targets);
     std::printf("forward time %.3f s (%.2f us/token)\n", tot.seconds, 1e6 * tot.seconds / double(tot.tokens));
@@ -239,6 +257,7 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
   double bits[2] = {0, 0};
   for (int pass = 0; pass < 2; ++pass) {
     const auto tot = ash::evaluate_stream(params, ids, T, head_chunk, pass == 0, docs);
+    ash::require(tot.targets > 0, no_targets(tokens, "its windows"));
     bits[pass] = tot.bits_per_token();
     std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
                 pass == 0 ? "carried state" : "each window from h = 0", bits[pass], (long long)tot.targets,

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/distributed/run_context.hpp"
@@ -234,6 +235,11 @@ Trainer<S>::Trainer(const Config& cfg, const Settings& st, const std::string& re
   open_run_dir();
   restore();
   if (data_.valid_windows() > 0) valid_ = data_.valid_batch(max_valid_windows);
+  // Validation over no target would print a loss of 0 (the training part is checked by set_documents).
+  require(valid_.extent(0) == 0 || target_count(valid_) > 0,
+          "the validation windows of token file '" + data_.path() + "' hold no target: every token after the " +
+              "first of a window starts a document (data.separator), so there is nothing to score; set " +
+              "data.valid_fraction=0 or give a file whose validation tail holds text");
   sum_.first_step = step_;
   sum_.uniform_bits = std::log2(double(d_.vocab));
   sum_.val_loss = std::nan("");
