@@ -517,4 +517,57 @@ TYPED_TEST(Checkpoint, Format2FilesStillLoad) {
   for (const auto& p : {path, gpath}) std::remove(p.c_str());
 }
 
+// format_version lowered from 3 to 2 or 1 (one h5py line) would read the file
+// without its digests, so an edit loaded silently. A declared format 1 or 2
+// with any digest attribute left (the root's or a dataset's) is refused, in
+// every reader and with Verify::none too; a genuine format-2 file loads.
+TEST(Checkpoint, LoweredFormatVersionIsRefused) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 8);
+  const auto good = tmp_path("good.h5");
+  save_checkpoint(good, config_for(d), ps);
+  const std::vector<double> twos(std::size_t(d.width), 2.0);
+  for (const std::int64_t v : {2, 1}) {
+    SCOPED_TRACE("format_version " + std::to_string(v));
+    const auto p = copy_of(good, "lowered.h5");
+    edit(p, [&](hid_t f) {  // a value changed through HDF5: Fletcher-32 recomputed, the digest not
+      hid_t ds = H5Dopen2(f, "/params/final_norm", H5P_DEFAULT);
+      EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, twos.data()), 0);
+      H5Dclose(ds);
+    });
+    set_format_version(p, v);
+    const std::string msg = "'" + p + "' declares checkpoint format version " + std::to_string(v) +
+                            ", which its contents contradict: the root carries a format-3 digest attribute";
+    expect_error([&] { load_checkpoint<double>(p); }, msg);
+    expect_error([&] { inspect_checkpoint(p, Verify::none); }, msg);
+    expect_error([&] { inspect_checkpoint(p, Verify::all); }, msg);
+    // Every digest but one dataset's removed: still a contradiction, naming it.
+    downgrade_to_v2(p);
+    set_format_version(p, v);
+    edit(p, [&](hid_t f) {
+      hid_t sp = H5Screate(H5S_SCALAR);
+      hid_t a = H5Acreate_by_name(f, "/params/layers/001/D", "digest", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT,
+                                  H5P_DEFAULT);
+      const std::uint64_t x = 1;
+      H5Awrite(a, H5T_NATIVE_UINT64, &x);
+      H5Aclose(a);
+      H5Sclose(sp);
+    });
+    expect_error([&] { load_checkpoint<double>(p); },
+                 "contradict: /params/layers/001/D carries a format-3 digest attribute");
+    // With none left it is a file of that format, and loads (the edited value included: only its checks).
+    edit(p, [&](hid_t f) { EXPECT_GE(H5Adelete_by_name(f, "/params/layers/001/D", "digest", H5P_DEFAULT), 0); });
+    CheckpointInfo info;
+    EXPECT_NO_THROW(load_checkpoint<double>(p, &info));
+    EXPECT_EQ(info.format_version, v);
+    std::remove(p.c_str());
+  }
+  // Gradient files alike.
+  const auto gpath = tmp_path("lowered_grad.h5");
+  save_gradients(gpath, config_for(d), 0.5, ps);
+  set_format_version(gpath, 2);
+  expect_error([&] { load_gradients(gpath, d); }, "declares checkpoint format version 2, which its contents contradict");
+  for (const auto& p : {good, gpath}) std::remove(p.c_str());
+}
+
 }  // namespace ash::test

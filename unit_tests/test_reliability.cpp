@@ -470,7 +470,7 @@ TEST(Reliability, StrictSchemaOnRead) {
   const auto nosum = fresh("nosum.h5");
   rewrite_dataset(nosum, "/params/final_norm", H5T_IEEE_F64LE);
   expect_error(load(nosum), "has no Fletcher-32 checksum (format 3 has one)");
-  set_format_version(nosum, 2);
+  downgrade_to_v2(nosum);  // a format-2 file: no digest left (a lowered version alone is refused)
   expect_error(load(nosum), "has no Fletcher-32 checksum (format 2 has one)");
   set_format_version(nosum, 1);
   EXPECT_EQ(to_host(load_checkpoint<double>(nosum)), to_host(ps));
@@ -865,15 +865,25 @@ TEST(Reliability, SecondRunOnTheSameDirectoryFailsNamingThePid) {
     ::kill(a.pid(), SIGKILL);  // a stale lock: the kernel drops the flock
     a.finish();
   }
-  // A killed writer's temp file is cleaned by the next run of the directory.
-  const auto stale = dir + "/checkpoint.h5.tmp.999999";
+  // A killed writer's temp file is cleaned by the next run of the directory:
+  // write_atomically's names (six random characters) and older builds' (a PID).
+  // A symbolic link of such a name is left alone, its target untouched.
+  const auto stale = dir + "/checkpoint.h5.tmp.999999", stale_new = dir + "/checkpoint.h5.tmp.a1B2c3";
   write(stale, "half a file");
+  write(stale_new, "half a file");
+  const auto target = tmp_path("not_a_temp.txt");
+  write(target, "kept");
+  fs::remove(dir + "/checkpoint.h5.tmp.777777");
+  fs::create_symlink(target, dir + "/checkpoint.h5.tmp.777777");
   auto args = train_args(dir, corpus, 3);
   std::string line;
   for (const auto& s : args) line += "'" + s + "' ";
   const auto r = run(line);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_FALSE(fs::exists(stale));
+  EXPECT_FALSE(fs::exists(stale_new));
+  EXPECT_TRUE(fs::is_symlink(dir + "/checkpoint.h5.tmp.777777"));
+  EXPECT_EQ(slurp(target), "kept");
   EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), 3);
 }
 
@@ -963,6 +973,270 @@ TEST(Reliability, SameSigtermTwiceWithinASecondStopsOnceWithACheckpoint) {
   const std::string out = a.out();
   ASSERT_TRUE(std::regex_search(out, m, std::regex("interrupted by SIGTERM after step ([0-9]+)"))) << out;
   EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), std::stoll(m[1].str()));
+}
+
+// ---- 8. hostile paths (issue 35): links are never written through ---------
+
+namespace {
+
+// `ash ARGS` under a timeout (a hang is status 124).
+CliResult timed(const std::string& args) { return run_shell("timeout 120 " + std::string(ASH_CLI) + " " + args); }
+
+// A file whose bytes the test checks afterwards.
+std::string victim_file(const std::string& name) {
+  const auto p = tmp_path(name);
+  write(p, "precious bytes that no ash run may touch\n");
+  return p;
+}
+
+}  // namespace
+
+// <dir>/.lock is truncated and rewritten with the PID: a symbolic link there
+// (dangling or not), a FIFO or a hard link to another file is refused, naming
+// the path, and whatever it points at is untouched.
+TEST(Reliability, LockFileThatIsALinkIsRefusedNotFollowed) {
+  const auto corpus = corpus_file(), victim = victim_file("victim.h5"), model = tmp_path("m.h5");
+  const auto before = slurp(victim);
+  ASSERT_EQ(run("init " + small_model + "--out " + model).code, 0);
+  const auto dir = tmp_path("linked_lock");
+  const auto lock = dir + "/.lock";
+  auto writers = [&] {
+    return std::vector<std::string>{
+        "train " + small_model + "--set data.train=" + corpus + " --set optim.steps=2 --set run.out_dir=" + dir,
+        "init " + small_model + "--out " + dir + "/x.h5",
+        "grad --checkpoint " + model + " --tokens " + corpus + " --out " + dir + "/g.h5"};
+  };
+  auto fresh_dir = [&] {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  };
+  auto nothing_written = [&] {
+    EXPECT_TRUE(slurp(victim) == before) << "the lock's target was written";
+    for (const char* f : {"/x.h5", "/g.h5", "/checkpoint.h5", "/metrics.jsonl"}) EXPECT_FALSE(fs::exists(dir + f)) << f;
+  };
+
+  fresh_dir();
+  fs::create_symlink(victim, lock);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "the lock file '" + lock + "'");
+  EXPECT_CLEAR_ERROR(timed(writers()[0]), "is a symbolic link, which ash never follows");
+  EXPECT_TRUE(fs::is_symlink(lock));
+  nothing_written();
+
+  // A dangling link: following it would create its target.
+  const auto nowhere = tmp_path("nowhere.h5");
+  fs::remove(nowhere);
+  fresh_dir();
+  fs::create_symlink(nowhere, lock);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "is a symbolic link, which ash never follows");
+  EXPECT_FALSE(fs::exists(nowhere));
+  nothing_written();
+
+  // A hard link to the victim, and a FIFO.
+  fresh_dir();
+  fs::create_hard_link(victim, lock);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "has 2 hard links");
+  nothing_written();
+  fresh_dir();
+  ASSERT_EQ(::mkfifo(lock.c_str(), 0600), 0);
+  for (const auto& w : writers()) EXPECT_CLEAR_ERROR(timed(w), "is not a regular file");
+  nothing_written();
+
+  // An ordinary lock file left by an earlier run still works.
+  fresh_dir();
+  write(lock, "12345\n");
+  const auto ok = timed(writers()[1]);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  fs::remove_all(dir);
+}
+
+// The temporary file of every write is created exclusively under an
+// unpredictable name: a link planted at the old name <out>.tmp.<pid> (bash's
+// $$ is the PID of the ash it execs) is not written through, and --out ends up
+// a regular file. A link at --out itself, or at the run's checkpoint, is
+// replaced by the rename; one at metrics.jsonl (appended to, never renamed)
+// is refused. The victim is never touched.
+TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
+  const auto corpus = corpus_file(), victim = victim_file("victim.txt"), model = tmp_path("m.h5");
+  const auto before = slurp(victim);
+  ASSERT_EQ(run("init " + small_model + "--out " + model).code, 0);
+  for (const std::string verb : {"init", "grad"}) {
+    SCOPED_TRACE(verb);
+    const auto out = tmp_path(verb + "_out.h5");
+    fs::remove(out);
+    const std::string args = verb == "init" ? "init " + small_model + "--out " + out
+                                            : "grad --checkpoint " + model + " --tokens " + corpus + " --out " + out;
+    const auto r = run_shell("timeout 120 bash -c 'ln -s " + victim + " " + out + ".tmp.$$ && exec " +
+                             std::string(ASH_CLI) + " " + args + "'");
+    EXPECT_EQ(r.code, 0) << r.out;
+    EXPECT_TRUE(slurp(victim) == before) << "written through the planted link";
+    EXPECT_FALSE(fs::is_symlink(out)) << "--out became the planted link";
+    EXPECT_TRUE(fs::is_regular_file(out));
+    EXPECT_NO_THROW(inspect_checkpoint(out, Verify::all));
+    // The planted link is left alone; no temporary file of ash's remains.
+    for (const auto& e : fs::directory_iterator(fs::path(out).parent_path())) {
+      const auto name = e.path().filename().string();
+      if (name.rfind(fs::path(out).filename().string() + ".tmp.", 0) == 0)
+        EXPECT_TRUE(fs::is_symlink(e.symlink_status())) << "temp file left: " << e.path();
+    }
+    // A link at --out: replaced by the new file.
+    fs::remove(out);
+    fs::create_symlink(victim, out);
+    const auto r2 = timed(args);
+    EXPECT_EQ(r2.code, 0) << r2.out;
+    EXPECT_FALSE(fs::is_symlink(out));
+    EXPECT_TRUE(slurp(victim) == before);
+  }
+
+  const auto dir = tmp_path("linked_outputs");
+  const auto train = "train " + small_model + "--set data.train=" + corpus + " --set optim.steps=2 --set run.out_dir=" + dir;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(victim, dir + "/checkpoint.h5");
+  auto r = timed(train);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_FALSE(fs::is_symlink(dir + "/checkpoint.h5"));
+  EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), 2);
+  EXPECT_TRUE(slurp(victim) == before);
+
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(victim, dir + "/metrics.jsonl");
+  EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is a symbolic link");
+  EXPECT_TRUE(slurp(victim) == before) << "metrics appended through the link";
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.h5"));
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/metrics.jsonl");
+  EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is not a regular file");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir + "/metrics.jsonl").c_str(), 0600), 0);  // never blocks on it
+  EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is not a regular file");
+  fs::remove_all(dir);
+}
+
+// ---- 9. a lowered format_version (issue 35) ---------------------------------
+
+namespace {
+
+// Rewrites every value of a dataset through HDF5 (Fletcher-32 recomputed,
+// the digest not).
+void set_all_values(const std::string& path, const char* ds_path, double value) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t ds = H5Dopen2(f, ds_path, H5P_DEFAULT);
+  hid_t sp = H5Dget_space(ds);
+  std::vector<double> v(static_cast<std::size_t>(H5Sget_simple_extent_npoints(sp)), value);
+  EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+  H5Sclose(sp);
+  H5Dclose(ds);
+  H5Fclose(f);
+}
+
+}  // namespace
+
+// Setting format_version from 3 to 2 or 1 would switch the digests off and let
+// an edit load: every verb refuses a file whose declared version its digests
+// contradict. A genuine format-2 file still loads, with one warning on stderr
+// naming the weaker check.
+TEST(Reliability, LoweredFormatVersionIsRefusedAndFormat2Warns) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  auto verbs = [&](const std::string& file) {
+    return std::vector<std::string>{
+        "inspect " + file,
+        "inspect --no-verify " + file,
+        "generate --checkpoint " + file + " --prompt ab --tokens 2",
+        "grad --checkpoint " + file + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
+        "eval --checkpoint " + file + " --tokens " + corpus,
+        "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") +
+            " --set optim.steps=1 --set run.precision=double --resume " + file};
+  };
+  for (const int v : {2, 1}) {
+    SCOPED_TRACE("format_version " + std::to_string(v));
+    const auto lowered = tmp_path("lowered" + std::to_string(v) + ".h5");
+    write(lowered, slurp(ckpt));
+    set_all_values(lowered, "/params/final_norm", 3.0);
+    set_format_version(lowered, v);
+    for (const auto& verb : verbs(lowered))
+      EXPECT_CLEAR_ERROR(timed(verb), "'" + lowered + "' declares checkpoint format version " + std::to_string(v) +
+                                          ", which its contents contradict: the root carries a format-3 digest");
+  }
+  // Only one dataset's digest left behind is enough.
+  const auto one = tmp_path("one_digest.h5");
+  write(one, slurp(ckpt));
+  downgrade_to_v2(one);
+  {
+    hid_t f = H5Fopen(one.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t ds = H5Dopen2(f, "/params/head", H5P_DEFAULT);
+    hid_t sp = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(ds, "digest", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+    const std::uint64_t zero = 0;
+    H5Awrite(a, H5T_NATIVE_UINT64, &zero);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Dclose(ds);
+    H5Fclose(f);
+  }
+  EXPECT_CLEAR_ERROR(timed("inspect " + one), "contradict: /params/head carries a format-3 digest attribute");
+
+  // A genuine format-2 file: loads, one warning per run naming Fletcher-32.
+  const auto v2 = tmp_path("genuine_v2.h5");
+  write(v2, slurp(ckpt));
+  downgrade_to_v2(v2);
+  const std::string warning = "ash: warning: '" + v2 + "' is checkpoint format 2: its data is checked by Fletcher-32 only";
+  for (const auto& verb : verbs(v2)) {
+    SCOPED_TRACE(verb);
+    const auto r = timed(verb);
+    EXPECT_EQ(r.code, 0) << r.out;
+    const auto at = r.out.find(warning);
+    EXPECT_NE(at, std::string::npos) << r.out;
+    if (at != std::string::npos) EXPECT_EQ(r.out.find(warning, at + 1), std::string::npos) << "warned twice:\n" << r.out;
+  }
+  const auto r3 = timed("inspect " + ckpt);
+  EXPECT_EQ(r3.code, 0) << r3.out;
+  EXPECT_EQ(r3.out.find("warning"), std::string::npos) << r3.out;
+}
+
+// ---- 10. runs with no targets (issue 35) ------------------------------------
+
+// With data.separator a token that starts a document is nobody's target; a
+// file where every token after a window's first starts one would give a loss
+// of 0 (train, grad: zero gradients) or NaN (eval) over 0 targets. Each verb
+// refuses it, naming why.
+TEST(Reliability, RunsWithoutTargetsAreRefused) {
+  const auto ckpt = tmp_path("m.h5"), nl = tmp_path("newlines.txt"), g = tmp_path("g.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  write(nl, std::string(300, '\n'));  // with the separator "\n", tokens 1.. all start documents
+  const std::string sep = " --set 'data.separator=\\n'";
+  const std::string why = "hold no target: every token after the first of a window starts a document (data.separator)";
+  EXPECT_CLEAR_ERROR(timed("eval --checkpoint " + ckpt + " --tokens " + nl + sep), why);
+  EXPECT_CLEAR_ERROR(timed("eval --carry-state --checkpoint " + ckpt + " --tokens " + nl + sep), why);
+  fs::remove(g);
+  EXPECT_CLEAR_ERROR(timed("grad --checkpoint " + ckpt + " --tokens " + nl + sep + " --out " + g), why);
+  EXPECT_FALSE(fs::exists(g));
+  const auto dir = tmp_path("no_targets");
+  fs::remove_all(dir);
+  const auto train = "train " + small_model + "--set data.train=" + nl + " --set optim.steps=2 --set run.out_dir=" + dir + sep;
+  EXPECT_CLEAR_ERROR(timed(train), "has no target in its");
+  EXPECT_CLEAR_ERROR(timed(train + " --set data.pack=true"), "has no target in its");
+  EXPECT_CLEAR_ERROR(timed(train + " --set data.sequential=true --set data.carry_state=true --set grad.engine=adjoint-exact"),
+                     "has no target in its");
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.h5"));
+  // Text to train on, and a validation tail of newlines only: its loss would read 0.
+  const auto tail = tmp_path("newline_tail.txt");
+  write(tail, slurp(corpus_file()) + std::string(2000, '\n'));
+  fs::remove_all(dir);
+  EXPECT_CLEAR_ERROR(timed("train " + small_model + "--set data.train=" + tail +
+                           " --set optim.steps=2 --set run.out_dir=" + dir + sep),
+                     "the validation windows of token file '" + tail + "' hold no target");
+  EXPECT_FALSE(fs::exists(dir + "/checkpoint.h5"));
+  // One scored token is enough: token 6 ('x') starts a document, token 7
+  // follows 'x', not a separator: the only target (T = 32: not a window's first).
+  std::string one(300, '\n');
+  one[6] = 'x';
+  write(nl, one);
+  const auto e = timed("eval --checkpoint " + ckpt + " --tokens " + nl + sep);
+  EXPECT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("over 1 targets"), std::string::npos) << e.out;
 }
 
 }  // namespace ash::test

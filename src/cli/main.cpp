@@ -14,6 +14,7 @@
 #include <iostream>
 #include <new>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "ash/ash.hpp"
@@ -30,6 +31,31 @@ struct Common {
   std::uint64_t max_memory = 0;  // --max-memory; 0: the machine's physical memory
 };
 
+// Warnings go to stderr from the only process, or world rank 0 of an MPI run.
+bool g_print_warnings = true;
+
+// ash::inspect_checkpoint, and once per file a warning on stderr when the file
+// is of a format with weaker checks than format 3 (docs/file_format.md,
+// Versioning): every verb that reads a checkpoint starts here.
+ash::CheckpointInfo inspect(const std::string& path, ash::Verify verify = ash::Verify::header) {
+  auto info = ash::inspect_checkpoint(path, verify);
+  static std::set<std::string> warned;
+  if (info.format_version < 3 && g_print_warnings && warned.insert(path).second) {
+    if (info.format_version == 2)
+      std::fprintf(stderr,
+                   "ash: warning: '%s' is checkpoint format 2: its data is checked by Fletcher-32 only, without "
+                   "format 3's XXH3 digests (some corruptions and any edit made through HDF5 go unseen)\n",
+                   path.c_str());
+    else
+      std::fprintf(stderr,
+                   "ash: warning: '%s' is checkpoint format 1: nothing checks its data (no Fletcher-32 checksums, "
+                   "no digests)\n",
+                   path.c_str());
+    std::fflush(stderr);
+  }
+  return info;
+}
+
 // The same file by path or by inode (a hard link, "./x" vs "x").
 bool same_file(const std::string& a, const std::string& b) {
   namespace fs = std::filesystem;
@@ -44,6 +70,14 @@ void require_distinct_output(const std::string& out, const std::vector<std::pair
   for (const auto& [flag, path] : inputs)
     if (!path.empty())
       ash::require(!same_file(out, path), "--out '" + out + "' is the same file as " + flag + " '" + path + "'");
+}
+
+// The message for windows that hold no target (data.separator only: a window
+// of T >= 2 tokens without document starts has T - 1 targets).
+std::string no_targets(const std::string& tokens, const std::string& windows) {
+  return "token file '" + tokens + "': " + windows +
+         " hold no target: every token after the first of a window starts a document (data.separator), so there "
+         "is nothing to predict and no loss";
 }
 
 ash::Config load_config(const Common& c) {
@@ -76,7 +110,7 @@ struct GradArgs {
 
 template <class S>
 void run_grad(const GradArgs& a) {
-  ash::Config cfg = ash::inspect_checkpoint(a.checkpoint).config;
+  ash::Config cfg = inspect(a.checkpoint).config;
   cfg.reset_section("dist");  // the layout is this run's, not the one that wrote the checkpoint
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(a.common.sets);
@@ -96,6 +130,9 @@ void run_grad(const GradArgs& a) {
   std::vector<std::uint8_t> starts;  // data.separator: document starts (empty: none)
   ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
   const auto x = ash::make_windows(ids, B, T, st.model.vocab, 0, st.data.separator.empty() ? nullptr : &starts);
+  // A loss over no target is 0 and its gradient all zeros: not a result.
+  ash::require(ash::target_count(x) > 0, no_targets(a.tokens, "the " + std::to_string(B) + " window(s) of T=" +
+                                                                  std::to_string(T) + " tokens"));
   const auto params = ctx.load(a.checkpoint);
   ash::ParamSet<S> grad(st.model, ctx.range());
   ash::MemoryTracker::reset_peak();
@@ -167,7 +204,7 @@ int run_plan(const Common& c, const std::string& workload, const std::string& pr
 // token over every target, and the forward's time per token.
 template <class S>
 void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common, bool carry) {
-  ash::Config cfg = ash::inspect_checkpoint(ckpt).config;
+  ash::Config cfg = inspect(ckpt).config;
   cfg.reset_section("dist");
   const ash::ModelDims stored = cfg.model();
   cfg.set_all(common.sets);
@@ -196,6 +233,12 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
     long long count = 1;
     for (const auto f : starts) count += f;
     std::printf("%lld documents (data.separator): each from h = 0, the first token of each not scored\n", count);
+    // The tokens scored: every one after the first of its window (--carry-state:
+    // after the first of the file), windows of T from 0 and a last one of >= 2.
+    const ash::index_t end = full * T + (rest >= 2 ? rest : 0);
+    bool any = false;
+    for (ash::index_t i = 1; i < (carry ? n : end) && !any; ++i) any = (carry || i % T != 0) && !starts[std::size_t(i)];
+    ash::require(any, no_targets(tokens, "its windows"));
   }
   std::fflush(stdout);
   if (!carry) {
@@ -203,6 +246,7 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
       std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens, (long long)n,
                    t.bits_per_token());
     }, docs);
+    ash::require(tot.targets > 0, no_targets(tokens, "its windows"));
     std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", tot.nats / double(tot.targets),
                 tot.bits_per_token(), (long long)tot.targets);
     std::printf("forward time %.3f s (%.2f us/token)\n", tot.seconds, 1e6 * tot.seconds / double(tot.tokens));
@@ -213,6 +257,7 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
   double bits[2] = {0, 0};
   for (int pass = 0; pass < 2; ++pass) {
     const auto tot = ash::evaluate_stream(params, ids, T, head_chunk, pass == 0, docs);
+    ash::require(tot.targets > 0, no_targets(tokens, "its windows"));
     bits[pass] = tot.bits_per_token();
     std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
                 pass == 0 ? "carried state" : "each window from h = 0", bits[pass], (long long)tot.targets,
@@ -225,7 +270,7 @@ int run_train(const Common& c, const std::string& resume, long long until) {
   ash::Config cfg = load_config(c);
   if (!resume.empty()) {
     // The checkpoint's configuration is the base; the file and --set override it.
-    const auto info = ash::inspect_checkpoint(resume);
+    const auto info = inspect(resume);
     ash::Config merged = info.config;
     merged.reset_section("dist");  // resharding: the layout is this run's
     if (!c.config_file.empty()) merged.merge_file(c.config_file);
@@ -267,7 +312,7 @@ void run_generate(const std::string& ckpt, const std::string& prompt, long long 
   // The model in double and its file image, checked before either is allocated
   // (only the stored model sizes: the rest of the stored configuration is not used).
   ash::Config sizes;
-  sizes.merge(nlohmann::json{{"model", ash::inspect_checkpoint(ckpt, ash::Verify::header).config.json()["model"]}},
+  sizes.merge(nlohmann::json{{"model", inspect(ckpt, ash::Verify::header).config.json()["model"]}},
               "'" + ckpt + "': config attribute");
   ash::check_memory(sizes, ash::Workload::init, 8, max_memory);
   ash::CheckpointInfo info;
@@ -299,7 +344,7 @@ void run_generate(const std::string& ckpt, const std::string& prompt, long long 
 }
 
 void run_inspect(const std::string& path, bool verify) {
-  const auto info = ash::inspect_checkpoint(path, verify ? ash::Verify::all : ash::Verify::none);
+  const auto info = inspect(path, verify ? ash::Verify::all : ash::Verify::none);
   std::printf("checkpoint %s\n", path.c_str());
   std::printf("format_version %d, precision %s, step %lld, data_cursor %lld\n", info.format_version,
               info.precision.c_str(), (long long)info.step, (long long)info.data_cursor);
@@ -482,13 +527,13 @@ int run_verb(const Verbs& v) {
   } else if (*v.grad) {
     require_distinct_output(v.g.out, {{"--checkpoint", v.g.checkpoint}, {"--tokens", v.g.tokens}});
     std::string prec = v.g.precision;
-    if (prec.empty()) prec = ash::inspect_checkpoint(v.g.checkpoint).precision;
+    if (prec.empty()) prec = inspect(v.g.checkpoint).precision;
     if (prec == "float")
       run_grad<float>(v.g);
     else
       run_grad<double>(v.g);
   } else if (*v.eval) {
-    const std::string prec = v.eval_precision.empty() ? ash::inspect_checkpoint(v.eval_ckpt).precision : v.eval_precision;
+    const std::string prec = v.eval_precision.empty() ? inspect(v.eval_ckpt).precision : v.eval_precision;
     if (prec == "float")
       run_eval<float>(v.eval_ckpt, v.eval_tokens, v.eval_common, v.eval_carry);
     else
@@ -571,6 +616,7 @@ int main(int argc, char* argv[]) {
   // MPI first, and only under a launcher: a one-process verb starts no MPI runtime.
   ash::dist::Session mpi(&argc, &argv, /*only_under_launcher=*/true);
   if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
+  g_print_warnings = mpi.rank() == 0;
 #endif
   // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
   // address-space limit) is a clear error, not an uncaught exception.

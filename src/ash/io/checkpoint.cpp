@@ -176,6 +176,22 @@ void read_header(Reader& r) {
           "'" + path + "' has checkpoint format version " + std::to_string(version) +
               "; this build reads versions 1 to " + std::to_string(checkpoint_format_version));
   info.format_version = int(version);
+  // A file that declares format 1 or 2 is read without digests, so its
+  // declaration must agree with its contents: no writer of those formats made
+  // a `digest` attribute. One there means format_version was lowered (h5py can
+  // do it in one line) to switch the digests off; refused.
+  if (version < 3) {
+    const auto format3_mark = [&](const std::string& obj) {
+      return H5Aexists_by_name(file, obj.c_str(), digest_attr, H5P_DEFAULT) != 0;  // < 0: unreadable, refused too
+    };
+    std::string marked = format3_mark("/") ? "/" : "";
+    for (auto it = r.objects.begin(); marked.empty() && it != r.objects.end(); ++it)
+      if (format3_mark(it->first)) marked = it->first;
+    require(marked.empty(), "'" + path + "' declares checkpoint format version " + std::to_string(version) +
+                                ", which its contents contradict: " + (marked == "/" ? "the root" : marked) +
+                                " carries a format-3 digest attribute (format_version was lowered, which would "
+                                "switch the digest checks off); refusing the file");
+  }
   // The digest first: an altered header is reported as such, not as whatever
   // value it now holds.
   if (version >= 3 && r.verify) verify_header(file, r.objects, path);

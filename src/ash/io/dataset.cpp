@@ -97,17 +97,30 @@ void TokenDataset::set_documents(const std::vector<std::uint32_t>& separator, bo
   separator_starts(tokens_, separator, starts_);
   documents_ = 1;
   for (const auto f : starts_) documents_ += f;
-  if (!pack) return;
-  const index_t n = index_t(tokens_.size());
-  packed_real_ = pack_part(tokens_, starts_, 0, n_train_raw_, T_, packed_tokens_, packed_starts_);
-  const index_t n_train_packed = index_t(packed_tokens_.size());
-  if (n_train_raw_ < n) {
-    std::vector<std::uint8_t> st = starts_;
-    st[std::size_t(n_train_raw_)] = 1;  // the validation part starts a document
-    pack_part(tokens_, st, n_train_raw_, n, T_, packed_tokens_, packed_starts_);
+  if (pack) {
+    const index_t n = index_t(tokens_.size());
+    packed_real_ = pack_part(tokens_, starts_, 0, n_train_raw_, T_, packed_tokens_, packed_starts_);
+    const index_t n_train_packed = index_t(packed_tokens_.size());
+    if (n_train_raw_ < n) {
+      std::vector<std::uint8_t> st = starts_;
+      st[std::size_t(n_train_raw_)] = 1;  // the validation part starts a document
+      pack_part(tokens_, st, n_train_raw_, n, T_, packed_tokens_, packed_starts_);
+    }
+    n_train_ = n_train_packed;
+    packed_ = true;
   }
-  n_train_ = n_train_packed;
-  packed_ = true;
+  // A target is a token after the first of its window that starts no
+  // document; a training part without one would train on a loss of 0 over
+  // nothing. Windows start anywhere (packed: at multiples of T), so a token
+  // other than the first of the part (packed: of its window) can be a target.
+  const auto* st = view_starts();
+  bool any_target = st == nullptr;
+  for (index_t i = 1; i < n_train_ && !any_target; ++i)
+    any_target = (!packed_ || i % T_ != 0) && !(*st)[std::size_t(i)];
+  const std::string file = path_.empty() ? std::string("the token data") : "token file '" + path_ + "'";
+  require(any_target, file + " has no target in its " + std::to_string(n_train_) +
+                          " training tokens: every token after the first of a window starts a document "
+                          "(data.separator), so there is nothing to predict");
 }
 
 double TokenDataset::pack_fill() const {

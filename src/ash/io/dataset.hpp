@@ -41,6 +41,8 @@ class TokenDataset {
                                 std::uint64_t seed, bool sequential, bool streams = false);
   // Document boundaries after every occurrence of `separator` (empty: none);
   // pack: whole documents per window (see above). Call before the first batch.
+  // Throws ash::Error when no training window can hold a target (every token
+  // after the first of a window starts a document).
   void set_documents(const std::vector<std::uint32_t>& separator, bool pack);
   index_t documents() const { return documents_; }  // documents in the file (set_documents)
   // Real (non-padding) tokens / tokens of the packed training part; 1 unpacked.

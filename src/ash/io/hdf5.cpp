@@ -1,12 +1,15 @@
 #include "ash/io/hdf5.hpp"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <ctime>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -515,13 +518,54 @@ void seal_datasets(hid_t file) {
   }
 }
 
+namespace {
+
+// Six characters from [0-9A-Za-z], unpredictable (the kernel's random bytes;
+// the clock, the PID and a counter if none can be had).
+std::string random_suffix() {
+  static const char alphabet[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  static std::atomic<std::uint64_t> counter{0};
+  std::uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != ssize_t(sizeof bits)) {
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    Digest d;
+    const std::uint64_t mix[4] = {std::uint64_t(now.tv_sec), std::uint64_t(now.tv_nsec), std::uint64_t(::getpid()),
+                                  counter.fetch_add(1)};
+    d.add(mix, sizeof mix);
+    bits = d.value();
+  }
+  std::string s(6, '0');
+  for (auto& c : s) {
+    c = alphabet[bits % 62];
+    bits /= 62;
+  }
+  return s;
+}
+
+// Creates "<path>.tmp.XXXXXX" (mkstemp's rule: O_CREAT | O_EXCL, a fresh
+// random suffix while the name exists; O_NOFOLLOW besides), so nothing planted
+// at a predictable name, a symbolic link least of all, is ever written through.
+// Mode 0644 less the umask, as a plain create. Sets *tmp to the name.
+int create_temporary(const std::string& path, std::string* tmp) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    *tmp = path + ".tmp." + random_suffix();
+    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd >= 0 || errno != EEXIST) return fd;
+  }
+  errno = EEXIST;
+  return -1;
+}
+
+}  // namespace
+
 // Writes the whole file in memory (HDF5's core driver, no backing store),
-// then its image through a temporary file, fsync, and a rename into place.
-// HDF5 never sees an I/O error, so a full disk or a file-size limit cannot
-// leave a library handle half-closed (it crashed HDF5's shutdown); the error
-// names the file, the temp file is removed and the previous file stays.
+// then its image through a new temporary file, fsync, and a rename into
+// place. HDF5 never sees an I/O error, so a full disk or a file-size limit
+// cannot leave a library handle half-closed (it crashed HDF5's shutdown); the
+// error names the file, the temp file is removed and the previous file stays.
+// A symbolic link at `path` is replaced by the rename, never written through.
 void write_atomically(const std::string& path, const std::function<void(hid_t)>& body) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::vector<unsigned char> image;
   {
     Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -531,7 +575,9 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
     // chunk indexes: a single chunk's address lives in the object header).
     check(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), "setting the format bounds");
     check(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), "setting the close degree");
-    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
+    // The name is HDF5's only: without a backing store nothing is opened on disk.
+    const std::string image_name = path + ".image." + random_suffix();
+    Handle file(H5Fcreate(image_name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
     require(file.ok(), "HDF5: cannot create the in-memory image of '" + path + "'");
     body(hid_t(file));
     check(H5Fflush(file, H5F_SCOPE_GLOBAL), "flushing the image of '" + path + "'");
@@ -541,7 +587,8 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
     require(H5Fget_file_image(file, image.data(), image.size()) == n, "HDF5: cannot copy the image of '" + path + "'");
   }
   fix_superblock_checksum(image);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string tmp;
+  const int fd = create_temporary(path, &tmp);
   require(fd >= 0, "cannot create '" + tmp + "': " + std::strerror(errno) +
                        " (does the directory exist and is it writable?)");
   auto fail = [&](const std::string& what) {

@@ -127,8 +127,10 @@ void read_dataset(hid_t ds, const std::string& path, hid_t mem_type, void* out, 
 void seal_datasets(hid_t file);
 
 // Builds the file in memory (HDF5's core driver, 1.10 format), `body` filling
-// it, then writes its image to "<path>.tmp.<pid>", fsyncs and renames it over
-// `path`. On any failure the temporary file is removed and `path` is untouched.
+// it, then writes its image to a new "<path>.tmp.XXXXXX" (six random
+// characters, created with O_EXCL | O_NOFOLLOW), fsyncs and renames it over
+// `path` (a symbolic link there is replaced, not followed). On any failure the
+// temporary file is removed and `path` is untouched.
 void write_atomically(const std::string& path, const std::function<void(hid_t)>& body);
 
 }  // namespace ash::io

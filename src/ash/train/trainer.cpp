@@ -2,17 +2,19 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 
+#include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/distributed/run_context.hpp"
@@ -103,20 +105,69 @@ class StopSignals {
   struct sigaction old_[3] {};
 };
 
-// Temp files of writers that were killed (checkpoint.h5.tmp.<pid>, the
-// names write_atomically uses); safe to remove once this run holds the lock.
+// Temp files of writers that were killed (checkpoint.h5.tmp.XXXXXX, the
+// names write_atomically uses, and checkpoint.h5.tmp.<pid> of older builds):
+// regular files only, safe to remove once this run holds the lock.
 void remove_stale_temps(const std::string& dir) {
+  static const char suffix_chars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   std::error_code ec;
   std::vector<std::filesystem::path> stale;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const auto name = it->path().filename().string();
     const auto at = name.find(".h5.tmp.");
     if (at == std::string::npos || at + 8 == name.size()) continue;
-    if (name.find_first_not_of("0123456789", at + 8) == std::string::npos && it->is_regular_file(ec))
+    if (name.find_first_not_of(suffix_chars, at + 8) == std::string::npos &&
+        it->symlink_status(ec).type() == std::filesystem::file_type::regular)
       stale.push_back(it->path());
   }
   for (const auto& p : stale) std::filesystem::remove(p, ec);
 }
+
+// <run.out_dir>/metrics.jsonl, appended to across resumes. It is opened
+// without following a symbolic link (a link there is refused, its target
+// untouched) and must be a regular file.
+class MetricsFile {
+ public:
+  MetricsFile() = default;
+  MetricsFile(const MetricsFile&) = delete;
+  MetricsFile& operator=(const MetricsFile&) = delete;
+  ~MetricsFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  void open(const std::string& path) {
+    const std::string link = "the metrics file '" + path + "' is a symbolic link, which ash never writes through; remove it";
+    const std::string other = "the metrics file '" + path + "' is not a regular file; remove it";
+    fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat st {};
+    if (fd_ < 0) {  // a link (ELOOP), a directory (EISDIR), a FIFO without a reader (ENXIO), ...
+      const int err = errno;
+      if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) throw Error(S_ISLNK(st.st_mode) ? link : other);
+      throw Error("cannot open " + path + " for appending: " + std::strerror(err));
+    }
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fd_ = -1;
+      throw Error(other);
+    }
+  }
+  // Appends one line; false (errno set) when the write fails.
+  bool write_line(const std::string& text) {
+    const std::string line = text + "\n";
+    for (std::size_t done = 0; done < line.size();) {
+      const ssize_t w = ::write(fd_, line.data() + done, line.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        if (w == 0) errno = EIO;
+        return false;
+      }
+      done += std::size_t(w);
+    }
+    return true;
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 template <class S>
 class Trainer {
@@ -151,7 +202,7 @@ class Trainer {
   // stream, restored on resume (a checkpoint without one starts from zero).
   std::vector<View2<S>> carried_;
   TokenView valid_;
-  std::ofstream metrics_;
+  MetricsFile metrics_;
   TrainSummary sum_;
   // The last good checkpoint and its step, for the messages of §7.
   std::string good_path_;
@@ -184,13 +235,17 @@ Trainer<S>::Trainer(const Config& cfg, const Settings& st, const std::string& re
   open_run_dir();
   restore();
   if (data_.valid_windows() > 0) valid_ = data_.valid_batch(max_valid_windows);
+  // Validation over no target would print a loss of 0 (the training part is checked by set_documents).
+  require(valid_.extent(0) == 0 || target_count(valid_) > 0,
+          "the validation windows of token file '" + data_.path() + "' hold no target: every token after the " +
+              "first of a window starts a document (data.separator), so there is nothing to score; set " +
+              "data.valid_fraction=0 or give a file whose validation tail holds text");
   sum_.first_step = step_;
   sum_.uniform_bits = std::log2(double(d_.vocab));
   sum_.val_loss = std::nan("");
   if (valid_.extent(0) > 0) sum_.unigram_bits = data_.unigram_valid_bits(max_valid_windows);
   if (ctx_.root()) {
-    metrics_.open(out_dir_ + "/metrics.jsonl", std::ios::app);
-    require(metrics_.good(), "cannot open " + out_dir_ + "/metrics.jsonl for appending");
+    metrics_.open(out_dir_ + "/metrics.jsonl");
   }
   good_path_ = resume_;
   good_step_ = step_;
@@ -306,9 +361,9 @@ void Trainer<S>::report(nlohmann::json& row, double loss, double lr, double gnor
     tokens_since_ = 0;
   }
   if (ctx_.root()) {
-    metrics_ << row.dump() << "\n";
-    metrics_.flush();
-    require(metrics_.good(), "cannot write " + out_dir_ + "/metrics.jsonl (disk full?); " + last_good());
+    if (!metrics_.write_line(row.dump()))
+      throw Error("cannot write " + out_dir_ + "/metrics.jsonl: " + std::strerror(errno) + " (disk full?); " +
+                  last_good());
   }
 }
 
