@@ -980,7 +980,7 @@ TEST(Reliability, SameSigtermTwiceWithinASecondStopsOnceWithACheckpoint) {
 namespace {
 
 // `ash ARGS` under a timeout (a hang is status 124).
-CliResult timed(const std::string& args) { return run_shell("timeout 120 " + std::string(ASH_CLI) + " " + args); }
+CliResult timed(const std::string& args) { return run_shell("timeout 120 " + std::string(cli_path()) + " " + args); }
 
 // A file whose bytes the test checks afterwards.
 std::string victim_file(const std::string& name) {
@@ -1066,7 +1066,7 @@ TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
     const std::string args = verb == "init" ? "init " + small_model + "--out " + out
                                             : "grad --checkpoint " + model + " --tokens " + corpus + " --out " + out;
     const auto r = run_shell("timeout 120 bash -c 'ln -s " + victim + " " + out + ".tmp.$$ && exec " +
-                             std::string(ASH_CLI) + " " + args + "'");
+                             std::string(cli_path()) + " " + args + "'");
     EXPECT_EQ(r.code, 0) << r.out;
     EXPECT_TRUE(slurp(victim) == before) << "written through the planted link";
     EXPECT_FALSE(fs::is_symlink(out)) << "--out became the planted link";
