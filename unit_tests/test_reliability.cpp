@@ -186,7 +186,8 @@ TEST(Reliability, AbsurdSizesAreClearErrors) {
 TEST(Reliability, AllocationFailureIsAClearError) {
   const std::string init = host_backend
                                ? "PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(cli_path()) +
-                                     " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") + "'"
+                                     " init --set model.width=4096 --set model.layers=16 --max-memory 1000000000000 "
+                                     "--out " + tmp_path("big.h5") + "'"
                                : std::string(cli_path()) + " init --set model.width=160000 --set model.layers=1 " +
                                      "--max-memory 1000000000000000 --out " + tmp_path("big.h5");
   const auto [code, out] = run_shell(init);
@@ -194,12 +195,35 @@ TEST(Reliability, AllocationFailureIsAClearError) {
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("out of memory"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(tmp_path("big.h5")));
+  if (host_backend) {  // without --max-memory the estimate refuses it against the limit's headroom
+    const auto [c1, o1] = run_shell("PMIX_MCA_gds=hash bash -c 'ulimit -v 1500000; exec " + std::string(cli_path()) +
+                                    " init --set model.width=4096 --set model.layers=16 --out " + tmp_path("big.h5") +
+                                    "'");
+    EXPECT_EQ(c1, 2) << o1;
+    EXPECT_NE(o1.find("needs about 4.08 GiB"), std::string::npos) << o1;
+  }
   // An address-space limit too small to start (OpenBLAS's threads would retry forever): one line, exit 2.
   for (const char* kib : {"100000", "150000", "220000"}) {
     const auto [c3, o3] = run_shell("timeout 60 bash -c 'ulimit -v " + std::string(kib) + "; exec " +
                                     std::string(cli_path()) + " plan'");
     EXPECT_EQ(c3, 2) << kib << ": " << o3;
     EXPECT_NE(o3.find("address-space limit (ulimit -v)"), std::string::npos) << o3;
+  }
+  // Under a limit that starts ash but cannot hold a run and OpenBLAS's buffers, the run is
+  // refused by the memory check (issue 35: an eval whose Kokkos allocations fit hung in
+  // OpenBLAS's retry loop for its 128 MiB buffer).
+  if (host_backend) {
+    const auto ckpt = tmp_path("as.h5"), text = tmp_path("as.txt");
+    ASSERT_EQ(run("init --out " + ckpt).code, 0);
+    std::mt19937_64 gen(7);
+    std::string t(200000, ' ');
+    for (auto& c : t) c = char('a' + gen() % 26);
+    write(text, t);
+    const auto [c4, o4] = run_shell("OPENBLAS_NUM_THREADS=1 timeout 60 bash -c 'ulimit -v 400000; exec " +
+                                    std::string(cli_path()) + " eval --checkpoint " + ckpt + " --tokens " + text +
+                                    " --set data.seq_len=24576'");
+    EXPECT_EQ(c4, 2) << o4;
+    EXPECT_NE(o4.find("what the address-space limit (ulimit -v) leaves"), std::string::npos) << o4;
   }
   if (!host_backend) {  // the address-space limit stops the backend itself: a clear error too
     const auto [c2, o2] = run_shell("bash -c 'ulimit -v 1500000; exec " + std::string(cli_path()) + " init --out " +

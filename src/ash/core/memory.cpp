@@ -1,10 +1,12 @@
 #include "ash/core/memory.hpp"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -146,6 +148,32 @@ std::string MemoryTracker::summary() {
   std::string out;
   for (const auto& u : usage()) out += u.space + " peak " + format_bytes(u.peak) + ", ";
   return out + "process HWM " + format_bytes(process_hwm_bytes());
+}
+
+namespace {
+// Debian's OpenBLAS (libopenblas0-pthread) maps one 128 MiB buffer per thread that
+// runs a product (blas_memory_alloc); its thread count: OPENBLAS_NUM_THREADS,
+// GOTO_NUM_THREADS, OMP_NUM_THREADS, else every core.
+constexpr std::uint64_t openblas_buffer_bytes = std::uint64_t(128) << 20;
+std::uint64_t blas_threads() {
+  for (const char* v : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char* e = std::getenv(v); e && std::atoi(e) > 0) return std::uint64_t(std::min(std::atoi(e), 256));
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? std::uint64_t(std::min(n, 256L)) : 1;
+}
+}  // namespace
+
+std::uint64_t address_space_headroom() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return ~std::uint64_t(0);
+  std::uint64_t mapped = 0;  // /proc/self/statm: the first field is the mapped size in pages
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    unsigned long long pages = 0;
+    if (std::fscanf(f, "%llu", &pages) == 1) mapped = pages * std::uint64_t(::sysconf(_SC_PAGESIZE));
+    std::fclose(f);
+  }
+  const std::uint64_t used = mapped + blas_threads() * openblas_buffer_bytes;
+  return std::uint64_t(lim.rlim_cur) > used ? std::uint64_t(lim.rlim_cur) - used : 0;
 }
 
 std::uint64_t physical_memory_bytes() {

@@ -41,4 +41,10 @@ std::string format_bytes(std::uint64_t bytes);
 // Physical memory of the machine (sysconf), 0 when unknown.
 std::uint64_t physical_memory_bytes();
 
+// Under an address-space limit (ulimit -v, RLIMIT_AS), what is left of it for new
+// allocations: the limit less what the process has mapped now and the buffers its
+// BLAS threads reserve on their first product (OpenBLAS retries a refused buffer
+// forever: a run that cannot fit them must not start). ~0 (no bound) without a limit.
+std::uint64_t address_space_headroom();
+
 }  // namespace ash

@@ -362,7 +362,14 @@ MemoryCapacity memory_space_capacity() {
     return {std::uint64_t(usable_memory_fraction * double(total_b)), "90% of the GPU's memory"};
   }
 #endif
-  return {std::uint64_t(usable_memory_fraction * double(physical_memory_bytes())), "90% of the machine's physical memory"};
+  const MemoryCapacity ram{std::uint64_t(usable_memory_fraction * double(physical_memory_bytes())),
+                          "90% of the machine's physical memory"};
+  // Under ulimit -v the limit binds first; 90% of its headroom, as of the RAM.
+  const std::uint64_t as = address_space_headroom();
+  if (as == ~std::uint64_t(0) || double(as) * usable_memory_fraction >= double(ram.bytes)) return ram;
+  return {std::uint64_t(usable_memory_fraction * double(as)),
+          "90% of what the address-space limit (ulimit -v) leaves after the mapped libraries and the BLAS "
+          "threads' buffers (128 MiB each; OPENBLAS_NUM_THREADS sets their number)"};
 }
 
 void check_memory(const Settings& cfg, Workload w, std::size_t scalar_bytes, std::uint64_t limit) {
