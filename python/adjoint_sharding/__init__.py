@@ -73,8 +73,8 @@ def grad(checkpoint_path, tokens, *, seq_len, batch=1, engine="adjoint-exact", t
     o.truncate = int(truncate)
     o.detach_inputs = bool(detach_inputs)
     o.storage = "" if storage is None else str(storage)
-    o.layer_checkpoint = -1 if layer_checkpoint is None else int(layer_checkpoint)
-    o.token_block = -1 if token_block is None else int(token_block)
+    o.layer_checkpoint = None if layer_checkpoint is None else int(layer_checkpoint)
+    o.token_block = None if token_block is None else int(token_block)
     o.sets = [str(s) for s in set]
     return _core.grad(str(checkpoint_path), _tokens(tokens), o, _precision(precision))
 

@@ -7,6 +7,7 @@
 // (docs/python.md).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -109,9 +110,9 @@ struct GradOptions {
   std::string engine = "adjoint-exact";
   std::int64_t truncate = 0;
   bool detach_inputs = false;
-  std::string storage;                // "" : the checkpoint's run.storage
-  std::int64_t layer_checkpoint = -1; // -1: the checkpoint's
-  std::int64_t token_block = -1;
+  std::string storage;                        // "" : the checkpoint's run.storage
+  std::optional<std::int64_t> layer_checkpoint;  // none: the checkpoint's (any value is checked as --set)
+  std::optional<std::int64_t> token_block;
   std::vector<std::string> sets;      // extra key=value assignments (--set)
 };
 
@@ -149,8 +150,8 @@ std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens,
   cfg.set("grad.truncate=" + std::to_string(o.truncate));
   if (o.detach_inputs) cfg.set("grad.detach_inputs=true");
   if (!o.storage.empty()) cfg.set("run.storage=" + o.storage);
-  if (o.layer_checkpoint >= 0) cfg.set("grad.layer_checkpoint=" + std::to_string(o.layer_checkpoint));
-  if (o.token_block >= 0) cfg.set("grad.token_block=" + std::to_string(o.token_block));
+  if (o.layer_checkpoint) cfg.set("grad.layer_checkpoint=" + std::to_string(*o.layer_checkpoint));
+  if (o.token_block) cfg.set("grad.token_block=" + std::to_string(*o.token_block));
   const std::string prec = precision.empty() ? ash::inspect_checkpoint(ckpt).precision : precision;
   ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
   return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg, 4) : grad_impl<double>(ckpt, ids_of(tokens), cfg, 8);
@@ -202,6 +203,7 @@ nb::dict init_params(const std::string& config_json, const std::string& precisio
   const ash::Config cfg = config_from(config_json);
   ash::require(precision == "float" || precision == "double",
                "precision must be 'float' or 'double', got '" + precision + "'");
+  ash::check_memory(cfg, ash::Workload::init, precision == "float" ? 4 : 8, 0);  // as `ash init`
   if (precision == "float") {
     ash::ParamSet<float> ps(cfg.model());
     ash::initialize(ps, cfg.model().seed);
@@ -314,7 +316,8 @@ std::vector<std::uint32_t> generate(const std::string& ckpt, const Ids& prompt_i
                                     double temperature, std::uint64_t seed) {
   const auto prompt = ids_of(prompt_ids);
   ash::require(!prompt.empty(), "--prompt must not be empty");
-  ash::require(n >= 0, "--tokens must be >= 0");
+  ash::require(n >= 0 && n <= ash::max_generate_tokens,
+               "n must be in [0, 2^30] (ash generate --tokens), got " + std::to_string(n));
   ash::require(std::isfinite(temperature) && temperature >= 0,
                "--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
   ash::CheckpointInfo info;
@@ -361,18 +364,11 @@ struct StackOptions {
   std::string storage = "float";
 };
 
-ash::ModelDims stack_dims(const StackOptions& o) {
-  ash::ModelDims d;
-  d.vocab = o.vocab;
-  d.width = o.width;
-  d.state = o.state;
-  d.layers = o.layers;
-  return d;
-}
-
-ash::EngineOptions stack_engine(const StackOptions& o, std::int64_t T) {
-  // Through Config, so that every option is checked as `ash grad` checks it.
+// The stack's options as a configuration, so that every one is checked as `ash grad`
+// checks it (sizes included: no narrowing of a layer count past 2^31, no negative width).
+ash::Config stack_config(const StackOptions& o, std::int64_t T) {
   ash::Config cfg;
+  cfg.set("model.vocab=" + std::to_string(o.vocab));
   cfg.set("model.width=" + std::to_string(o.width));
   cfg.set("model.state=" + std::to_string(o.state));
   cfg.set("model.layers=" + std::to_string(o.layers));
@@ -385,8 +381,12 @@ ash::EngineOptions stack_engine(const StackOptions& o, std::int64_t T) {
   cfg.set("grad.layer_checkpoint=" + std::to_string(o.layer_checkpoint));
   cfg.set("grad.token_block=" + std::to_string(o.token_block));
   cfg.set("run.storage=" + o.storage);
-  return cfg.settings().grad;
+  cfg.validate();
+  return cfg;
 }
+
+ash::ModelDims stack_dims(const StackOptions& o) { return stack_config(o, 2).model(); }
+ash::EngineOptions stack_engine(const StackOptions& o, std::int64_t T) { return stack_config(o, T).settings().grad; }
 
 template <class S>
 using Tensor3 = nb::ndarray<S, nb::ndim<3>, nb::c_contig, nb::device::cpu>;

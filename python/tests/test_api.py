@@ -115,6 +115,11 @@ def test_train_progress_exception_is_raised(tmp_path):
     (lambda c, t: ash.grad("/nonexistent/x.h5", t, seq_len=13), "x.h5"),
     (lambda c, t: ash.evaluate(c, t[:1], seq_len=13), "nothing to predict"),
     (lambda c, t: ash.plan({"model": {"width": 0}}), "model.width"),
+    # as the CLI (issue 35): negatives are refused, not read as "the checkpoint's"
+    (lambda c, t: ash.grad(c, t, seq_len=13, layer_checkpoint=-1), "grad.layer_checkpoint must be"),
+    (lambda c, t: ash.grad(c, t, seq_len=13, token_block=-1), "grad.token_block must be"),
+    (lambda c, t: ash.generate(c, "a", 2**40), "n must be in [0, 2^30]"),
+    (lambda c, t: ash.generate(c, "a", -1), "n must be in [0, 2^30]"),
 ])
 def test_errors_are_ash_errors_with_the_cli_message(tiny_model, ash_cli, call, needle):
     ckpt, _, ids = tiny_model
@@ -196,6 +201,22 @@ def test_stack_refuses_bad_arrays(tiny_model):
         _core.stack_forward({}, opts, y0, np.zeros_like(y0))
     with pytest.raises(ash.Error, match="shape"):
         _core.stack_forward({**params, "layers/000/D": np.zeros(3)}, opts, y0, np.zeros_like(y0))
+
+
+def test_init_too_big_is_the_cli_estimate():
+    # `ash init`'s refusal with its estimate and plan table, not Kokkos' allocation error
+    with pytest.raises(ash.Error, match="this configuration needs about .* of memory [(]init") as e:
+        ash.init({"model": {"width": 100000, "state": 20000}})
+    assert "total (predicted peak)" in str(e.value)
+
+
+def test_stack_layout_validates_as_the_cli(tiny_model):
+    ck = ash.load(tiny_model[0])
+    assert len(_core.stack_layout(_stack_opts(ck))) == 7 * ck.config["model"]["layers"]
+    for field, value, needle in (("layers", 2**32 + 2, "model.layers must be <="), ("width", -3, "model.width"),
+                                 ("state", 0, "model.state"), ("vocab", 1, "model.vocab")):
+        with pytest.raises(ash.Error, match=needle):
+            _core.stack_layout(_stack_opts(ck, **{field: value}))
 
 
 def test_two_imports_share_kokkos():

@@ -479,7 +479,7 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.generate = app.add_subcommand("generate", "sample text from a checkpoint (recurrent, O(1) per token)");
   v.generate->add_option("--checkpoint", v.gen_ckpt, "model checkpoint (.h5)")->required();
   v.generate->add_option("--prompt", v.prompt, "text to start from")->required();
-  v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample")->check(integer_in(0, 1LL << 30));
+  v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample")->check(integer_in(0, ash::max_generate_tokens));
   v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)")->check(finite_number());
   v.generate->add_option("--seed", v.gen_seed, "sampling seed")->check(unsigned_integer());
   v.generate->add_option("--max-memory", v.gen_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")

@@ -10,6 +10,9 @@
 
 namespace ash {
 
+// The most tokens one generate call samples (`ash generate --tokens`, Python's generate).
+constexpr std::int64_t max_generate_tokens = std::int64_t(1) << 30;
+
 template <class S>
 class Generator {
  public:
