@@ -835,6 +835,27 @@ TEST(Reliability, ResumedCursorsAreCheckedAgainstTheTokenFile) {
     r = run_shell(t + "train --resume " + ckpt + " --set data.train=" + corpus);
     EXPECT_EQ(r.code, 0) << r.out;
   }
+  // A packed run resumed without packing (or the reverse) is named as such, not as
+  // another file (issue 35: the packed count was quoted as the file's).
+  {
+    const auto docs = tmp_path("packdocs.txt"), dir = tmp_path("packed");
+    std::string text;
+    for (int i = 0; i < 300; ++i) text += std::string(5 + i % 40, char('a' + i % 26)) + "\n%\n";
+    write(docs, text);
+    fs::remove_all(dir);
+    const auto base = "train " + small_model + "--set data.batch=2 --set data.sequential=true " +
+                      "--set 'data.separator=\\n%\\n' --set data.train=" + docs +
+                      " --set optim.steps=6 --set run.log_every=100 --set run.out_dir=" + dir + " ";
+    auto r = run_shell(t + base + "--set data.pack=true --until 2");
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = run_shell(t + "train --resume " + dir + "/checkpoint.h5 --set data.pack=false");
+    EXPECT_EQ(r.code, 2) << r.out;
+    EXPECT_NE(r.out.find("was written by a run with data.pack=true, this one has data.pack=false"), std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("the other file"), std::string::npos) << r.out;
+    r = run_shell(t + "train --resume " + dir + "/checkpoint.h5");
+    EXPECT_EQ(r.code, 0) << r.out;
+  }
 }
 
 // ---- 4. never a bad state over a good one ----------------------------------

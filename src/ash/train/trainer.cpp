@@ -280,7 +280,20 @@ void Trainer<S>::restore() {
     if (load_optimizer_state(resume_, opt_.m(), opt_.v(), &opt_step)) opt_.set_step(opt_step);
     step_ = info.step;
     cursor_ = info.data_cursor;
-    // A cursor indexes the file it was written with (sequential and stream modes).
+    // A cursor indexes the file it was written with (sequential and stream modes), as
+    // packed windows where data.pack was on: packing on one side only is named as such
+    // (the counts are of different things, not of two files).
+    const auto& stored = info.config.json();
+    if ((st_.data.sequential || st_.data.carry_state) && info.data_tokens >= 0 && stored.contains("data") &&
+        stored["data"].contains("pack") && stored["data"]["pack"].is_boolean()) {
+      const bool was_packed = stored["data"]["pack"].get<bool>();
+      require(was_packed == st_.data.pack,
+              "--resume: checkpoint '" + resume_ + "' was written by a run with data.pack=" +
+                  (was_packed ? "true" : "false") + ", this one has data.pack=" + (st_.data.pack ? "true" : "false") +
+                  ": its data cursor " + std::to_string(cursor_) + " indexes the " +
+                  (was_packed ? "packed windows" : "tokens") + " of data.train (" + std::to_string(info.data_tokens) +
+                  (was_packed ? " packed" : "") + " tokens); resume with data.pack=" + (was_packed ? "true" : "false"));
+    }
     if ((st_.data.sequential || st_.data.carry_state) && info.data_tokens >= 0)
       require(info.data_tokens == index_t(data_.tokens().size()) && info.data_fingerprint == data_.fingerprint(),
               "--resume: checkpoint '" + resume_ + "' was written reading a token file of " +
