@@ -1,5 +1,6 @@
 #pragma once
 // RMSNorm of docs/design.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5.
+#include "ash/core/error.hpp"
 #include "ash/core/types.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/kernels/row_sums.hpp"
@@ -29,13 +30,17 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, cons
 // Given gyhat = ∂L/∂ŷ for R rows (row r is token map(r) of x, rstd, gx):
 // gw[p] += Σ_r gyhat x r (two-level sum over blocks of reduce_rows rows), and
 // gx[m, :] (=, or += when accumulate) r (gw⊙gyhat - x̂ mean(gyhat⊙w⊙x̂)), x̂ = x r.
-// An empty gx skips the input VJP (stop-gradient on x).
+// An empty gx skips the input VJP (stop-gradient on x). part is the caller's
+// workspace for the first-level sums, at least [row_blocks(R), P]: no allocation
+// here (on a GPU each free synchronises the device, and this runs per wave).
 template <class S, class X, class W, class R, class G, class GW, class GX, class Map = ash::IdentityRows>
 void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, const GW& gw, const GX& gx,
-                       bool accumulate_gx, const ExecSpace& exec = ExecSpace(), const Map map = Map()) {
+                       bool accumulate_gx, const View2<S>& part, const ExecSpace& exec = ExecSpace(),
+                       const Map map = Map()) {
   const index_t Rn = gyhat.extent(0), P = x.extent(1);
   const index_t nblk = row_blocks(Rn);
-  View2<S> part(Kokkos::view_alloc(std::string("ash::rms_norm::partial"), Kokkos::WithoutInitializing), nblk, P);
+  ash::require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == P,
+               "rms_norm_backward: the workspace is smaller than [row_blocks(R), P]");
   Kokkos::parallel_for(
       "ash::rms_norm_backward_w", Range(exec, 0, nblk * P), KOKKOS_LAMBDA(const index_t i) {
         const index_t blk = i / P, p = i % P;

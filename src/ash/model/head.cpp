@@ -27,8 +27,14 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
   View1<S> rstd("ash::head::rstd", C);
   View2<S> yhat("ash::head::yhat", C, P);
   View2<S> logits("ash::head::logits", C, V);
-  View2<S> gyhat;
-  if (want_g) gyhat = View2<S>("ash::head::gyhat", C, P);
+  View2<S> gyhat, norm_part;
+  View1<S> gw_discard;
+  if (want_g) {
+    gyhat = View2<S>("ash::head::gyhat", C, P);
+    norm_part = View2<S>(Kokkos::view_alloc(std::string("ash::head::norm_part"), Kokkos::WithoutInitializing),
+                         impl::row_blocks(C), P);
+    if (!grad) gw_discard = View1<S>("ash::head::gw_discard", P);
+  }
   const S inv_count = count > 0 ? S(1) / S(count) : S(0);  // no targets: L = 0, g = 0
   double loss_sum = 0;
   for (index_t r0 = 0; r0 < M; r0 += C) {
@@ -75,12 +81,10 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
       auto gyhat_c = Kokkos::subview(gyhat, rows, Kokkos::ALL());
       auto g_c = Kokkos::subview(g, Kokkos::make_pair(r0, r1), Kokkos::ALL());
       impl::gemm<S>("N", "N", S(1), log_c, p.head, S(0), gyhat_c);
-      if (grad) {
-        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, grad->final_norm, g_c, false, exec);
-      } else {
-        View1<S> gw_discard("ash::head::gw_discard", P);
-        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, gw_discard, g_c, false, exec);
-      }
+      if (grad)
+        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, grad->final_norm, g_c, false, norm_part, exec);
+      else
+        impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, gw_discard, g_c, false, norm_part, exec);
     }
   }
   return count > 0 ? loss_sum / double(count) : 0.0;

@@ -25,7 +25,9 @@ LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d, bool row_p
       gz("ash::cot::gz", rows, d.width),
       gbeta("ash::cot::gbeta", rows, d.state),
       ggamma("ash::cot::ggamma", rows, d.state),
-      yhat_rows("ash::cot::yhat_rows", rows, d.width) {
+      yhat_rows("ash::cot::yhat_rows", rows, d.width),
+      norm_part(Kokkos::view_alloc(std::string("ash::cot::norm_part"), Kokkos::WithoutInitializing),
+                impl::row_blocks(rows), d.width) {
   if (!row_partials) return;
   alog_part = View3<S>("ash::cot::alog_part", impl::row_blocks(rows), d.width, d.state);
   d_part = View2<S>("ash::cot::d_part", impl::row_blocks(rows), d.width);
@@ -361,9 +363,9 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
         KOKKOS_LAMBDA(const index_t i) { gy_in(map(i / P), i % P) = gy(map(i / P), i % P); });
   }
   if (detach_input)
-    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, View2<S>(), true, exec, map);
+    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, View2<S>(), true, cot.norm_part, exec, map);
   else
-    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, gy_in, true, exec, map);
+    impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, gy_in, true, cot.norm_part, exec, map);
 }
 
 #define ASH_INSTANTIATE(S)                                                                                         \

@@ -110,6 +110,7 @@ struct LayerCotangents {
   View3<S> alog_part;  // Σ_i μ^i h^{i-1} A^i Δ^i per row block [R/reduce_rows, P, N]
   View2<S> d_part;     // Σ_i g^i ŷ^i per row block [R/reduce_rows, P]
   View2<S> bd_part;    // Σ_i ∂L/∂z^i per row block [R/reduce_rows, P]
+  View2<S> norm_part;  // RMSNorm's weight-gradient sums per row block [R/reduce_rows, P] (always)
   // row_partials = false leaves the three partial-sum views empty (E3's fused
   // kernels keep their own per chunk).
   LayerCotangents(index_t rows, const ModelDims& d, bool row_partials = true);

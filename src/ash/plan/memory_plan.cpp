@@ -99,10 +99,10 @@ struct Planner {
   double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
   double head(double rows, double chunk_rows, bool g) const {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
     const double C = std::min(chunk_rows, rows);
-    return C * (1 + P + V + (g ? P : 0)) * S;
+    return (C * (1 + P + V + (g ? P : 0)) + (g ? std::ceil(C / double(impl::reduce_rows)) * P + P : 0.0)) * S;
   }
   double cot(double rows) const {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per reduce_rows rows
-    return (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * (P * N + 2 * P)) * S;
+    return (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * (P * N + 3 * P)) * S;
   }
   // AdjointExactLayer::run on windows of Tw tokens; halo: a range with a halo
   // after its own tokens (the wave form, as run keeps it)
@@ -133,7 +133,8 @@ struct Planner {
     const double team = host_backend ? per_team * conc
                         : level1     ? per_team * std::min(std::floor(conc / double(fs.team)), league)
                                      : 0.0;
-    return bound + rows * (3 * P + 2 * N) * S + Bt * ncw * (P * N + 2 * P) * S + shares + team;
+    return bound + (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * P) * S +
+           Bt * ncw * (P * N + 2 * P) * S + shares + team;
   }
   double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)
     const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows), cfg.model.vocab,
