@@ -111,6 +111,18 @@ std::vector<std::string> train_args(const std::string& dir, const std::string& c
           "--set", "run.out_dir=" + dir};
 }
 
+// Every verb that reads a checkpoint, on `file` (train resumes from it, with train_sets).
+std::vector<std::string> reading_verbs(const std::string& file, const std::string& corpus,
+                                       const std::string& train_sets = "") {
+  return {"inspect " + file,
+          "inspect --no-verify " + file,
+          "generate --checkpoint " + file + " --prompt ab --tokens 2",
+          "grad --checkpoint " + file + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
+          "eval --checkpoint " + file + " --tokens " + corpus,
+          "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") + " " +
+              train_sets + "--resume " + file};
+}
+
 std::int64_t checkpoint_step(const std::string& path) {
   CheckpointInfo info;
   load_checkpoint<float>(path, &info);
@@ -557,16 +569,7 @@ TEST(Reliability, HostileCheckpointsAreRefusedWithoutHanging) {
   const auto fifo = tmp_path("fifo");
   fs::remove(fifo);
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  auto verbs = [&](const std::string& file) {
-    return std::vector<std::string>{
-        "inspect " + file,
-        "inspect --no-verify " + file,
-        "generate --checkpoint " + file + " --prompt ab --tokens 2",
-        "grad --checkpoint " + file + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
-        "eval --checkpoint " + file + " --tokens " + corpus,
-        "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") +
-            " --resume " + file};
-  };
+  auto verbs = [&](const std::string& file) { return reading_verbs(file, corpus); };
   auto timed = [](const std::string& args) { return run_shell("timeout 60 " + std::string(cli_path()) + " " + args); };
   for (const auto& v : verbs(fifo)) EXPECT_CLEAR_ERROR(timed(v), "'" + fifo + "' is not a regular file");
 
@@ -1186,14 +1189,7 @@ TEST(Reliability, LoweredFormatVersionIsRefusedAndFormat2Warns) {
   const auto corpus = corpus_file(), ckpt = tmp_path("m.h5");
   ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
   auto verbs = [&](const std::string& file) {
-    return std::vector<std::string>{
-        "inspect " + file,
-        "inspect --no-verify " + file,
-        "generate --checkpoint " + file + " --prompt ab --tokens 2",
-        "grad --checkpoint " + file + " --tokens " + corpus + " --out " + tmp_path("g.h5"),
-        "eval --checkpoint " + file + " --tokens " + corpus,
-        "train " + small_model + "--set data.train=" + corpus + " --set run.out_dir=" + tmp_path("run") +
-            " --set optim.steps=1 --set run.precision=double --resume " + file};
+    return reading_verbs(file, corpus, "--set optim.steps=1 --set run.precision=double ");
   };
   for (const int v : {2, 1}) {
     SCOPED_TRACE("format_version " + std::to_string(v));
