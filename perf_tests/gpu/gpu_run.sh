@@ -12,14 +12,16 @@
 # with --from STEP. One line per step with its time; results as JSON lines.
 #
 #   A  correctness and the headline: the bench model's gradient at 2^20 as it is (fused E3,
-#      --wave 65536, --chunk 32, a kernel profile), the GoogleTest binaries (all but the
-#      64 GB index-width test and MPI), compute-sanitizer memcheck on the fused E3 and
-#      forward tests, then E3 against mamba-ssm (mamba's extension linked here first).
+#      --wave 65536, --chunk 32, a kernel profile), the GoogleTest binaries of the library
+#      (not the 64 GB index-width test, MPI or the CLI-heavy ones), compute-sanitizer
+#      memcheck on the fused E3 and forward tests, then E3 against mamba-ssm (mamba's
+#      extension linked here first).
 #   B  scale: the 1.36 B model (P=4096 N=16 K=80 V=256) at T=100K with E3, bf16 storage and
 #      layer checkpointing, 3 AdamW steps; the longest T that the planner fits, then one
 #      gradient at it; run.matmul fp32/tf32/bf16 at P=1024; MPI with 2 ranks on the GPU
 #      (CUDA-aware detected, never assumed); SSMStack on CUDA tensors.
-#   C  the rest: the 64 GB index-width test, racecheck, longer sweeps, kernel benchmarks.
+#   C  the rest: the CLI-heavy test binaries (train, cli, reliability), the 64 GB
+#      index-width test, racecheck, longer sweeps, kernel benchmarks.
 #
 # --out receives at most 8 files: summary.md, steps.jsonl, machine.txt and results.tar.gz
 # (every log and JSON file of the steps). Exit status: the number of failed steps.
@@ -165,6 +167,7 @@ if [ "$QUICK" = 1 ]; then
   MM=(--width 64 --state 8 --layers 2) MM_T=512
   SMALL_T="256,1024" CAP_TEST=120 CAP_BENCH=60
   MPI_FILTER="Distributed.ExactAdjointPipelineMatchesOneProcess" MPI_CLI_FILTER="DistributedCli.GradMatchesOneProcess*"
+  CLI_TEST_FILTERS=("test_cli:Cli.EvalScoresEachDocument")
   TEST_FILTERS=("test_adjoint_exact:AdjointExact.Fused*:AdjointExact.Deterministic" "test_matmul:*")
   MAMBA_ARGS=(--quick)
 else
@@ -173,13 +176,15 @@ else
   MM=(--width 1024 --state 16 --layers 2) MM_T=65536
   SMALL_T="16384,65536,262144,1048576,4194304,16777216" CAP_TEST=90 CAP_BENCH=75
   MPI_FILTER="*" MPI_CLI_FILTER="*"
-  TEST_FILTERS=()
+  TEST_FILTERS=() CLI_TEST_FILTERS=()
   # most telling first: the fused backward, the forward, cuBLAS, the levers, the planner
   for t in test_adjoint_exact test_forward test_matmul test_low_memory test_memory_plan test_backprop \
            test_adjoint test_stack_adjoint test_documents test_memory test_config test_tokens test_dataset \
-           test_optimizer test_checkpoint test_train test_cli test_reliability; do
+           test_optimizer test_checkpoint; do
     [ -x "$B/bin/$t" ] && TEST_FILTERS+=("$t:*")
   done
+  # the CLI-heavy binaries (hundreds of ash processes, each starting CUDA): stage C
+  for t in test_train test_cli test_reliability; do [ -x "$B/bin/$t" ] && CLI_TEST_FILTERS+=("$t:*"); done
   MAMBA_ARGS=(--widths 64,256 --layers 2,8 --batch8-T 16384 --max-seconds 20 --reps 2
               --T 4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152,4194304,8388608,16777216)
 fi
@@ -280,6 +285,10 @@ stage_B() {
 }
 
 stage_C() {
+  local tf
+  for tf in "${CLI_TEST_FILTERS[@]}"; do
+    step "c_${tf%%:*}" 240 "$B/bin/${tf%%:*}" "--gtest_filter=${tf#*:}" --gtest_brief=1
+  done
   if [ "$QUICK" = 1 ]; then
     skip c_index_width "64 GB test: GPU only"
   else
