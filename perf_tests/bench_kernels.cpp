@@ -72,7 +72,7 @@ void BM_gemm(benchmark::State& st) {
   Kokkos::deep_copy(a, S(1));
   Kokkos::deep_copy(b, S(0.5));
   for (auto _ : st) {
-    ash::impl::gemm<S>("N", "N", S(1), a, b, S(0), c);
+    ash::impl::gemm<S>(ash::ExecSpace(), "N", "N", S(1), a, b, S(0), c);
     Kokkos::fence();
   }
   set_counters(st, 0, 2.0 * n * n * n, 3.0 * n * n * sizeof(S));

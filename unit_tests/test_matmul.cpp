@@ -86,7 +86,7 @@ TEST(Matmul, ProductsRoundTheirInputsInTheMode) {
         Kokkos::deep_copy(c, c0);
         {
           const MatmulScope scope(mode, sizeof(float));
-          impl::gemm<float>(ta, tb, 0.5f, a, b, 0.25f, c);
+          impl::gemm<float>(ExecSpace(), ta, tb, 0.5f, a, b, 0.25f, c);
         }
         const auto got = host_of(c);
         double worst = 0;

@@ -45,7 +45,7 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
     auto yhat_c = Kokkos::subview(yhat, rows, Kokkos::ALL());
     auto log_c = Kokkos::subview(logits, rows, Kokkos::ALL());
     impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c, exec);
-    impl::gemm<S>("N", "T", S(1), yhat_c, p.head, S(0), log_c);
+    impl::gemm<S>(exec, "N", "T", S(1), yhat_c, p.head, S(0), log_c);
     // Per row, one team: log-sum-exp over V, loss, and (in place) go =
     // (softmax - onehot) / count; the team's threads split V.
     double part = 0;
@@ -76,11 +76,11 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
         },
         part);
     loss_sum += part;
-    if (grad) impl::gemm<S>("T", "N", S(1), log_c, yhat_c, S(1), grad->head);
+    if (grad) impl::gemm<S>(exec, "T", "N", S(1), log_c, yhat_c, S(1), grad->head);
     if (want_g) {
       auto gyhat_c = Kokkos::subview(gyhat, rows, Kokkos::ALL());
       auto g_c = Kokkos::subview(g, Kokkos::make_pair(r0, r1), Kokkos::ALL());
-      impl::gemm<S>("N", "N", S(1), log_c, p.head, S(0), gyhat_c);
+      impl::gemm<S>(exec, "N", "N", S(1), log_c, p.head, S(0), gyhat_c);
       if (grad)
         impl::rms_norm_backward<S>(y_c, p.final_norm, rstd_c, gyhat_c, grad->final_norm, g_c, false, norm_part, exec);
       else
@@ -94,8 +94,9 @@ template <class S>
 void head_logits(const GlobalParams<S>& p, const View2<S>& y, const View2<S>& logits) {
   View1<S> rstd("ash::head::rstd", y.extent(0));
   View2<S> yhat("ash::head::yhat", y.extent(0), y.extent(1));
-  impl::rms_norm_forward<S>(y, p.final_norm, rstd, yhat);
-  impl::gemm<S>("N", "T", S(1), yhat, p.head, S(0), logits);
+  const ExecSpace exec;
+  impl::rms_norm_forward<S>(y, p.final_norm, rstd, yhat, exec);
+  impl::gemm<S>(exec, "N", "T", S(1), yhat, p.head, S(0), logits);
 }
 
 template void head_logits<float>(const GlobalParams<float>&, const View2<float>&, const View2<float>&);

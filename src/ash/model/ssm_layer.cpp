@@ -207,9 +207,9 @@ void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const Laye
                        const ExecSpace& exec) {
   const index_t M = y_in.extent(0), P = y_in.extent(1);
   impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec);
-  impl::gemm<S>("N", "T", S(1), act.yhat, p.W_delta, S(0), act.delta);
-  impl::gemm<S>("N", "T", S(1), act.yhat, p.W_B, S(0), act.beta);
-  impl::gemm<S>("N", "T", S(1), act.yhat, p.W_C, S(0), act.gamma);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.W_delta, S(0), act.delta);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.W_B, S(0), act.beta);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.W_C, S(0), act.gamma);
   impl::decay_rates(p.A_log, act.a, exec);
   auto delta = act.delta;
   auto bd = p.b_delta;
@@ -351,12 +351,12 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
   auto gb_b = Kokkos::subview(cot.gbeta, rows, all);
   auto gg_b = Kokkos::subview(cot.ggamma, rows, all);
   auto gyh_b = Kokkos::subview(cot.gyhat, rows, all);
-  impl::gemm<S>("T", "N", S(1), gz_b, yh, S(1), grad.W_delta);
-  impl::gemm<S>("T", "N", S(1), gb_b, yh, S(1), grad.W_B);
-  impl::gemm<S>("T", "N", S(1), gg_b, yh, S(1), grad.W_C);
-  impl::gemm<S>("N", "N", S(1), gz_b, p.W_delta, S(1), gyh_b);
-  impl::gemm<S>("N", "N", S(1), gb_b, p.W_B, S(1), gyh_b);
-  impl::gemm<S>("N", "N", S(1), gg_b, p.W_C, S(1), gyh_b);
+  impl::gemm<S>(exec, "T", "N", S(1), gz_b, yh, S(1), grad.W_delta);
+  impl::gemm<S>(exec, "T", "N", S(1), gb_b, yh, S(1), grad.W_B);
+  impl::gemm<S>(exec, "T", "N", S(1), gg_b, yh, S(1), grad.W_C);
+  impl::gemm<S>(exec, "N", "N", S(1), gz_b, p.W_delta, S(1), gyh_b);
+  impl::gemm<S>(exec, "N", "N", S(1), gb_b, p.W_B, S(1), gyh_b);
+  impl::gemm<S>(exec, "N", "N", S(1), gg_b, p.W_C, S(1), gyh_b);
   if (gy_in.data() != gy.data()) {
     Kokkos::parallel_for(
         "ash::copy_gy_rows", Range(exec, 0, R * P),

@@ -9,8 +9,8 @@
 //   y_k = y_{k-1} + ỹ
 //
 // Every kernel runs on the execution-space instance it is given (the default
-// one unless an orchestrator passes its own); dense products go through
-// KokkosBlas::gemm on the default instance (Kokkos Kernels 3.4 has no other).
+// one unless an orchestrator passes its own), the dense products too (KokkosBlas::gemm
+// on that instance; Kokkos Kernels 3.4 has only the default one, kernels/blas.hpp).
 // Loops over the state index run in register tiles (kernels/state_tile.hpp),
 // with a = -exp(Alog) computed once per layer and A^t = exp(Δ^t a) once per pass.
 //
