@@ -2,7 +2,7 @@
 # AdjointSharding::kokkos_stack, for the library and for users of the installed
 # package (AdjointShardingConfig.cmake includes this file too).
 #
-# Handles Debian's Trilinos 13.2 packages (Kokkos 3.4; see README, "Building against your own Kokkos"):
+# Handles Debian's Trilinos 13.2 packages (Kokkos 3.4; see docs/design.md §3, "Building"):
 #   - Kokkos::kokkos points at a non-existent include directory,
 #   - there is no Kokkos::kokkoskernels target, only trilinos_* libraries,
 #   - KokkosKernels has no version file (so it is found without a version).

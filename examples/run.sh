@@ -17,7 +17,7 @@ echo "[run] corpus build/data/fortunes.txt: $(wc -c < build/data/fortunes.txt) b
 rm -rf build/run-fortunes
 # Two data-parallel MPI ranks when the machine has two cores or more: Debian's
 # Kokkos is Serial, so ranks are how the job uses both cores (measured 2.2x the
-# tokens/s of one process on the 2-core CI machine; README "Distributed").
+# tokens/s of one process on the 2-core CI machine; perf_tests/RESULTS.md, "E4: the main job as two data-parallel ranks").
 # ASH_RANKS=1 runs one process.
 ranks="${ASH_RANKS:-$(( $(nproc) >= 2 ? 2 : 1 ))}"
 if [ "$ranks" -gt 1 ] && command -v mpiexec >/dev/null && grep -q "ASH_ENABLE_MPI:BOOL=ON" "$ASH_BUILD_DIR/CMakeCache.txt"; then

@@ -2,6 +2,7 @@
 // (docs/design.md §7): a clear message, a non-zero exit, nothing lost.
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
@@ -231,6 +232,57 @@ TEST_F(Cli, FailedInitKeepsExistingFile) {
   // A refused init must not touch a good checkpoint at the same path.
   EXPECT_NE(run("init --set model.nope=1 --out " + ckpt).code, 0);
   EXPECT_EQ(run("inspect " + ckpt).code, 0);
+}
+
+// The help is ash's own: Kokkos starts after the command line is parsed, with
+// only its --kokkos-... arguments, so it prints no banner of its own.
+TEST(CliStart, HelpIsAshsOwn) {
+  for (const std::string args : {"--help", "grad --help", "plan --help", "-h"}) {
+    const auto r = run(args);
+    EXPECT_EQ(r.code, 0) << "ash " << args << ":\n" << r.out;
+    EXPECT_EQ(r.out.find("Kokkos command line"), std::string::npos) << "ash " << args << ":\n" << r.out;
+    EXPECT_EQ(r.out.find("--kokkos-threads"), std::string::npos) << "ash " << args << ":\n" << r.out;
+    EXPECT_NE(r.out.find(args.rfind("grad", 0) == 0 ? "--checkpoint" : args.rfind("plan", 0) == 0 ? "--for" : "generate"),
+              std::string::npos)
+        << "ash " << args << ":\n" << r.out;
+  }
+}
+
+TEST(CliStart, UnknownVerbIsNamed) {
+  for (const std::string args : {"import-hf", "import-hf --checkpoint model.h5", "Train --resume x.h5"}) {
+    const auto r = run(args);
+    const std::string verb = args.substr(0, args.find(' '));
+    EXPECT_EQ(r.code, 2) << "ash " << args << ":\n" << r.out;
+    EXPECT_EQ(r.out.rfind("ash: error: unknown verb '" + verb + "'", 0), 0u) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find("init, grad, train"), std::string::npos) << "the verbs are listed: " << r.out;
+  }
+  // Without a verb the parser still says that one is required.
+  EXPECT_FAILS_WITH(run(""), "A subcommand is required");
+}
+
+// Kokkos' own arguments still reach Kokkos, before or after the verb.
+TEST(CliStart, KokkosArgumentsReachKokkos) {
+#if KOKKOS_VERSION >= 30700
+  const std::string threads = "--kokkos-num-threads=1";
+#else
+  const std::string threads = "--kokkos-threads=1";  // Kokkos 3.4 knows no --kokkos-num-threads
+#endif
+  for (const std::string args : {threads + " plan", "plan " + threads, threads + " --kokkos-disable-warnings plan"}) {
+    const auto r = run(args);
+    EXPECT_EQ(r.code, 0) << "ash " << args << ":\n" << r.out;
+    EXPECT_NE(r.out.find("peak"), std::string::npos) << "ash " << args << ":\n" << r.out;
+  }
+  const auto help = run("--kokkos-help");
+  EXPECT_EQ(help.code, 0) << help.out;
+  EXPECT_NE(help.out.find("--kokkos-help"), std::string::npos) << "Kokkos' own help: " << help.out;
+  // A --kokkos-... argument that Kokkos does not know is a usage error naming it.
+  const auto bad = run("--kokkos-no-such-thing=1 plan");
+  EXPECT_EQ(bad.code, 2) << bad.out;
+  EXPECT_NE(bad.out.find("ash: error: unknown Kokkos argument '--kokkos-no-such-thing=1'"), std::string::npos)
+      << bad.out;
+  // After "--" a word is ash's, not Kokkos': here a file that does not exist.
+  EXPECT_FAILS_WITH(run("inspect -- --kokkos-threads=1.h5"), "--kokkos-threads=1.h5");
 }
 
 }  // namespace ash::test

@@ -16,6 +16,8 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "ash/ash.hpp"
 #include "ash/distributed/run_context.hpp"
@@ -592,6 +594,43 @@ int run_guarded(const Verbs& v) {
   }
 }
 
+// The command line split in two: Kokkos' own arguments (--kokkos-..., up to a
+// "--") and ash's, each led by the program name. Kokkos sees only its own, so
+// `ash --help` is ash's help alone (Kokkos prints a banner of its own on --help).
+struct SplitArgs {
+  std::vector<char*> ash, kokkos;
+};
+
+SplitArgs split_kokkos_args(int argc, char* argv[]) {
+  SplitArgs s;
+  s.ash.push_back(argv[0]);
+  s.kokkos.push_back(argv[0]);
+  bool operands = false;  // after "--" every word is ash's
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") operands = true;
+    (!operands && a.rfind("--kokkos-", 0) == 0 ? s.kokkos : s.ash).push_back(argv[i]);
+  }
+  return s;
+}
+
+// The verb the command line names when it is none of ash's (the first word, when
+// it is not an option): the parser would only say that a verb is required.
+std::optional<std::string> unknown_verb(CLI::App& app, const std::vector<char*>& args) {
+  if (args.size() < 2 || args[1][0] == '-') return std::nullopt;
+  const std::string word = args[1];
+  for (const CLI::App* verb : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (verb->get_name() == word) return std::nullopt;
+  return word;
+}
+
+std::string verb_names(CLI::App& app) {
+  std::string names;
+  for (const CLI::App* verb : app.get_subcommands([](const CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + verb->get_name();
+  return names;
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -618,30 +657,52 @@ int main(int argc, char* argv[]) {
   if (mpi.rank() != 0 && !std::freopen("/dev/null", "w", stdout)) return 3;  // only rank 0 prints progress
   g_print_warnings = mpi.rank() == 0;
 #endif
+  // Then the command line, before Kokkos: --help and usage errors never start it.
+  SplitArgs args = split_kokkos_args(argc, argv);
+  // Kokkos' arguments (e.g. --kokkos-threads=N) start Kokkos later; it destroys
+  // before MPI ends (declared after the session).
+  std::unique_ptr<Kokkos::ScopeGuard> kokkos;
   // A backend that cannot start (no usable GPU, a CUDA runtime refused by an
   // address-space limit) is a clear error, not an uncaught exception.
-  std::unique_ptr<Kokkos::ScopeGuard> kokkos;
-  try {
-    kokkos = std::make_unique<Kokkos::ScopeGuard>(argc, argv);
-  } catch (const std::exception& e) {
-    return fail(std::string("cannot start Kokkos (") + Kokkos::DefaultExecutionSpace::name() + "): " + e.what(), 2);
-  }
-  ash::MemoryTracker::install();
+  const auto start_kokkos = [&]() -> int {
+    int kokkos_argc = int(args.kokkos.size());
+    std::vector<char*> kokkos_argv = args.kokkos;
+    kokkos_argv.push_back(nullptr);
+    try {
+      kokkos = std::make_unique<Kokkos::ScopeGuard>(kokkos_argc, kokkos_argv.data());
+    } catch (const std::exception& e) {
+      return fail(std::string("cannot start Kokkos (") + Kokkos::DefaultExecutionSpace::name() + "): " + e.what(), 2);
+    }
+    // Kokkos removes the arguments it knows: what is left is none of its own
+    // (--kokkos-tools-... excepted: those are a loaded tool's, as Kokkos says).
+    for (int i = 1; i < kokkos_argc; ++i)
+      if (std::string(kokkos_argv[i]).rfind("--kokkos-tool", 0) != 0)
+        return fail(std::string("unknown Kokkos argument '") + kokkos_argv[i] + "' (ash --kokkos-help lists Kokkos' own)",
+                    2);
+    return 0;
+  };
+  for (const char* a : args.kokkos)
+    if (std::string(a) == "--kokkos-help") return start_kokkos();  // Kokkos prints its own help
 
   CLI::App app{"ash: adjoint-sharding training and gradients for SSM language models"};
   app.require_subcommand(1);
+  app.footer("Kokkos takes its own --kokkos-... arguments (ash --kokkos-help lists them).");
   Verbs v;
   add_model_verbs(app, v);
   add_reading_verbs(app, v);
   try {
-    app.parse(argc, argv);
+    app.parse(int(args.ash.size()), args.ash.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == int(CLI::ExitCodes::Success)) return app.exit(e);  // --help
     // A usage error is exit 2 with the parser's message on one line (§7).
+    if (const auto verb = unknown_verb(app, args.ash))
+      return fail("unknown verb '" + *verb + "' (the verbs: " + verb_names(app) + "; ash --help)", 2);
     std::string msg = e.what();
     for (auto& c : msg)
       if (c == '\n') c = ' ';
     return fail(msg + " (ash --help; ash VERB --help)", 2);
   }
+  if (const int rc = start_kokkos()) return rc;
+  ash::MemoryTracker::install();
   return run_guarded(v);
 }
