@@ -667,4 +667,40 @@ TEST(Checkpoint, DatasetStorageIsCheckedBeforeReading) {
   for (const auto& p : {good, unwritten, big, chunky}) std::remove(p.c_str());
 }
 
+// What a reader refuses is never written: a non-finite parameter, moment,
+// carried state, gradient or loss is an ash::Error naming it, before the
+// temporary file exists; the previous file stays. (The trainer checks its
+// own state first and names the last good checkpoint.)
+TEST(Checkpoint, WritersRefuseNonFiniteValues) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 22);
+  const auto path = tmp_path("kept.h5");
+  save_checkpoint(path, config_for(d), ps);
+  const auto before = slurp(path);
+  auto poisoned = [&](const std::string& name, double bad) {
+    ParamSet<double> p(d);
+    auto v = to_host(ps);
+    v[std::size_t(p.tensor(name).offset) + 1] = bad;
+    from_host(p, v);
+    return p;
+  };
+  expect_error([&] { save_checkpoint(path, config_for(d), poisoned("layers/001/D", std::nan(""))); },
+               "cannot write '" + path + "': /params/layers/001/D holds a non-finite value (nan at index 1)");
+  ParamSet<double> m(d), v = poisoned("head", HUGE_VAL);
+  expect_error([&] { save_checkpoint(path, config_for(d), ps, 1, 0, OptimizerState<double>{&m, &v, 1}); },
+               "/optimizer/v/head holds a non-finite value (inf at index 1)");
+  std::vector<View2<double>> carry{View2<double>("c0", d.width, d.state), View2<double>("c1", d.width, d.state)};
+  Kokkos::deep_copy(carry[1], -HUGE_VAL);
+  expect_error([&] { save_checkpoint(path, config_for(d), ps, 1, 0, OptimizerState<double>{&m, &m, 1, &carry}); },
+               "/train/carry_state holds a non-finite value (-inf at index " + std::to_string(d.width * d.state) + ")");
+  expect_error([&] { save_gradients(path, config_for(d), 1.0, poisoned("embedding", std::nan(""))); },
+               "/grad/embedding holds a non-finite value");
+  expect_error([&] { save_gradients(path, config_for(d), std::nan(""), ps); }, "/loss holds a non-finite value");
+  EXPECT_EQ(slurp(path), before);
+  const auto dir = std::filesystem::path(path).parent_path();
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find("kept.h5.tmp."), std::string::npos) << e.path();
+  std::remove(path.c_str());
+}
+
 }  // namespace ash::test

@@ -23,9 +23,23 @@ hid_t file_type_of() {
   return std::is_same<S, double>::value ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
 }
 
+// The writer's half of "finite values" (docs/file_format.md): what a reader
+// refuses is never written. `file` names the file in the message; the
+// write is abandoned before its temporary file exists.
 template <class S>
-void write_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps) {
+void require_finite(const S* v, std::size_t n, const std::string& what, const std::string& file) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      throw Error("cannot write '" + file + "': " + what + " holds a non-finite value (" + std::to_string(double(v[i])) +
+                  " at index " + std::to_string(i) + "), which no reader accepts; nothing was written (the previous "
+                  "file, if any, is unchanged)");
+}
+
+template <class S>
+void write_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, const std::string& fname) {
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps.data());
+  for (const auto& t : ps.tensors())
+    require_finite(host.data() + t.offset, std::size_t(t.size()), group + "/" + t.name, fname);
   Handle lcpl(link_create_plist(), H5Pclose);
   for (const auto& t : ps.tensors()) {
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
@@ -101,7 +115,7 @@ void read_paramset(const Reader& r, const std::string& group, const ParamSet<S>&
 }
 
 template <class S>
-void write_carried_state(hid_t file, const std::vector<View2<S>>& state) {
+void write_carried_state(hid_t file, const std::vector<View2<S>>& state, const std::string& fname) {
   const hsize_t K = state.size(), R = state[0].extent(0), N = state[0].extent(1);
   std::vector<S> host(std::size_t(K * R * N));
   for (hsize_t k = 0; k < K; ++k) {
@@ -109,6 +123,7 @@ void write_carried_state(hid_t file, const std::vector<View2<S>>& state) {
         host.data() + k * R * N, R, N);
     Kokkos::deep_copy(h, state[k]);
   }
+  require_finite(host.data(), host.size(), std::string("/train/carry_state"), fname);
   std::vector<hsize_t> dims{K, R, N};
   Handle lcpl(link_create_plist(), H5Pclose);
   Handle dcpl = checksummed_dcpl(dims, sizeof(S));
@@ -334,14 +349,14 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
   require(cfg.model() == params.dims(), "save_checkpoint: config sizes differ from the parameters'");
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, params.dims(), step, data_cursor);
-    write_paramset(file, "/params", params);
+    write_paramset(file, "/params", params, path);
     if (opt.m && opt.v) {
-      write_paramset(file, "/optimizer/m", *opt.m);
-      write_paramset(file, "/optimizer/v", *opt.v);
+      write_paramset(file, "/optimizer/m", *opt.m, path);
+      write_paramset(file, "/optimizer/v", *opt.v, path);
       Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
       write_attr_i64(g, "step", opt.step);
     }
-    if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry);
+    if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry, path);
     if (opt.data_tokens >= 0) {  // what the data cursor indexes
       write_attr_i64(file, "data_tokens", opt.data_tokens);
       write_attr_i64(file, "data_fingerprint", std::int64_t(opt.data_fingerprint));
@@ -460,6 +475,7 @@ ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, Ch
 
 template <class S>
 void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad) {
+  require_finite(&loss, 1, std::string("/loss"), path);
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, grad.dims(), 0, 0);
     // A scalar cannot be chunked (no filter); compact layout keeps the value
@@ -467,7 +483,7 @@ void save_gradients(const std::string& path, const Config& cfg, double loss, con
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     check(H5Pset_layout(dcpl, H5D_COMPACT), "compact layout for /loss");
     write_dataset(file, "/loss", H5T_IEEE_F64LE, {}, dcpl, H5P_DEFAULT, H5T_NATIVE_DOUBLE, &loss);
-    write_paramset(file, "/grad", grad);
+    write_paramset(file, "/grad", grad, path);
     seal_header(file);
   });
 }

@@ -15,7 +15,8 @@
 // (docs/file_format.md): a closed schema (only hard links, only the format's
 // objects, each dataset of the shape the model sizes give, checked before
 // anything is read or allocated), float32/float64 only, checksums and
-// digests, finite values.
+// digests, finite values. Writing refuses non-finite values (ash::Error
+// naming the tensor), so nothing is written that a reader would refuse.
 #include <cstdint>
 #include <string>
 #include <vector>
