@@ -30,8 +30,9 @@ template <class S>
 void require_finite(const S* v, std::size_t n, const std::string& what, const std::string& file) {
   for (std::size_t i = 0; i < n; ++i)
     if (!std::isfinite(v[i]))
-      throw Error("cannot write '" + file + "': " + what + " holds a non-finite value (" + std::to_string(double(v[i])) +
-                  " at index " + std::to_string(i) + "), which no reader accepts; nothing was written (the previous "
+      throw Error("cannot write '" + file + "': " + what + " holds a non-finite value (" +
+                  std::to_string(double(v[i])) + " at index " + std::to_string(i) +
+                  "), which no reader accepts; nothing was written (the previous "
                   "file, if any, is unchanged)");
 }
 
@@ -223,15 +224,15 @@ void check_datasets(const Reader& r) {
     const std::vector<std::int64_t> got(dims.begin(), dims.end());
     if (p == "/train/carry_state") {
       // [K, B·P, N] for a batch B >= 1 (the run that resumes it checks its own B).
-      const bool ok = rank == 3 && got[0] == d.layers && got[2] == d.state && got[1] >= d.width &&
-                      got[1] % d.width == 0;
+      const bool ok =
+          rank == 3 && got[0] == d.layers && got[2] == d.state && got[1] >= d.width && got[1] % d.width == 0;
       require(ok, "'" + r.path + "': dataset " + p + " has shape " + shape_str(got) + ", expected [" +
                       std::to_string(d.layers) + ",B*" + std::to_string(d.width) + "," + std::to_string(d.state) +
                       "] (layers, batch x width, state) from the model sizes");
     } else {
       const auto want = shapes.find(p);
-      require(want != shapes.end(), "not an ash checkpoint: '" + r.path + "' holds dataset " + p +
-                                        ", which is not part of the format");
+      require(want != shapes.end(),
+              "not an ash checkpoint: '" + r.path + "' holds dataset " + p + ", which is not part of the format");
       require(cls == (want->second.empty() ? H5S_SCALAR : H5S_SIMPLE) && got == want->second,
               "'" + r.path + "': dataset " + p + " has shape " + shape_str(got) + ", expected " +
                   shape_str(want->second) + " from the model sizes");
@@ -256,8 +257,8 @@ void check_datasets(const Reader& r) {
   require(H5Fget_filesize(r.file, &fsize) >= 0, "'" + r.path + "': cannot tell its size");
   require(total <= fsize, "'" + r.path + "' is " + std::to_string(fsize) + " bytes, and its datasets declare " +
                               std::to_string(total) + " bytes of values (model sizes V=" + std::to_string(d.vocab) +
-                              " P=" + std::to_string(d.width) + " N=" + std::to_string(d.state) + " K=" +
-                              std::to_string(d.layers) + "): the file is truncated or was altered");
+                              " P=" + std::to_string(d.width) + " N=" + std::to_string(d.state) +
+                              " K=" + std::to_string(d.layers) + "): the file is truncated or was altered");
   for (const auto& x : declared) {
     Handle ds(H5Dopen2(r.file, x.path.c_str(), H5P_DEFAULT), H5Dclose);
     require(ds.ok(), "'" + r.path + "': cannot open dataset " + x.path + " (corrupt file)");

@@ -557,8 +557,9 @@ void read_dataset(hid_t ds, const std::string& path, hid_t mem_type, void* out, 
 void scan_dataset(hid_t ds, const std::string& path, hid_t mem_type, bool verify, const std::string& fname,
                   const BlockSink& sink) {
   std::uint64_t stored = 0;
-  require(!verify || read_digest(ds, &stored), "checksum mismatch in dataset " + path + " of '" + fname +
-                                                   "': it has no digest (format 3 files have one; the file was altered)");
+  require(!verify || read_digest(ds, &stored),
+          "checksum mismatch in dataset " + path + " of '" + fname +
+              "': it has no digest (format 3 files have one; the file was altered)");
   const std::uint64_t got = read_blocks(ds, path, mem_type, sink, fname);
   require(!verify || got == stored, "checksum mismatch in dataset " + path + " of '" + fname +
                                         "' (its digest differs: the file is corrupt or was altered)");
