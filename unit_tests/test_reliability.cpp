@@ -1275,11 +1275,14 @@ void declare_shape(const std::string& path, const char* ds_path, const std::vect
   H5Fclose(f);
 }
 
-// The tool under a time limit and a 1 GB address-space limit (inspect of a
-// good file needs about 25 MB): a hang is status 124, an allocation of what
-// the file declares fails or is killed instead of swapping the machine.
+// The tool under a time limit and, on a host backend, a 1 GB address-space
+// limit (inspect of a good file needs about 25 MB; a device backend reserves
+// more than that to start): a hang is status 124, an allocation of what the
+// file declares fails instead of swapping the machine.
 CliResult bounded(const std::string& args) {
-  return run_shell("bash -c 'ulimit -v 1000000; exec timeout 60 " + std::string(cli_path()) + " " + args + "'");
+  const std::string limit = host_backend ? "ulimit -v 1000000; " : "";
+  return run_shell("PMIX_MCA_gds=hash bash -c '" + limit + "exec timeout 60 " + std::string(cli_path()) + " " + args +
+                   "'");
 }
 
 }  // namespace
