@@ -3,8 +3,9 @@
 #   make_corpus.sh OUT_DIR ASH_BINARY
 # OUT_DIR/config/  JSON configurations (valid, and near misses)
 # OUT_DIR/tokens/  token files' bytes (first byte: 0 text, 1 .u16, 2 .u32)
-# OUT_DIR/checkpoint/  edit lists for fuzz_checkpoint, and OUT_DIR/checkpoint.h5,
-#                  the valid checkpoint they edit (written by `ash init`)
+# OUT_DIR/checkpoint/  edit lists for fuzz_checkpoint (byte flips, and declared
+#                  shapes of 2^40 elements: fuzz/shape_seed.py), and
+#                  OUT_DIR/checkpoint.h5, the valid checkpoint they edit (written by `ash init`)
 set -euo pipefail
 out=$1
 ash=$2
@@ -28,4 +29,9 @@ size=$(stat -c %s "$out/checkpoint.h5")
 for i in 0 1 2 3 4 5 6 7; do  # a few single-byte edits spread over the file
   python3 -c "import struct,sys; sys.stdout.buffer.write(struct.pack('<IB', ($i * $size) // 8 + 17, 1 << ($i % 8)))" \
     > "$out/checkpoint/edit$i"
+done
+# Declared shapes (issue 35): /params/final_norm and /params/embedding 2^40 elements
+# longer per dimension, their object headers' checksums recomputed so HDF5 opens them.
+for rank in 1 2; do
+  python3 "$(dirname "${BASH_SOURCE[0]}")/shape_seed.py" "$out/checkpoint.h5" "$rank" "$out/checkpoint/shape$rank"
 done

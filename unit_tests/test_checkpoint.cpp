@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "test_helpers.hpp"
@@ -568,6 +570,137 @@ TEST(Checkpoint, LoweredFormatVersionIsRefused) {
   set_format_version(gpath, 2);
   expect_error([&] { load_gradients(gpath, d); }, "declares checkpoint format version 2, which its contents contradict");
   for (const auto& p : {good, gpath}) std::remove(p.c_str());
+}
+
+namespace {
+
+// Replaces dataset `ds_path` by a float64 one of shape `dims`, chunked
+// `chunk` with Fletcher-32; written with `value` when `fill` (maxdims
+// unlimited, so a chunk may exceed the extent), else never written.
+void replace_dataset(const std::string& path, const char* ds_path, const std::vector<hsize_t>& dims,
+                     const std::vector<hsize_t>& chunk, bool fill, double value = 0.5) {
+  edit(path, [&](hid_t f) {
+    EXPECT_GE(H5Ldelete(f, ds_path, H5P_DEFAULT), 0);
+    const std::vector<hsize_t> unlimited(dims.size(), H5S_UNLIMITED);
+    hid_t sp = H5Screate_simple(int(dims.size()), dims.data(), fill ? unlimited.data() : nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+    H5Pset_fletcher32(dcpl);
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t ds = H5Dcreate2(f, ds_path, H5T_IEEE_F64LE, sp, lcpl, dcpl, H5P_DEFAULT);
+    EXPECT_GE(ds, 0) << ds_path;
+    if (fill) {
+      std::vector<double> v(std::size_t(H5Sget_simple_extent_npoints(sp)), value);
+      EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+    }
+    H5Dclose(ds);
+    H5Pclose(lcpl);
+    H5Pclose(dcpl);
+    H5Sclose(sp);
+  });
+}
+
+void replace_attr_str(hid_t f, const char* name, const std::string& v) {
+  H5Adelete(f, name);
+  hid_t sp = H5Screate(H5S_SCALAR), t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, v.size());
+  H5Tset_strpad(t, H5T_STR_NULLPAD);
+  hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, t, v.data());
+  H5Aclose(a);
+  H5Tclose(t);
+  H5Sclose(sp);
+}
+
+}  // namespace
+
+// Every dataset's storage is checked before it is read or anything is sized
+// from it (format 2 here: no digest would notice, only these checks): a
+// dataset whose chunks were never written (it read as fill values: zeros
+// loaded silently), model sizes whose datasets could not fit in the file
+// (an 80 KB file declaring a 2^20-token vocabulary allocated and read
+// 128 MiB of fill values), and chunks larger than the extent.
+TEST(Checkpoint, DatasetStorageIsCheckedBeforeReading) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 21);
+  const auto good = tmp_path("good.h5");
+  save_checkpoint(good, config_for(d), ps);
+  auto refused = [&](const std::string& p, const std::string& msg) {
+    expect_error([&] { load_checkpoint<double>(p); }, msg);
+    expect_error([&] { inspect_checkpoint(p, Verify::none); }, msg);
+    expect_error([&] { inspect_checkpoint(p, Verify::all); }, msg);
+  };
+
+  const auto unwritten = copy_of(good, "unwritten.h5");
+  downgrade_to_v2(unwritten);
+  replace_dataset(unwritten, "/params/final_norm", {hsize_t(d.width)}, {hsize_t(d.width)}, false);
+  refused(unwritten, "'" + unwritten + "': dataset /params/final_norm stores 0 bytes of the 64 its shape [8] declares");
+
+  const auto big = copy_of(good, "big_vocab.h5");
+  downgrade_to_v2(big);
+  const std::int64_t V = std::int64_t(1) << 20;
+  edit(big, [&](hid_t f) {
+    hid_t a = H5Aopen(f, "vocab", H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_INT64, &V);
+    H5Aclose(a);
+    auto cfg = config_for(d);
+    cfg.set("model.vocab=" + std::to_string(V));
+    replace_attr_str(f, "config", cfg.json().dump());
+  });
+  for (const char* p : {"/params/embedding", "/params/head"})
+    replace_dataset(big, p, {hsize_t(V), hsize_t(d.width)}, {hsize_t(1) << 14, hsize_t(d.width)}, false);
+  ModelDims dv = d;
+  dv.vocab = V;
+  refused(big, "and its datasets declare " + std::to_string(parameter_count(dv) * 8) +
+                   " bytes of values (model sizes V=1048576 P=8 N=4 K=2): the file is truncated or was altered");
+
+  const auto chunky = copy_of(good, "chunky.h5");
+  downgrade_to_v2(chunky);
+  replace_dataset(chunky, "/params/layers/000/D", {hsize_t(d.width)}, {hsize_t(2 * d.width)}, true);
+  refused(chunky, "dataset /params/layers/000/D has chunks of dimension 16 in its shape [8]");
+  // The same dataset with chunks within its extent loads (the checks refuse only what the writer never makes).
+  replace_dataset(chunky, "/params/layers/000/D", {hsize_t(d.width)}, {hsize_t(d.width / 2)}, true, 0.25);
+  const auto back = load_checkpoint<double>(chunky);
+  const auto& t = back.tensor("layers/000/D");
+  EXPECT_EQ(to_host(back)[std::size_t(t.offset)], 0.25);
+  for (const auto& p : {good, unwritten, big, chunky}) std::remove(p.c_str());
+}
+
+// What a reader refuses is never written: a non-finite parameter, moment,
+// carried state, gradient or loss is an ash::Error naming it, before the
+// temporary file exists; the previous file stays. (The trainer checks its
+// own state first and names the last good checkpoint.)
+TEST(Checkpoint, WritersRefuseNonFiniteValues) {
+  const auto d = tiny_dims(2);
+  const auto ps = random_model<double>(d, 22);
+  const auto path = tmp_path("kept.h5");
+  save_checkpoint(path, config_for(d), ps);
+  const auto before = slurp(path);
+  auto poisoned = [&](const std::string& name, double bad) {
+    ParamSet<double> p(d);
+    auto v = to_host(ps);
+    v[std::size_t(p.tensor(name).offset) + 1] = bad;
+    from_host(p, v);
+    return p;
+  };
+  expect_error([&] { save_checkpoint(path, config_for(d), poisoned("layers/001/D", std::nan(""))); },
+               "cannot write '" + path + "': /params/layers/001/D holds a non-finite value (nan at index 1)");
+  ParamSet<double> m(d), v = poisoned("head", HUGE_VAL);
+  expect_error([&] { save_checkpoint(path, config_for(d), ps, 1, 0, OptimizerState<double>{&m, &v, 1}); },
+               "/optimizer/v/head holds a non-finite value (inf at index 1)");
+  std::vector<View2<double>> carry{View2<double>("c0", d.width, d.state), View2<double>("c1", d.width, d.state)};
+  Kokkos::deep_copy(carry[1], -HUGE_VAL);
+  expect_error([&] { save_checkpoint(path, config_for(d), ps, 1, 0, OptimizerState<double>{&m, &m, 1, &carry}); },
+               "/train/carry_state holds a non-finite value (-inf at index " + std::to_string(d.width * d.state) + ")");
+  expect_error([&] { save_gradients(path, config_for(d), 1.0, poisoned("embedding", std::nan(""))); },
+               "/grad/embedding holds a non-finite value");
+  expect_error([&] { save_gradients(path, config_for(d), std::nan(""), ps); }, "/loss holds a non-finite value");
+  EXPECT_EQ(slurp(path), before);
+  const auto dir = std::filesystem::path(path).parent_path();
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find("kept.h5.tmp."), std::string::npos) << e.path();
+  std::remove(path.c_str());
 }
 
 }  // namespace ash::test

@@ -1280,4 +1280,120 @@ TEST(Reliability, RunsWithoutTargetsAreRefused) {
   EXPECT_NE(e.out.find("over 1 targets"), std::string::npos) << e.out;
 }
 
+// ---- 11. declared shapes and non-finite values in `ash inspect` (issue 35) --
+
+namespace {
+
+// Replaces dataset `ds_path` by an empty one of shape `dims`: float32, chunked
+// with Fletcher-32 as formats 2 and 3 write (chunks of at most 2^20
+// elements), never written, so a few hundred bytes declare any size. With
+// `digest` it carries a digest attribute (a wrong one), so that a format-3
+// reader gets as far as reading it; the header digest is then recomputed.
+void declare_shape(const std::string& path, const char* ds_path, const std::vector<hsize_t>& dims, bool digest) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << path;
+  EXPECT_GE(H5Ldelete(f, ds_path, H5P_DEFAULT), 0);
+  hid_t sp = H5Screate_simple(int(dims.size()), dims.data(), nullptr);
+  std::vector<hsize_t> chunk(dims.size(), 1);
+  chunk.back() = std::min<hsize_t>(dims.back(), hsize_t(1) << 20);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, int(chunk.size()), chunk.data());
+  H5Pset_fletcher32(dcpl);
+  hid_t ds = H5Dcreate2(f, ds_path, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  EXPECT_GE(ds, 0) << ds_path;
+  if (digest) {
+    hid_t s1 = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(ds, "digest", H5T_STD_U64LE, s1, H5P_DEFAULT, H5P_DEFAULT);
+    const std::uint64_t zero = 0;
+    H5Awrite(a, H5T_NATIVE_UINT64, &zero);
+    H5Aclose(a);
+    H5Sclose(s1);
+  }
+  H5Dclose(ds);
+  H5Pclose(dcpl);
+  H5Sclose(sp);
+  if (digest) io::seal_header(f);
+  H5Fclose(f);
+}
+
+// The tool under a time limit and, on a host backend, a 1 GB address-space
+// limit (inspect of a good file needs about 25 MB; a device backend reserves
+// more than that to start): a hang is status 124, an allocation of what the
+// file declares fails instead of swapping the machine.
+CliResult bounded(const std::string& args) {
+  const std::string limit = host_backend ? "ulimit -v 1000000; " : "";
+  return run_shell("PMIX_MCA_gds=hash bash -c '" + limit + "exec timeout 60 " + std::string(cli_path()) + " " + args +
+                   "'");
+}
+
+}  // namespace
+
+// A dataset's shape is a number in the file (its dataspace): every one is
+// checked against the model sizes, its type and storage too, before anything
+// is read or sized from it. `ash inspect` used to read first: an 84 KB file
+// declaring /params/final_norm [2^40] hung it (4 TiB of fill values read),
+// /params/embedding [2^31, 2^31] made it allocate 8 GiB for one row; now every
+// verb, `inspect --no-verify` too, exits 2 naming the shape, in seconds, in
+// formats 3 (digest attributes present, header resealed) and 2.
+TEST(Reliability, DeclaredShapesAreCheckedBeforeAnythingIsRead) {
+  const auto corpus = corpus_file(), ckpt = tmp_path("m.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  const auto d = inspect_checkpoint(ckpt).dims;
+  const hsize_t huge = hsize_t(1) << 40, wide = hsize_t(1) << 31;
+  struct Case {
+    const char* ds;
+    std::vector<hsize_t> dims;
+    std::string want;
+  };
+  const std::vector<Case> cases{
+      {"/params/final_norm", {huge}, "dataset /params/final_norm has shape [1099511627776], expected [" +
+                                         std::to_string(d.width) + "] from the model sizes"},
+      {"/params/embedding", {wide, wide}, "dataset /params/embedding has shape [2147483648,2147483648], expected [" +
+                                              std::to_string(d.vocab) + "," + std::to_string(d.width) +
+                                              "] from the model sizes"}};
+  for (const auto& c : cases)
+    for (const bool v2 : {false, true}) {
+      const auto p = tmp_path(std::string(v2 ? "v2" : "v3") + (c.dims.size() == 1 ? "_norm.h5" : "_embedding.h5"));
+      SCOPED_TRACE(p);
+      write(p, slurp(ckpt));
+      if (v2) downgrade_to_v2(p);
+      declare_shape(p, c.ds, c.dims, !v2);
+      EXPECT_LT(fs::file_size(p), std::uintmax_t(200000));
+      for (const std::string verb : {"inspect ", "inspect --no-verify "}) {
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_CLEAR_ERROR(bounded(verb + p), "'" + p + "': " + c.want);
+        EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0) << verb;
+      }
+      for (const auto& verb : {"generate --checkpoint " + p + " --prompt ab --tokens 2",
+                               "eval --checkpoint " + p + " --tokens " + corpus,
+                               "grad --checkpoint " + p + " --tokens " + corpus + " --out " + tmp_path("g.h5")})
+        EXPECT_CLEAR_ERROR(timed(verb), c.want);
+    }
+}
+
+// `ash inspect` reads every value, so it checks them as the other verbs do: a
+// NaN or an infinity is exit 2 naming the dataset (it used to print
+// "verified" and exit 0 for a file generate, grad and eval refuse), and a
+// good file says how many values it found finite.
+TEST(Reliability, InspectRefusesNonFiniteValues) {
+  const auto ckpt = tmp_path("m.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  const auto good = timed("inspect " + ckpt);
+  EXPECT_EQ(good.code, 0) << good.out;
+  EXPECT_NE(good.out.find("parameters: 4472\n"), std::string::npos) << good.out;
+  EXPECT_NE(good.out.find("all 4472 values finite"), std::string::npos) << good.out;
+  EXPECT_EQ(timed("inspect --no-verify " + ckpt).out.find("finite"), std::string::npos);
+  for (const bool v2 : {false, true})
+    for (const double bad : {std::nan(""), -HUGE_VAL}) {
+      const auto p = tmp_path(std::string(v2 ? "v2" : "v3") + (std::isnan(bad) ? "_nan.h5" : "_inf.h5"));
+      SCOPED_TRACE(p);
+      write(p, slurp(ckpt));
+      if (v2) downgrade_to_v2(p);
+      set_all_values(p, "/params/layers/001/D", bad);
+      if (!v2) reseal(p);  // consistent digests: the value check, not the digest, must refuse it
+      EXPECT_CLEAR_ERROR(timed("inspect " + p), "dataset /params/layers/001/D of '" + p + "' holds a non-finite value");
+      EXPECT_CLEAR_ERROR(timed("generate --checkpoint " + p + " --prompt ab --tokens 2"), "non-finite");
+    }
+}
+
 }  // namespace ash::test

@@ -57,6 +57,27 @@ def test_load_save_round_trip(tiny_model, ash_cli, tmp_path):
     assert "verified" in run_cli(ash_cli, "inspect", tmp_path / "copy.h5")
 
 
+@pytest.mark.parametrize("precision,bad", [("double", np.nan), ("float", np.inf), ("double", -np.inf)])
+def test_save_refuses_non_finite_parameters(tiny_model, ash_cli, tmp_path, precision, bad):
+    """What every reader refuses is never written: ash.Error naming the tensor,
+    no file (and no temporary file) left, a previous file unchanged."""
+    ck = ash.load(tiny_model[0])
+    out = tmp_path / "bad.h5"
+    ck["layers/001/W_B"] = ck["layers/001/W_B"].copy()
+    ck["layers/001/W_B"][2, 3] = bad
+    with pytest.raises(ash.Error, match=r"/params/layers/001/W_B holds a non-finite value \((-?inf|nan) at index 19\)") as e:
+        ash.save(out, ck, precision=precision)
+    assert isinstance(e.value, ValueError) and str(out) in str(e.value)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    good = ash.load(tiny_model[0])
+    ash.save(out, good, precision=precision)
+    before = out.read_bytes()
+    with pytest.raises(ash.Error, match="non-finite"):
+        ash.save(out, ck, precision=precision)
+    assert out.read_bytes() == before
+    assert "values finite" in run_cli(ash_cli, "inspect", out)
+
+
 def test_evaluate_generate_plan(tiny_model, ash_cli):
     ckpt, tokens, ids = tiny_model
     ev = ash.evaluate(ckpt, ids, seq_len=50, batch=2)

@@ -375,6 +375,7 @@ void run_inspect(const std::string& path, bool verify) {
     std::printf("verified: every dataset's Fletcher-32 checksums (format 2 has no digests)\n");
   else
     std::printf("not verifiable: format 1 has no checksums (every dataset was read)\n");
+  if (info.finite_values >= 0) std::printf("all %lld values finite\n", (long long)info.finite_values);
 }
 
 // Numeric options are checked on their text, before CLI11 converts them (its

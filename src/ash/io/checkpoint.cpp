@@ -1,6 +1,7 @@
 #include "ash/io/checkpoint.hpp"
 
 #include <cmath>
+#include <map>
 #include <type_traits>
 
 #include "ash/core/error.hpp"
@@ -22,9 +23,24 @@ hid_t file_type_of() {
   return std::is_same<S, double>::value ? H5T_IEEE_F64LE : H5T_IEEE_F32LE;
 }
 
+// The writer's half of "finite values" (docs/file_format.md): what a reader
+// refuses is never written. `file` names the file in the message; the
+// write is abandoned before its temporary file exists.
 template <class S>
-void write_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps) {
+void require_finite(const S* v, std::size_t n, const std::string& what, const std::string& file) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      throw Error("cannot write '" + file + "': " + what + " holds a non-finite value (" +
+                  std::to_string(double(v[i])) + " at index " + std::to_string(i) +
+                  "), which no reader accepts; nothing was written (the previous "
+                  "file, if any, is unchanged)");
+}
+
+template <class S>
+void write_paramset(hid_t file, const std::string& group, const ParamSet<S>& ps, const std::string& fname) {
   auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps.data());
+  for (const auto& t : ps.tensors())
+    require_finite(host.data() + t.offset, std::size_t(t.size()), group + "/" + t.name, fname);
   Handle lcpl(link_create_plist(), H5Pclose);
   for (const auto& t : ps.tensors()) {
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
@@ -100,7 +116,7 @@ void read_paramset(const Reader& r, const std::string& group, const ParamSet<S>&
 }
 
 template <class S>
-void write_carried_state(hid_t file, const std::vector<View2<S>>& state) {
+void write_carried_state(hid_t file, const std::vector<View2<S>>& state, const std::string& fname) {
   const hsize_t K = state.size(), R = state[0].extent(0), N = state[0].extent(1);
   std::vector<S> host(std::size_t(K * R * N));
   for (hsize_t k = 0; k < K; ++k) {
@@ -108,6 +124,7 @@ void write_carried_state(hid_t file, const std::vector<View2<S>>& state) {
         host.data() + k * R * N, R, N);
     Kokkos::deep_copy(h, state[k]);
   }
+  require_finite(host.data(), host.size(), std::string("/train/carry_state"), fname);
   std::vector<hsize_t> dims{K, R, N};
   Handle lcpl(link_create_plist(), H5Pclose);
   Handle dcpl = checksummed_dcpl(dims, sizeof(S));
@@ -162,6 +179,91 @@ void check_schema(const Reader& r) {
     require(it->second == o.second, "not an ash checkpoint: '" + r.path + "': " + o.first + " is a " + kind +
                                         ", the format has a " +
                                         (it->second == ObjectKind::group ? "group" : "dataset") + " there");
+  }
+}
+
+// The shape of every dataset of the format in a file of these sizes (a scalar:
+// {}), but /train/carry_state, whose batch the file does not fix.
+std::map<std::string, std::vector<std::int64_t>> schema_shapes(const ModelDims& d) {
+  std::map<std::string, std::vector<std::int64_t>> s;
+  for (const std::string root : {"/params", "/optimizer/m", "/optimizer/v", "/grad"})
+    for (const auto& t : param_layout(d)) s[root + "/" + t.name] = t.shape;
+  s["/loss"] = {};
+  return s;
+}
+
+// Every dataset's declared shape, type and storage against the schema and the
+// model sizes, before anything is read or sized from the file: the extent is
+// only a number in a dataspace message (an 84 KB file can declare /params/head
+// [2^31, 2^31], 16 EiB), so it must equal the one the (checked) model sizes
+// give, and all the bytes the datasets declare must fit in the file (nothing
+// is compressed). Only then is the chunk index walked (extent_problem), its
+// length bounded by the file's size.
+void check_datasets(const Reader& r) {
+  const auto shapes = schema_shapes(r.info.dims);
+  const ModelDims& d = r.info.dims;
+  struct Declared {
+    std::string path;
+    std::vector<hsize_t> dims;
+    std::size_t elem;
+  };
+  std::vector<Declared> declared;
+  hsize_t total = 0;
+  for (const auto& o : r.objects) {
+    if (o.second != ObjectKind::dataset) continue;
+    const std::string& p = o.first;
+    Handle ds(H5Dopen2(r.file, p.c_str(), H5P_DEFAULT), H5Dclose);
+    require(ds.ok(), "'" + r.path + "': cannot open dataset " + p + " (corrupt file)");
+    Handle sp(H5Dget_space(ds), H5Sclose);
+    const H5S_class_t cls = sp.ok() ? H5Sget_simple_extent_type(sp) : H5S_NO_CLASS;
+    const int rank = sp.ok() ? H5Sget_simple_extent_ndims(sp) : -1;
+    require((cls == H5S_SCALAR || cls == H5S_SIMPLE) && rank >= 0 && rank <= 32,
+            "'" + r.path + "': dataset " + p + " has an unreadable or empty dataspace");
+    std::vector<hsize_t> dims(std::size_t(rank), 0);
+    if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+    const std::vector<std::int64_t> got(dims.begin(), dims.end());
+    if (p == "/train/carry_state") {
+      // [K, B·P, N] for a batch B >= 1 (the run that resumes it checks its own B).
+      const bool ok =
+          rank == 3 && got[0] == d.layers && got[2] == d.state && got[1] >= d.width && got[1] % d.width == 0;
+      require(ok, "'" + r.path + "': dataset " + p + " has shape " + shape_str(got) + ", expected [" +
+                      std::to_string(d.layers) + ",B*" + std::to_string(d.width) + "," + std::to_string(d.state) +
+                      "] (layers, batch x width, state) from the model sizes");
+    } else {
+      const auto want = shapes.find(p);
+      require(want != shapes.end(),
+              "not an ash checkpoint: '" + r.path + "' holds dataset " + p + ", which is not part of the format");
+      require(cls == (want->second.empty() ? H5S_SCALAR : H5S_SIMPLE) && got == want->second,
+              "'" + r.path + "': dataset " + p + " has shape " + shape_str(got) + ", expected " +
+                  shape_str(want->second) + " from the model sizes");
+    }
+    Handle ft(H5Dget_type(ds), H5Tclose);
+    require(ft.ok() && is_f32_or_f64(ft), "'" + r.path + "': dataset " + p + " is " +
+                                              (ft.ok() ? dtype_name(ft) : std::string("unreadable")) +
+                                              "; checkpoints hold float32 or float64");
+    // Formats 2 and 3 always checksum (but /loss, a scalar in the object header).
+    require(r.info.format_version < 2 || p == "/loss" || has_fletcher32(ds),
+            "'" + r.path + "': dataset " + p + " has no Fletcher-32 checksum (format " +
+                std::to_string(r.info.format_version) + " has one)");
+    hsize_t bytes = H5Tget_size(ft);
+    for (hsize_t x : dims)
+      require(!__builtin_mul_overflow(bytes, x, &bytes),
+              "'" + r.path + "': dataset " + p + " has shape " + shape_str(got) + ", more than 2^64 bytes");
+    require(!__builtin_add_overflow(total, bytes, &total),
+            "'" + r.path + "': its datasets declare more than 2^64 bytes");
+    declared.push_back({p, dims, H5Tget_size(ft)});
+  }
+  hsize_t fsize = 0;
+  require(H5Fget_filesize(r.file, &fsize) >= 0, "'" + r.path + "': cannot tell its size");
+  require(total <= fsize, "'" + r.path + "' is " + std::to_string(fsize) + " bytes, and its datasets declare " +
+                              std::to_string(total) + " bytes of values (model sizes V=" + std::to_string(d.vocab) +
+                              " P=" + std::to_string(d.width) + " N=" + std::to_string(d.state) +
+                              " K=" + std::to_string(d.layers) + "): the file is truncated or was altered");
+  for (const auto& x : declared) {
+    Handle ds(H5Dopen2(r.file, x.path.c_str(), H5P_DEFAULT), H5Dclose);
+    require(ds.ok(), "'" + r.path + "': cannot open dataset " + x.path + " (corrupt file)");
+    const std::string problem = extent_problem(ds, x.dims, x.elem);
+    require(problem.empty(), "not an ash checkpoint: '" + r.path + "': dataset " + x.path + " " + problem);
   }
 }
 
@@ -236,6 +338,7 @@ Reader open_checkpoint(const std::string& path, const char* what, bool verify = 
   r.objects = list_objects(r.file, path);
   read_header(r);
   check_schema(r);
+  check_datasets(r);
   return r;
 }
 
@@ -247,14 +350,14 @@ void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<
   require(cfg.model() == params.dims(), "save_checkpoint: config sizes differ from the parameters'");
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, params.dims(), step, data_cursor);
-    write_paramset(file, "/params", params);
+    write_paramset(file, "/params", params, path);
     if (opt.m && opt.v) {
-      write_paramset(file, "/optimizer/m", *opt.m);
-      write_paramset(file, "/optimizer/v", *opt.v);
+      write_paramset(file, "/optimizer/m", *opt.m, path);
+      write_paramset(file, "/optimizer/v", *opt.v, path);
       Handle g(H5Gopen2(file, "/optimizer", H5P_DEFAULT), H5Gclose);
       write_attr_i64(g, "step", opt.step);
     }
-    if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry);
+    if (opt.carry && !opt.carry->empty()) write_carried_state(file, *opt.carry, path);
     if (opt.data_tokens >= 0) {  // what the data cursor indexes
       write_attr_i64(file, "data_tokens", opt.data_tokens);
       write_attr_i64(file, "data_fingerprint", std::int64_t(opt.data_fingerprint));
@@ -326,17 +429,25 @@ CheckpointInfo inspect_checkpoint(const std::string& path, Verify verify) {
     }
     info.datasets.push_back(d);
   }
-  // Every dataset read through: Fletcher-32 (formats 2, 3) and the digests (3).
-  if (verify == Verify::all)
+  // Every dataset read through, a block at a time: Fletcher-32 (formats 2,
+  // 3), the digests (3), and every value finite, as the loaders require.
+  if (verify == Verify::all) {
+    info.finite_values = 0;
     for (const auto& o : r.objects) {
       if (o.second != ObjectKind::dataset) continue;
       Handle ds(H5Dopen2(r.file, o.first.c_str(), H5P_DEFAULT), H5Dclose);
       require(ds.ok(), "'" + path + "': cannot open dataset " + o.first + " (corrupt file)");
-      require(info.format_version < 2 || o.first == "/loss" || has_fletcher32(ds),
-              "'" + path + "': dataset " + o.first + " has no Fletcher-32 checksum (format " +
-                  std::to_string(info.format_version) + " has one)");
-      read_dataset(ds, o.first, -1, nullptr, info.format_version >= 3, path);
+      scan_dataset(ds, o.first, H5T_NATIVE_DOUBLE, info.format_version >= 3, path,
+                   [&](const void* values, std::size_t first, std::size_t n) {
+                     const double* v = static_cast<const double*>(values);
+                     for (std::size_t i = 0; i < n; ++i)
+                       require(std::isfinite(v[i]), "dataset " + o.first + " of '" + path +
+                                                        "' holds a non-finite value (" + std::to_string(v[i]) +
+                                                        " at index " + std::to_string(first + i) + ")");
+                     info.finite_values += std::int64_t(n);
+                   });
     }
+  }
   return info;
 }
 
@@ -353,6 +464,10 @@ ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, Ch
   const LayerRange lr = range.k1 == 0 ? LayerRange::all(info.dims) : range;
   require(lr.k1 <= info.dims.layers, "'" + path + "' has " + std::to_string(info.dims.layers) +
                                          " layers; this rank owns layers up to " + std::to_string(lr.k1 - 1));
+  // Every tensor present before the parameters are allocated (their sizes
+  // were checked against the file's by open_checkpoint).
+  for (const auto& t : param_layout(info.dims, lr))
+    require(r.has("/params/" + t.name, ObjectKind::dataset), "'" + path + "' lacks dataset /params/" + t.name);
   ParamSet<S> params(info.dims, lr);
   read_paramset(r, "/params", params);
   if (info_out) *info_out = info;
@@ -361,6 +476,7 @@ ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, Ch
 
 template <class S>
 void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad) {
+  require_finite(&loss, 1, std::string("/loss"), path);
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, grad.dims(), 0, 0);
     // A scalar cannot be chunked (no filter); compact layout keeps the value
@@ -368,7 +484,7 @@ void save_gradients(const std::string& path, const Config& cfg, double loss, con
     Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
     check(H5Pset_layout(dcpl, H5D_COMPACT), "compact layout for /loss");
     write_dataset(file, "/loss", H5T_IEEE_F64LE, {}, dcpl, H5P_DEFAULT, H5T_NATIVE_DOUBLE, &loss);
-    write_paramset(file, "/grad", grad);
+    write_paramset(file, "/grad", grad, path);
     seal_header(file);
   });
 }

@@ -13,7 +13,10 @@
 // Files are built in memory, written to "<path>.tmp.<pid>", fsynced and
 // renamed, so a failed write never replaces a good file. Reading is strict
 // (docs/file_format.md): a closed schema (only hard links, only the format's
-// objects), float32/float64 only, checksums and digests, finite values.
+// objects, each dataset of the shape the model sizes give, checked before
+// anything is read or allocated), float32/float64 only, checksums and
+// digests, finite values. Writing refuses non-finite values (ash::Error
+// naming the tensor), so nothing is written that a reader would refuse.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,6 +43,8 @@ struct CheckpointInfo {
     std::string dtype;
   };
   std::vector<Dataset> datasets;
+  // inspect_checkpoint(Verify::all): the values read, every one finite (-1: not read).
+  std::int64_t finite_values = -1;
 };
 
 // Adam state stored under /optimizer: m/<param path>, v/<param path>, attribute step.
@@ -84,9 +89,12 @@ ParamSet<S> load_checkpoint(const std::string& path, const LayerRange& range, Ch
 CheckpointInfo inspect_checkpoint(const std::string& path);
 // How much inspect_checkpoint verifies of a format-3 file: nothing (a quick
 // look at a damaged file, `ash inspect --no-verify`), the header digest, or
-// every dataset too (reads the whole file; `ash inspect`). Checksums of
-// format-2 files are checked by the reads of Verify::all. The structure
-// (links, object names) is checked in every case.
+// every dataset too (reads the whole file, a block at a time, and requires
+// every value finite; `ash inspect`). Checksums of format-2 files are checked
+// by the reads of Verify::all. The structure is checked in every case, before
+// anything is read: links, object names, and every dataset's shape (the one
+// the model sizes give), type (float32 / float64) and storage (its declared
+// bytes stored in the file).
 enum class Verify { none, header, all };
 CheckpointInfo inspect_checkpoint(const std::string& path, Verify verify);
 

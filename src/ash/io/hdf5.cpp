@@ -373,11 +373,19 @@ bool read_digest(hid_t loc, std::uint64_t* v) {
          H5Sget_simple_extent_npoints(sp) == 1 && H5Aread(a, H5T_NATIVE_UINT64, v) >= 0;
 }
 
+// Nothing is sized from a dataset's extent before its bytes are known to be stored.
+void require_stored_extent(hid_t ds, const std::vector<hsize_t>& dims, std::size_t elem_size, const std::string& path,
+                           const std::string& fname) {
+  const std::string problem = extent_problem(ds, dims, elem_size);
+  require(problem.empty(), "not an ash checkpoint: '" + fname + "': dataset " + path + " " + problem);
+}
+
 // Reads a dataset's stored bytes in blocks of rows (a chunk's rows when
-// chunked, so each chunk is read and Fletcher-checked once), converts them
-// into `out` (mem_type) when out != nullptr, and returns the XXH3-64 of the
-// path, a NUL and those bytes.
-std::uint64_t read_blocks(hid_t ds, const std::string& path, hid_t mem_type, void* out, const std::string& fname) {
+// chunked, so each chunk is read and Fletcher-checked once), hands each block
+// converted to mem_type to `sink` when there is one, and returns the XXH3-64
+// of the path, a NUL and the bytes as stored.
+std::uint64_t read_blocks(hid_t ds, const std::string& path, hid_t mem_type, const BlockSink& sink,
+                          const std::string& fname) {
   Handle ft(H5Dget_type(ds), H5Tclose);
   const auto cls = ft.ok() ? H5Tget_class(ft) : H5T_NO_CLASS;
   require(cls == H5T_FLOAT || cls == H5T_INTEGER,
@@ -387,7 +395,8 @@ std::uint64_t read_blocks(hid_t ds, const std::string& path, hid_t mem_type, voi
   require(rank >= 0 && rank <= 8, "'" + fname + "': dataset " + path + " has an unreadable shape");
   std::vector<hsize_t> dims(std::size_t(rank), 0);
   if (rank > 0) H5Sget_simple_extent_dims(fspace, dims.data(), nullptr);
-  const std::size_t fsize = H5Tget_size(ft), msize = out ? H5Tget_size(mem_type) : 0;
+  const std::size_t fsize = H5Tget_size(ft), msize = sink ? H5Tget_size(mem_type) : 0;
+  require_stored_extent(ds, dims, fsize, path, fname);
   hsize_t row = 1;  // elements per index of dimension 0
   for (int i = 1; i < rank; ++i) row *= dims[std::size_t(i)];
   const hsize_t rows = rank > 0 ? dims[0] : 1;
@@ -419,9 +428,9 @@ std::uint64_t read_blocks(hid_t ds, const std::string& path, hid_t mem_type, voi
       require(H5Dread(ds, ft, mspace, fspace, H5P_DEFAULT, buf.data()) >= 0, failed);
     }
     d.add(buf.data(), std::size_t(n) * fsize);
-    if (out) {
+    if (sink) {
       check(H5Tconvert(ft, mem_type, std::size_t(n), buf.data(), nullptr, H5P_DEFAULT), "converting " + path);
-      std::memcpy(static_cast<unsigned char*>(out) + std::size_t(r0 * row) * msize, buf.data(), std::size_t(n) * msize);
+      sink(buf.data(), std::size_t(r0 * row), std::size_t(n));
     }
   }
   return d.value();
@@ -492,9 +501,39 @@ void write_dataset(hid_t file, const std::string& path, hid_t file_type, const s
   write_attr_u64(ds, digest_attr, d.value());
 }
 
+std::string extent_problem(hid_t ds, const std::vector<hsize_t>& dims, std::size_t elem_size) {
+  std::string shape = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) shape += (i ? "," : "") + std::to_string(dims[i]);
+  shape += "]";
+  hsize_t bytes = elem_size;
+  for (hsize_t x : dims)
+    if (__builtin_mul_overflow(bytes, x, &bytes)) return "has shape " + shape + ", more bytes than 2^64";
+  Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
+  if (!dcpl.ok()) return "has an unreadable storage description";
+  if (H5Pget_layout(dcpl) == H5D_CHUNKED) {
+    std::vector<hsize_t> chunk(std::max<std::size_t>(dims.size(), 1), 0);
+    if (dims.empty() || H5Pget_chunk(dcpl, int(dims.size()), chunk.data()) != int(dims.size()))
+      return "has an unreadable chunk shape";
+    for (std::size_t i = 0; i < dims.size(); ++i)
+      if (chunk[i] < 1 || chunk[i] > dims[i])
+        return "has chunks of dimension " + std::to_string(chunk[i]) + " in its shape " + shape;
+  }
+  const hsize_t stored = H5Dget_storage_size(ds);
+  if (stored < bytes)
+    return "stores " + std::to_string(stored) + " bytes of the " + std::to_string(bytes) + " its shape " + shape +
+           " declares (chunks never written: the file is truncated or was altered)";
+  return "";
+}
+
 void read_dataset(hid_t ds, const std::string& path, hid_t mem_type, void* out, bool verify,
                   const std::string& fname) {
-  if (!verify && out) {
+  if (!verify && out) {  // one read of the whole dataset, Fletcher-32 checked by HDF5
+    Handle ft(H5Dget_type(ds), H5Tclose), sp(H5Dget_space(ds), H5Sclose);
+    const int rank = sp.ok() ? H5Sget_simple_extent_ndims(sp) : -1;
+    require(ft.ok() && rank >= 0 && rank <= 8, "'" + fname + "': dataset " + path + " has an unreadable shape");
+    std::vector<hsize_t> dims(std::size_t(rank), 0);
+    if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
+    require_stored_extent(ds, dims, H5Tget_size(ft), path, fname);
     require(H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) >= 0,
             (has_fletcher32(ds) ? "checksum mismatch in dataset " : "cannot read dataset ") + path + " of '" + fname +
                 "' (the file is corrupt)");
@@ -504,7 +543,24 @@ void read_dataset(hid_t ds, const std::string& path, hid_t mem_type, void* out, 
   const bool has = !verify || read_digest(ds, &stored);
   require(has, "checksum mismatch in dataset " + path + " of '" + fname +
                    "': it has no digest (format 3 files have one; the file was altered)");
-  const std::uint64_t got = read_blocks(ds, path, mem_type, out, fname);
+  const std::size_t msize = out ? H5Tget_size(mem_type) : 0;
+  BlockSink copy;
+  if (out)
+    copy = [&](const void* values, std::size_t first, std::size_t n) {
+      std::memcpy(static_cast<unsigned char*>(out) + first * msize, values, n * msize);
+    };
+  const std::uint64_t got = read_blocks(ds, path, mem_type, copy, fname);
+  require(!verify || got == stored, "checksum mismatch in dataset " + path + " of '" + fname +
+                                        "' (its digest differs: the file is corrupt or was altered)");
+}
+
+void scan_dataset(hid_t ds, const std::string& path, hid_t mem_type, bool verify, const std::string& fname,
+                  const BlockSink& sink) {
+  std::uint64_t stored = 0;
+  require(!verify || read_digest(ds, &stored),
+          "checksum mismatch in dataset " + path + " of '" + fname +
+              "': it has no digest (format 3 files have one; the file was altered)");
+  const std::uint64_t got = read_blocks(ds, path, mem_type, sink, fname);
   require(!verify || got == stored, "checksum mismatch in dataset " + path + " of '" + fname +
                                         "' (its digest differs: the file is corrupt or was altered)");
 }
@@ -514,7 +570,7 @@ void seal_datasets(hid_t file) {
     if (o.second != ObjectKind::dataset) continue;
     Handle ds(H5Dopen2(file, o.first.c_str(), H5P_DEFAULT), H5Dclose);
     require(ds.ok(), "HDF5: cannot open " + o.first);
-    write_attr_u64(ds, digest_attr, read_blocks(ds, o.first, -1, nullptr, "(file being sealed)"));
+    write_attr_u64(ds, digest_attr, read_blocks(ds, o.first, -1, BlockSink(), "(file being sealed)"));
   }
 }
 
