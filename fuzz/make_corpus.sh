@@ -6,10 +6,14 @@
 # OUT_DIR/checkpoint/  edit lists for fuzz_checkpoint (byte flips, and declared
 #                  shapes of 2^40 elements: fuzz/shape_seed.py), and
 #                  OUT_DIR/checkpoint.h5, the valid checkpoint they edit (written by `ash init`)
+# OUT_DIR/output/  what fuzz_output plants at the output, the lock and temporary names
 set -euo pipefail
 out=$1
 ash=$2
-mkdir -p "$out/config" "$out/tokens" "$out/checkpoint"
+mkdir -p "$out/config" "$out/tokens" "$out/checkpoint" "$out/output"
+for seed in '\000\000\000' '\002\000\000' '\000\002\000' '\006\006\004\005' '\003\005\005\003' '\001\004\006\002'; do
+  printf "$seed" > "$out/output/seed$(ls "$out/output" | wc -l)"
+done
 n=0
 for doc in '{}' \
   '{"model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234}}' \
