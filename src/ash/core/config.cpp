@@ -212,11 +212,6 @@ const nlohmann::json& Config::at(const std::string& dotted) const {
   return *node;
 }
 
-bool Config::multi_rank() const {
-  return get<std::int64_t>("dist.layer_ranks") > 1 || get<std::int64_t>("dist.seq_ranks") > 1 ||
-         get<std::int64_t>("dist.data_ranks") > 1;
-}
-
 ModelDims Config::model() const {
   ModelDims d;
   d.vocab = get<std::int64_t>("model.vocab");
@@ -323,8 +318,7 @@ EngineOptions Config::engine_options(const ModelDims& d, const DataOptions& da) 
   g.storage = parse_storage(get<std::string>("run.storage"));
   g.matmul = parse_matmul(get<std::string>("run.matmul"));
   const auto m = get<std::int64_t>("grad.layer_checkpoint");
-  require(m >= 0, "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
-  g.layer_checkpoint = resolve_layer_checkpoint(m, d.layers);
+  g.layer_checkpoint = resolve_layer_checkpoint(m, d.layers);  // checks m >= 0
   require(g.token_block >= 0, "grad.token_block must be >= 0 (0: 4096 tokens)");
   require(!da.carry_state || da.sequential,
           "data.carry_state needs data.sequential = true: a carried state continues the same stream");

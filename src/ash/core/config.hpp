@@ -55,8 +55,6 @@ class Config {
   void validate() const { (void)settings(); }
 
   ModelDims model() const;
-  // True when dist.* asks for more than one rank (layer, sequence or data).
-  bool multi_rank() const;
   const nlohmann::json& json() const { return j_; }
   std::string dump() const { return j_.dump(2); }
 

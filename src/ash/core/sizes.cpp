@@ -67,7 +67,7 @@ void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t se
 }
 
 std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers) {
-  require(m >= 0, "grad.layer_checkpoint must be >= 0 (0 or \"auto\": about sqrt(model.layers))");
+  require(m >= 0, "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
   if (m > 0) return m;
   const auto r = std::int64_t(std::lround(std::sqrt(double(layers))));
   return r > 1 ? r : 1;

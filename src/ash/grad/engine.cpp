@@ -12,8 +12,8 @@ namespace ash {
 
 template <class S>
 std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
-  require(opts.truncate >= 0, "--truncate must be >= 0");
-  require(opts.chunk >= 1, "--chunk must be >= 1");
+  require(opts.truncate >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
+  require(opts.chunk >= 1, "grad.chunk must be >= 1");
   require(opts.wave >= 0 && opts.head_chunk >= 0, "grad.wave and grad.head_chunk must be >= 0 (0: auto)");
   switch (opts.method) {
     case Method::backprop: return std::make_unique<BackpropLayer<S>>(opts);
