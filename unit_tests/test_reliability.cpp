@@ -611,6 +611,23 @@ TEST(Reliability, HostileCheckpointsAreRefusedWithoutHanging) {
   const auto r = timed("inspect --no-verify " + step);
   EXPECT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("step 3"), std::string::npos) << r.out;
+  // (e) a parameter deleted from a format-2 file (no digest to notice): inspect lists it
+  // as missing and does not call the file verified; --no-verify lists it, exit 0.
+  const auto holed = tmp_path("holed.h5");
+  write(holed, slurp(ckpt));
+  downgrade_to_v2(holed);
+  {
+    hid_t f = H5Fopen(holed.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5Ldelete(f, "/params/layers/001/D", H5P_DEFAULT);
+    H5Fclose(f);
+  }
+  const auto hr = timed("inspect " + holed);
+  EXPECT_CLEAR_ERROR(hr, "is incomplete: /params/layers/001/D missing");
+  EXPECT_EQ(hr.out.find("verified:"), std::string::npos) << hr.out;
+  const auto hn = timed("inspect --no-verify " + holed);
+  EXPECT_EQ(hn.code, 0) << hn.out;
+  EXPECT_NE(hn.out.find("missing"), std::string::npos) << hn.out;
+  EXPECT_CLEAR_ERROR(timed("generate --checkpoint " + holed + " --prompt ab --tokens 2"), "layers/001/D");
   fs::remove(fifo);
 }
 

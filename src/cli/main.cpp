@@ -355,7 +355,13 @@ void run_inspect(const std::string& path, bool verify) {
               (unsigned long long)info.dims.seed);
   std::printf("config:\n%s\n", info.config.dump().c_str());
   long long total = 0;
+  std::string missing;
+  std::size_t present = 0;
   for (const auto& d : info.datasets) {
+    if (d.dtype == "missing")
+      missing += (missing.empty() ? "" : ", ") + d.path;
+    else
+      ++present;
     std::string shape = "[";
     long long n = 1;
     for (std::size_t i = 0; i < d.shape.size(); ++i) {
@@ -367,6 +373,10 @@ void run_inspect(const std::string& path, bool verify) {
     std::printf("  %-28s %-12s %s\n", d.path.c_str(), shape.c_str(), d.dtype.c_str());
   }
   std::printf("parameters: %lld\n", total);
+  // Some parameters without the others is no verified checkpoint: grad, eval, generate
+  // and train refuse it (a gradient file has none; --no-verify lists what is there).
+  if (verify && present > 0 && !missing.empty())
+    throw ash::Error("'" + path + "' is incomplete: " + missing + " missing (every verb that loads it refuses it)");
   if (!verify)
     std::printf("not verified (--no-verify)\n");
   else if (info.format_version >= 3)
