@@ -31,6 +31,7 @@ set(ASH_LIBRARY_SOURCES
   ash/train/trainer.cpp
   ash/train/evaluate.cpp
   ash/distributed/run_context.cpp
+  ash/app/run_config.cpp
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES

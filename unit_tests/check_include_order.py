@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The include order of docs/architecture.md: a folder of src/ash includes only
 itself and the folders before it, core -> kernels -> model -> grad -> io -> plan
--> distributed -> train (the CLI above them all). Exit 1 naming every include
+-> distributed -> train -> app (the front ends above them all). Exit 1 naming every include
 that points upward."""
 import os
 import re
 import sys
 
-ORDER = ["core", "kernels", "model", "grad", "io", "plan", "distributed", "train"]
+ORDER = ["core", "kernels", "model", "grad", "io", "plan", "distributed", "train", "app"]
 RANK = {d: i for i, d in enumerate(ORDER)}
 
 

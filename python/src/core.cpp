@@ -98,11 +98,6 @@ void dict_to_paramset(const nb::dict& params, const ash::ParamSet<S>& ps) {
 using Ids = nb::ndarray<const std::uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 std::vector<std::uint32_t> ids_of(const Ids& a) { return std::vector<std::uint32_t>(a.data(), a.data() + a.shape(0)); }
 
-ash::Config checkpoint_config(const std::string& path) {
-  ash::Config cfg = ash::inspect_checkpoint(path).config;
-  cfg.reset_section("dist");
-  return cfg;
-}
 
 // Keyword options of grad(): the same keys `ash grad` sets.
 struct GradOptions {
@@ -140,10 +135,7 @@ std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector
 
 std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens,
                                  const GradOptions& o, const std::string& precision) {
-  ash::Config cfg = checkpoint_config(ckpt);
-  const ash::ModelDims stored = cfg.model();
-  cfg.set_all(o.sets);
-  ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
+  ash::Config cfg = ash::checkpoint_run_config(ash::inspect_checkpoint(ckpt).config, o.sets);
   cfg.merge(nlohmann::json{{"grad", {{"engine", o.engine}}}}, "--engine");
   cfg.set("data.seq_len=" + std::to_string(o.seq_len));
   cfg.set("data.batch=" + std::to_string(o.batch));
@@ -179,11 +171,12 @@ void save_impl(const std::string& path, const ash::Config& cfg, const nb::dict& 
   ash::save_checkpoint(path, cfg, ps, step);
 }
 
+// A configuration dict's JSON over the defaults, parsed and validated as `ash --config`.
+ash::Config config_from(const std::string& config_json) { return ash::train_config(nullptr, "", config_json, {}); }
+
 void save(const std::string& path, const std::string& config_json, const nb::dict& params,
           const std::string& precision, std::int64_t step) {
-  ash::Config cfg;
-  cfg.merge(nlohmann::json::parse(config_json), "config");
-  cfg.validate();
+  const ash::Config cfg = config_from(config_json);
   ash::require(precision == "float" || precision == "double",
                "precision must be 'float' or 'double', got '" + precision + "'");
   if (precision == "float")
@@ -192,12 +185,7 @@ void save(const std::string& path, const std::string& config_json, const nb::dic
     save_impl<double>(path, cfg, params, step);
 }
 
-ash::Config config_from(const std::string& config_json) {
-  ash::Config cfg;
-  cfg.merge(nlohmann::json::parse(config_json), "config");
-  cfg.validate();
-  return cfg;
-}
+
 
 nb::dict init_params(const std::string& config_json, const std::string& precision) {
   const ash::Config cfg = config_from(config_json);
@@ -235,9 +223,9 @@ std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, 
 std::tuple<double, double, std::int64_t> evaluate(const std::string& ckpt, const Ids& tokens,
                                                   std::int64_t seq_len, std::int64_t batch,
                                                   const std::string& precision) {
-  ash::Config cfg = checkpoint_config(ckpt);
-  cfg.set("data.seq_len=" + std::to_string(seq_len));
-  cfg.set("data.batch=" + std::to_string(batch));
+  ash::Config cfg = ash::checkpoint_run_config(
+      ash::inspect_checkpoint(ckpt).config,
+      {"data.seq_len=" + std::to_string(seq_len), "data.batch=" + std::to_string(batch)});
   cfg.validate();
   const std::string prec = precision.empty() ? ash::inspect_checkpoint(ckpt).precision : precision;
   ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
@@ -276,11 +264,8 @@ ssize_t sink_write(void* cookie, const char* buf, size_t size) {
 nb::dict train(const std::string& config_json, nb::object progress, const std::string& resume, std::int64_t until) {
   ash::Config cfg = config_from(config_json);
   if (!resume.empty()) {
-    ash::Config merged = ash::inspect_checkpoint(resume).config;
-    merged.reset_section("dist");
-    merged.merge(nlohmann::json::parse(config_json), "config");
-    merged.validate();
-    cfg = merged;
+    const ash::Config resumed = ash::inspect_checkpoint(resume).config;
+    cfg = ash::train_config(&resumed, "", config_json, {});
   }
   ash::check_memory(cfg, ash::Workload::train, cfg.settings().run.scalar_bytes(), 0);
   LineSink sink{progress};

@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella header: everything a user of AdjointSharding needs (the MPI layer
 // of ash/distributed/ other than run_context.hpp is included on its own).
+#include "ash/app/run_config.hpp"
 #include "ash/core/config.hpp"
 #include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"

@@ -82,13 +82,7 @@ std::string no_targets(const std::string& tokens, const std::string& windows) {
          "is nothing to predict and no loss";
 }
 
-ash::Config load_config(const Common& c) {
-  ash::Config cfg;
-  if (!c.config_file.empty()) cfg.merge_file(c.config_file);
-  cfg.set_all(c.sets);
-  cfg.validate();
-  return cfg;
-}
+ash::Config load_config(const Common& c) { return ash::train_config(nullptr, c.config_file, "", c.sets); }
 
 template <class S>
 void run_init(const ash::Config& cfg, const std::string& out) {
@@ -112,11 +106,7 @@ struct GradArgs {
 
 template <class S>
 void run_grad(const GradArgs& a) {
-  ash::Config cfg = inspect(a.checkpoint).config;
-  cfg.reset_section("dist");  // the layout is this run's, not the one that wrote the checkpoint
-  const ash::ModelDims stored = cfg.model();
-  cfg.set_all(a.common.sets);
-  ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
+  ash::Config cfg = ash::checkpoint_run_config(inspect(a.checkpoint).config, a.common.sets);
   if (a.engine_flag) cfg.merge(nlohmann::json{{"grad", {{"engine", *a.engine_flag}}}}, "--engine");
   if (a.truncate) cfg.set("grad.truncate=" + std::to_string(*a.truncate));
   if (a.chunk) cfg.set("grad.chunk=" + std::to_string(*a.chunk));
@@ -206,11 +196,7 @@ int run_plan(const Common& c, const std::string& workload, const std::string& pr
 // token over every target, and the forward's time per token.
 template <class S>
 void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common, bool carry) {
-  ash::Config cfg = inspect(ckpt).config;
-  cfg.reset_section("dist");
-  const ash::ModelDims stored = cfg.model();
-  cfg.set_all(common.sets);
-  ash::require(cfg.model() == stored, "--set may not change the model sizes of a checkpoint (model.*)");
+  const ash::Config cfg = ash::checkpoint_run_config(inspect(ckpt).config, common.sets);
   const ash::Settings st = cfg.settings();
   ash::require(!st.dist.multi_rank(), "ash eval runs in one process (dist.* asks for several ranks)");
   ash::Config sizing = cfg;  // the forward keeps one layer at a time: E3's estimate bounds it
@@ -271,14 +257,8 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
 int run_train(const Common& c, const std::string& resume, long long until) {
   ash::Config cfg = load_config(c);
   if (!resume.empty()) {
-    // The checkpoint's configuration is the base; the file and --set override it.
-    const auto info = inspect(resume);
-    ash::Config merged = info.config;
-    merged.reset_section("dist");  // resharding: the layout is this run's
-    if (!c.config_file.empty()) merged.merge_file(c.config_file);
-    merged.set_all(c.sets);
-    merged.validate();
-    cfg = merged;
+    const ash::Config resumed = inspect(resume).config;
+    cfg = ash::train_config(&resumed, c.config_file, "", c.sets);
   }
   ash::check_memory(cfg, ash::Workload::train, cfg.settings().run.scalar_bytes(), c.max_memory);
   const auto s = ash::train(cfg, resume, stdout, until);
