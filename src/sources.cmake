@@ -32,6 +32,7 @@ set(ASH_LIBRARY_SOURCES
   ash/train/evaluate.cpp
   ash/distributed/run_context.cpp
   ash/app/run_config.cpp
+  ash/app/token_windows.cpp
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES

@@ -116,10 +116,7 @@ std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector
                                       const ash::Config& cfg, std::size_t) {
   const ash::Settings st = cfg.settings();
   ash::check_memory(st, ash::Workload::grad, sizeof(S), 0);
-  const auto T = st.data.seq_len, B = st.data.batch;
-  std::vector<std::uint8_t> starts;  // data.separator: document starts, as `ash grad` marks them
-  ash::separator_starts(tokens, ash::separator_tokens(st.data.separator), starts);
-  const auto x = ash::make_windows(tokens, B, T, st.model.vocab, 0, st.data.separator.empty() ? nullptr : &starts);
+  const auto x = ash::first_windows(tokens, st);  // as `ash grad` cuts them
   const auto params = ash::load_checkpoint<S>(ckpt);
   ash::ParamSet<S> grad(st.model);
   auto engine = ash::make_engine<S>(st.grad);
@@ -212,10 +209,8 @@ std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, 
   {
     nb::gil_scoped_release nogil;
     const auto st = cfg.settings();
-    std::vector<std::uint8_t> starts;  // the checkpoint's data.separator, as `ash eval`
-    ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
-    tot = ash::evaluate_windows(params, ids, T, B, st.grad.head_chunk, {},
-                                st.data.separator.empty() ? nullptr : &starts);
+    const auto document = ash::document_starts(ids, st.data.separator);  // as `ash eval`
+    tot = ash::evaluate_windows(params, ids, T, B, st.grad.head_chunk, {}, document.documents());
   }
   return {tot.nats / double(tot.targets), tot.bits_per_token(), std::int64_t(tot.targets)};
 }

@@ -2,6 +2,7 @@
 // Umbrella header: everything a user of AdjointSharding needs (the MPI layer
 // of ash/distributed/ other than run_context.hpp is included on its own).
 #include "ash/app/run_config.hpp"
+#include "ash/app/token_windows.hpp"
 #include "ash/core/config.hpp"
 #include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"

@@ -118,10 +118,7 @@ void run_grad(const GradArgs& a) {
   // while its neighbours wait in MPI (docs/cli.md: one error, every rank ends).
   if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) ctx.fail_before_backward(std::atoi(f));
   const auto T = st.data.seq_len, B = st.data.batch;
-  const auto ids = ash::load_tokens(a.tokens);
-  std::vector<std::uint8_t> starts;  // data.separator: document starts (empty: none)
-  ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
-  const auto x = ash::make_windows(ids, B, T, st.model.vocab, 0, st.data.separator.empty() ? nullptr : &starts);
+  const auto x = ash::first_windows(ash::load_tokens(a.tokens), st);
   // A loss over no target is 0 and its gradient all zeros: not a result.
   ash::require(ash::target_count(x) > 0, no_targets(a.tokens, "the " + std::to_string(B) + " window(s) of T=" +
                                                                   std::to_string(T) + " tokens"));
@@ -214,18 +211,17 @@ void run_eval(const std::string& ckpt, const std::string& tokens, const Common& 
               sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)n, (long long)full, (long long)T,
               rest >= 2 ? (" and one of " + std::to_string(rest)).c_str() : "");
   // data.separator (the checkpoint's, or --set): each document scored on its own.
-  std::vector<std::uint8_t> starts;
-  ash::separator_starts(ids, ash::separator_tokens(st.data.separator), starts);
-  const std::vector<std::uint8_t>* docs = st.data.separator.empty() ? nullptr : &starts;
+  const auto document = ash::document_starts(ids, st.data.separator);
+  const std::vector<std::uint8_t>* docs = document.documents();
   if (docs) {
     long long count = 1;
-    for (const auto f : starts) count += f;
+    for (const auto f : document.flags) count += f;
     std::printf("%lld documents (data.separator): each from h = 0, the first token of each not scored\n", count);
     // The tokens scored: every one after the first of its window (--carry-state:
     // after the first of the file), windows of T from 0 and a last one of >= 2.
     const ash::index_t end = full * T + (rest >= 2 ? rest : 0);
     bool any = false;
-    for (ash::index_t i = 1; i < (carry ? n : end) && !any; ++i) any = (carry || i % T != 0) && !starts[std::size_t(i)];
+    for (ash::index_t i = 1; i < (carry ? n : end) && !any; ++i) any = (carry || i % T != 0) && !document.flags[std::size_t(i)];
     ash::require(any, no_targets(tokens, "its windows"));
   }
   std::fflush(stdout);
@@ -304,11 +300,11 @@ void run_generate(const std::string& ckpt, const std::string& prompt, long long 
   // A model trained on documents (data.separator): the prompt's documents each
   // start from h = 0, and the sample ends with the separator (the document's
   // end: what follows one was never a target in training).
-  const auto sep = ash::separator_tokens(info.config.json()["data"].value("separator", std::string()));
-  std::vector<std::uint8_t> starts;
-  ash::separator_starts(ids, sep, starts);
+  const std::string separator = info.config.settings().data.separator;  // bytes: \u00XX is the byte XX
+  const auto sep = ash::separator_tokens(separator);
+  const auto document = ash::document_starts(ids, separator);
   ash::Generator<double> gen(params);
-  gen.feed(ids, sep.empty() ? nullptr : &starts);
+  gen.feed(ids, document.documents());
   std::mt19937_64 rng(seed);
   std::string out = prompt;
   std::vector<std::uint32_t> drawn;

@@ -1,0 +1,20 @@
+#include "ash/app/token_windows.hpp"
+
+#include "ash/core/documents.hpp"
+#include "ash/io/tokens.hpp"
+
+namespace ash {
+
+DocumentStarts document_starts(const std::vector<std::uint32_t>& ids, const std::string& separator) {
+  DocumentStarts d;
+  d.on = !separator.empty();
+  if (d.on) separator_starts(ids, separator_tokens(separator), d.flags);
+  return d;
+}
+
+TokenView first_windows(const std::vector<std::uint32_t>& ids, const Settings& st) {
+  const auto docs = document_starts(ids, st.data.separator);
+  return make_windows(ids, st.data.batch, st.data.seq_len, st.model.vocab, 0, docs.documents());
+}
+
+}  // namespace ash
