@@ -175,6 +175,20 @@ TEST_F(Cli, EvalScoresEachDocument) {
   EXPECT_NE(h.out.find("99 documents (data.separator)"), std::string::npos) << h.out;
 }
 
+// ash generate reads data.separator as bytes, as every verb does: a model whose
+// separator is \u00dd (the byte 0xDD) ends its sample at the first 0xDD drawn (it
+// read the raw JSON string, C3 9D, and went on past it).
+TEST_F(Cli, GenerateEndsAtAByteSeparator) {
+  const auto model = dir() + "sep_dd.h5";
+  ASSERT_EQ(run("init --set model.width=8 --set model.state=4 --set 'data.separator=\\u00dd' --out " + model).code, 0);
+  const auto r = run("generate --checkpoint " + model + " --prompt ab --tokens 3000 --seed 3 --temperature 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto line = r.out.substr(0, r.out.find('\n', 2));
+  const auto at = line.find(char(0xDD), 2);
+  ASSERT_NE(at, std::string::npos) << "no 0xDD in 3000 draws from a near-uniform model (seed 3)";
+  EXPECT_EQ(at + 1, line.size()) << "the sample went on past the separator";
+}
+
 TEST_F(Cli, BadConfigs) {
   const auto cfg = dir() + "bad.json";
   write(cfg, R"({"model": {"width": 8, "colour": "red"}})");
