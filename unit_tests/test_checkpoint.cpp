@@ -601,18 +601,6 @@ void replace_dataset(const std::string& path, const char* ds_path, const std::ve
   });
 }
 
-void replace_attr_str(hid_t f, const char* name, const std::string& v) {
-  H5Adelete(f, name);
-  hid_t sp = H5Screate(H5S_SCALAR), t = H5Tcopy(H5T_C_S1);
-  H5Tset_size(t, v.size());
-  H5Tset_strpad(t, H5T_STR_NULLPAD);
-  hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(a, t, v.data());
-  H5Aclose(a);
-  H5Tclose(t);
-  H5Sclose(sp);
-}
-
 }  // namespace
 
 // Every dataset's storage is checked before it is read or anything is sized

@@ -202,6 +202,29 @@ inline void set_format_version(const std::string& path, std::int64_t v) {
 // the format can (docs/file_format.md: digests catch accidents, not a
 // deliberate editor). The file is then altered but consistent, so only the
 // reader's other checks (schema, values) can refuse it.
+// Replaces (or adds) the fixed-length string attribute `name` of object f with v.
+inline void replace_attr_str(hid_t f, const char* name, const std::string& v) {
+  if (H5Aexists(f, name) > 0) H5Adelete(f, name);
+  hid_t sp = H5Screate(H5S_SCALAR), t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, v.size());
+  H5Tset_strpad(t, H5T_STR_NULLPAD);
+  hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, t, v.data());
+  H5Aclose(a);
+  H5Tclose(t);
+  H5Sclose(sp);
+}
+
+// A format-3 `digest` attribute (of value 0) on object obj.
+inline void add_zero_digest(hid_t obj) {
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(obj, "digest", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+  const std::uint64_t zero = 0;
+  H5Awrite(a, H5T_NATIVE_UINT64, &zero);
+  H5Aclose(a);
+  H5Sclose(sp);
+}
+
 inline void reseal(const std::string& path) {
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(f, 0) << path;

@@ -394,17 +394,7 @@ void write_version1(const std::string& path, const Config& cfg, const ParamSet<S
     H5Aclose(a);
     H5Sclose(sp);
   };
-  auto str = [&](const char* name, const std::string& v) {
-    hid_t sp = H5Screate(H5S_SCALAR);
-    hid_t t = H5Tcopy(H5T_C_S1);
-    H5Tset_size(t, v.size());
-    H5Tset_strpad(t, H5T_STR_NULLPAD);
-    hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(a, t, v.data());
-    H5Aclose(a);
-    H5Tclose(t);
-    H5Sclose(sp);
-  };
+  auto str = [&](const char* name, const std::string& v) { replace_attr_str(f, name, v); };
   i64("format_version", 1);
   i64("vocab", d.vocab);
   i64("width", d.width);
@@ -688,15 +678,7 @@ namespace {
 
 void rewrite_attr_str(const std::string& path, const char* name, const std::string& v) {
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  H5Adelete(f, name);
-  hid_t sp = H5Screate(H5S_SCALAR), t = H5Tcopy(H5T_C_S1);
-  H5Tset_size(t, v.size());
-  H5Tset_strpad(t, H5T_STR_NULLPAD);
-  hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
-  H5Awrite(a, t, v.data());
-  H5Aclose(a);
-  H5Tclose(t);
-  H5Sclose(sp);
+  replace_attr_str(f, name, v);
   H5Fclose(f);
 }
 
@@ -1225,12 +1207,7 @@ TEST(Reliability, LoweredFormatVersionIsRefusedAndFormat2Warns) {
   {
     hid_t f = H5Fopen(one.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     hid_t ds = H5Dopen2(f, "/params/head", H5P_DEFAULT);
-    hid_t sp = H5Screate(H5S_SCALAR);
-    hid_t a = H5Acreate2(ds, "digest", H5T_STD_U64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
-    const std::uint64_t zero = 0;
-    H5Awrite(a, H5T_NATIVE_UINT64, &zero);
-    H5Aclose(a);
-    H5Sclose(sp);
+    add_zero_digest(ds);
     H5Dclose(ds);
     H5Fclose(f);
   }
@@ -1318,14 +1295,7 @@ void declare_shape(const std::string& path, const char* ds_path, const std::vect
   H5Pset_fletcher32(dcpl);
   hid_t ds = H5Dcreate2(f, ds_path, H5T_IEEE_F32LE, sp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
   EXPECT_GE(ds, 0) << ds_path;
-  if (digest) {
-    hid_t s1 = H5Screate(H5S_SCALAR);
-    hid_t a = H5Acreate2(ds, "digest", H5T_STD_U64LE, s1, H5P_DEFAULT, H5P_DEFAULT);
-    const std::uint64_t zero = 0;
-    H5Awrite(a, H5T_NATIVE_UINT64, &zero);
-    H5Aclose(a);
-    H5Sclose(s1);
-  }
+  if (digest) add_zero_digest(ds);
   H5Dclose(ds);
   H5Pclose(dcpl);
   H5Sclose(sp);
