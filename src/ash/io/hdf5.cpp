@@ -573,7 +573,6 @@ namespace {
 // Six characters from [0-9A-Za-z], unpredictable (the kernel's random bytes;
 // the clock, the PID and a counter if none can be had).
 std::string random_suffix() {
-  static const char alphabet[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   static std::atomic<std::uint64_t> counter{0};
   std::uint64_t bits = 0;
   if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != ssize_t(sizeof bits)) {
@@ -585,10 +584,11 @@ std::string random_suffix() {
     d.add(mix, sizeof mix);
     bits = d.value();
   }
+  constexpr std::uint64_t n = sizeof(temporary_suffix_chars) - 1;
   std::string s(6, '0');
   for (auto& c : s) {
-    c = alphabet[bits % 62];
-    bits /= 62;
+    c = temporary_suffix_chars[bits % n];
+    bits /= n;
   }
   return s;
 }

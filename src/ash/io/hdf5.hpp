@@ -142,6 +142,10 @@ void scan_dataset(hid_t ds, const std::string& path, hid_t mem_type, bool verify
 // to make altered but consistent files).
 void seal_datasets(hid_t file);
 
+// The characters of a temporary file's random suffix ("<path>.tmp." and six of
+// them): write_atomically draws from them, the trainer's clean-up matches them.
+inline constexpr char temporary_suffix_chars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
 // Builds the file in memory (HDF5's core driver, 1.10 format), `body` filling
 // it, then writes its image to a new "<path>.tmp.XXXXXX" (six random
 // characters, created with O_EXCL | O_NOFOLLOW), fsyncs and renames it over

@@ -21,6 +21,7 @@
 #include "ash/grad/engine.hpp"
 #include "ash/io/checkpoint.hpp"
 #include "ash/io/dataset.hpp"
+#include "ash/io/hdf5.hpp"
 #include "ash/io/run_lock.hpp"
 #include "ash/kernels/matmul.hpp"
 #include "ash/model/forward.hpp"
@@ -109,14 +110,13 @@ class StopSignals {
 // names write_atomically uses, and checkpoint.h5.tmp.<pid> of older builds):
 // regular files only, safe to remove once this run holds the lock.
 void remove_stale_temps(const std::string& dir) {
-  static const char suffix_chars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
   std::error_code ec;
   std::vector<std::filesystem::path> stale;
   for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const auto name = it->path().filename().string();
     const auto at = name.find(".h5.tmp.");
     if (at == std::string::npos || at + 8 == name.size()) continue;
-    if (name.find_first_not_of(suffix_chars, at + 8) == std::string::npos &&
+    if (name.find_first_not_of(io::temporary_suffix_chars, at + 8) == std::string::npos &&
         it->symlink_status(ec).type() == std::filesystem::file_type::regular)
       stale.push_back(it->path());
   }
