@@ -132,7 +132,8 @@ std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector
 
 std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens,
                                  const GradOptions& o, const std::string& precision) {
-  ash::Config cfg = ash::checkpoint_run_config(ash::inspect_checkpoint(ckpt).config, o.sets);
+  const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
+  ash::Config cfg = ash::checkpoint_run_config(info.config, o.sets);
   cfg.merge(nlohmann::json{{"grad", {{"engine", o.engine}}}}, "--engine");
   cfg.set("data.seq_len=" + std::to_string(o.seq_len));
   cfg.set("data.batch=" + std::to_string(o.batch));
@@ -141,7 +142,7 @@ std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens,
   if (!o.storage.empty()) cfg.set("run.storage=" + o.storage);
   if (o.layer_checkpoint) cfg.set("grad.layer_checkpoint=" + std::to_string(*o.layer_checkpoint));
   if (o.token_block) cfg.set("grad.token_block=" + std::to_string(*o.token_block));
-  const std::string prec = precision.empty() ? ash::inspect_checkpoint(ckpt).precision : precision;
+  const std::string prec = precision.empty() ? info.precision : precision;
   ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
   return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg, 4) : grad_impl<double>(ckpt, ids_of(tokens), cfg, 8);
 }
@@ -218,11 +219,11 @@ std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, 
 std::tuple<double, double, std::int64_t> evaluate(const std::string& ckpt, const Ids& tokens,
                                                   std::int64_t seq_len, std::int64_t batch,
                                                   const std::string& precision) {
+  const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
   ash::Config cfg = ash::checkpoint_run_config(
-      ash::inspect_checkpoint(ckpt).config,
-      {"data.seq_len=" + std::to_string(seq_len), "data.batch=" + std::to_string(batch)});
+      info.config, {"data.seq_len=" + std::to_string(seq_len), "data.batch=" + std::to_string(batch)});
   cfg.validate();
-  const std::string prec = precision.empty() ? ash::inspect_checkpoint(ckpt).precision : precision;
+  const std::string prec = precision.empty() ? info.precision : precision;
   ash::require(prec == "float" || prec == "double", "precision must be 'float' or 'double', got '" + prec + "'");
   const auto ids = ids_of(tokens);
   return prec == "float" ? evaluate_impl<float>(ckpt, ids, seq_len, batch, cfg)
