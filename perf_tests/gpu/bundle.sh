@@ -73,9 +73,16 @@ want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 is_elf() { [ -f "$1" ] && [ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" = '177ELF' ]; }
 needed() { readelf -d "$1" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
 
-# check_bundle DIR: every NEEDED entry of every ELF file resolves inside DIR (its lib/,
-# openmpi/lib and openmpi/lib/openmpi, the folders gpu_run.sh puts on LD_LIBRARY_PATH, or
-# the file's own folder) or is PROVIDED. Prints each miss and the packed size.
+# resolved DIR FILE LIB: LIB, needed by FILE of the bundle at DIR, is the GPU machine's
+# own (PROVIDED) or in the bundle: lib/, openmpi/lib, openmpi/lib/openmpi (the folders the
+# binaries' RPATH and Open MPI's own name) or FILE's own folder.
+resolved() {
+  [[ "$3" =~ $PROVIDED_RE ]] || [ -e "$1/lib/$3" ] || [ -e "$1/openmpi/lib/$3" ] ||
+    [ -e "$1/openmpi/lib/openmpi/$3" ] || [ -e "$(dirname "$2")/$3" ]
+}
+
+# check_bundle DIR: every NEEDED entry of every ELF file resolves (above). Prints each
+# miss and the packed size.
 check_bundle() {
   local dir=$1 miss=0 n=0 f lib
   [ -d "$dir" ] || { echo "bundle.sh --check: no bundle at $dir" >&2; return 2; }
@@ -88,9 +95,7 @@ check_bundle() {
         { echo "NO RPATH ${f#"$dir"/} (run the libs step)"; miss=$((miss + 1)); } ;;
     esac
     for lib in $(needed "$f"); do
-      [[ "$lib" =~ $PROVIDED_RE ]] && continue
-      if [ -e "$dir/lib/$lib" ] || [ -e "$dir/openmpi/lib/$lib" ] || [ -e "$dir/openmpi/lib/openmpi/$lib" ] ||
-         [ -e "$(dirname "$f")/$lib" ]; then continue; fi
+      resolved "$dir" "$f" "$lib" && continue
       echo "MISSING ${f#"$dir"/} needs $lib"
       miss=$((miss + 1))
     done
@@ -234,8 +239,7 @@ build_openmpi() {
   local f lib
   while IFS= read -r -d '' f; do
     for lib in $(needed "$f"); do
-      [[ "$lib" =~ $PROVIDED_RE ]] && continue
-      if [ ! -e "$OUT/openmpi/lib/$lib" ] && [ ! -e "$OUT/openmpi/lib/openmpi/$lib" ]; then
+      if ! resolved "$OUT" "$f" "$lib"; then
         log "openmpi: left out the optional plugin ${f#"$OUT"/} (needs $lib)"
         rm -f "$f"
         break
@@ -342,9 +346,7 @@ collect_libs() {
     while IFS= read -r -d '' f; do
       is_elf "$f" || continue
       while read -r lib path; do
-        [[ "$lib" =~ $PROVIDED_RE ]] && continue
-        [ -e "$OUT/lib/$lib" ] || [ -e "$OUT/openmpi/lib/$lib" ] || [ -e "$OUT/openmpi/lib/openmpi/$lib" ] && continue
-        [ -e "$(dirname "$f")/$lib" ] && continue
+        resolved "$OUT" "$f" "$lib" && continue
         [ -n "$path" ] && [ -f "$path" ] || { echo "bundle.sh: $f needs $lib, which this machine does not resolve" >&2; continue; }
         cp -L "$path" "$OUT/lib/$lib"
         added=$((added + 1))

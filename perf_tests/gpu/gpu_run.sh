@@ -157,7 +157,6 @@ skip() {  # skip NAME REASON
   REACHED=1
   record "$1" skipped 0 0 0 "$2"; say "$(printf '%-3s %-28s skipped: %s' "$STAGE" "$1" "$2")"
 }
-have_torch() { "$PY" -c "import torch" 2>/dev/null; }
 have_mamba_py() { "$PY" -c "import torch, einops, importlib.util as u; assert u.find_spec('mamba_ssm')" 2>/dev/null; }
 
 # --- sizes --------------------------------------------------------------------------------------
