@@ -39,6 +39,14 @@ if [ "${ASH_PY_TORCH:-1}" != 0 ] && ! "$ASH_PY_VENV/bin/python" -c "import torch
   "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check "torch==2.15.0" || \
     echo "[setup] torch could not be installed: the torch tests will be skipped" >&2
 fi
+# transformers and safetensors: the Mamba oracle (transformers' own MambaForCausalLM, its
+# pure-PyTorch path in float64) and the interchange format of import-hf / export-hf.
+if "$ASH_PY_VENV/bin/python" -c "import torch" 2>/dev/null && \
+   ! "$ASH_PY_VENV/bin/python" -c "import transformers, safetensors" 2>/dev/null; then
+  echo "[setup] adding transformers and safetensors to $ASH_PY_VENV"
+  "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check "transformers==5.24.0" "safetensors==0.8.0" || \
+    echo "[setup] transformers could not be installed: the Mamba oracle tests will be skipped" >&2
+fi
 # mamba-ssm's Python sources (its selective_scan_ref) for ctest mamba_baseline_smoke: no
 # CUDA build here (perf_tests/mamba_build.sh builds the kernels for a GPU); --no-deps, as
 # the scan module needs only torch, triton (torch's) and einops.
