@@ -33,6 +33,13 @@ set(ASH_LIBRARY_SOURCES
   ash/distributed/run_context.cpp
   ash/app/run_config.cpp
   ash/app/token_windows.cpp
+  ash/app/run_checks.cpp
+  ash/app/init_model.cpp
+  ash/app/grad_file.cpp
+  ash/app/eval_file.cpp
+  ash/app/generate_text.cpp
+  ash/app/plan_run.cpp
+  ash/app/train_run.cpp
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES

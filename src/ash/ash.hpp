@@ -1,8 +1,15 @@
 #pragma once
 // Umbrella header: everything a user of AdjointSharding needs (the MPI layer
 // of ash/distributed/ other than run_context.hpp is included on its own).
+#include "ash/app/eval_file.hpp"
+#include "ash/app/generate_text.hpp"
+#include "ash/app/grad_file.hpp"
+#include "ash/app/init_model.hpp"
+#include "ash/app/plan_run.hpp"
+#include "ash/app/run_checks.hpp"
 #include "ash/app/run_config.hpp"
 #include "ash/app/token_windows.hpp"
+#include "ash/app/train_run.hpp"
 #include "ash/core/config.hpp"
 #include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"

@@ -5,6 +5,10 @@
 
 namespace ash {
 
+std::vector<std::uint32_t> TokenSource::read() const { return ids ? *ids : load_tokens(path); }
+
+std::string TokenSource::name() const { return ids ? "the token array" : "token file '" + path + "'"; }
+
 DocumentStarts document_starts(const std::vector<std::uint32_t>& ids, const std::string& separator) {
   DocumentStarts d;
   d.on = !separator.empty();
