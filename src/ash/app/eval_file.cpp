@@ -18,7 +18,8 @@ EvalFileResult eval_file(const std::string& checkpoint, const Config& cfg, const
   check_memory(sizing, Workload::grad, sizeof(S), opts.max_memory);
   const MatmulScope matmul(st.grad.matmul, sizeof(S));
   const auto params = load_checkpoint<S>(checkpoint);
-  const auto ids = tokens.read();
+  std::vector<std::uint32_t> storage;
+  const auto& ids = tokens.read(storage);
   const auto T = st.data.seq_len, B = st.data.batch;
   const auto n = index_t(ids.size());
   require(n >= 2, tokens.name() + " has " + std::to_string(n) + " token(s): nothing to predict");

@@ -21,7 +21,10 @@ GradFileResult<S> grad_file(const std::string& checkpoint, const Config& cfg, co
   RunContext<S> ctx(st);  // one process, or this rank of the dist.* layout
   if (opts.fail_rank >= 0) ctx.fail_before_backward(opts.fail_rank);
   const auto T = st.data.seq_len, B = st.data.batch;
-  const auto x = first_windows(tokens.read(), st);
+  const auto x = [&] {  // the file's tokens freed once the windows are cut
+    std::vector<std::uint32_t> storage;
+    return first_windows(tokens.read(storage), st);
+  }();
   // A loss over no target is 0 and its gradient all zeros: not a result.
   require(target_count(x) > 0,
           no_targets(tokens.name(), "the " + std::to_string(B) + " window(s) of T=" + std::to_string(T) + " tokens"));

@@ -5,7 +5,11 @@
 
 namespace ash {
 
-std::vector<std::uint32_t> TokenSource::read() const { return ids ? *ids : load_tokens(path); }
+const std::vector<std::uint32_t>& TokenSource::read(std::vector<std::uint32_t>& storage) const {
+  if (ids) return *ids;
+  storage = load_tokens(path);
+  return storage;
+}
 
 std::string TokenSource::name() const { return ids ? "the token array" : "token file '" + path + "'"; }
 

@@ -26,8 +26,9 @@ DocumentStarts document_starts(const std::vector<std::uint32_t>& ids, const std:
 // quote it.
 struct TokenSource {
   std::string path;                                 // a token file, or
-  const std::vector<std::uint32_t>* ids = nullptr;  // tokens in memory
-  std::vector<std::uint32_t> read() const;
+  const std::vector<std::uint32_t>* ids = nullptr;  // tokens in memory (not copied)
+  // *ids, or the file read into `storage`.
+  const std::vector<std::uint32_t>& read(std::vector<std::uint32_t>& storage) const;
   std::string name() const;  // "token file 'x'" or "the token array"
 };
 
