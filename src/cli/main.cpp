@@ -143,9 +143,9 @@ void run_eval(const std::string& ckpt, const ash::CheckpointInfo& info, const st
   ash::EvalFileOptions opts;
   opts.max_memory = common.max_memory;
   opts.carry = carry;
-  ash::index_t n = 0;  // the file's tokens, for the progress lines
+  ash::EvalFileStart start;  // the file's sizes, for the lines printed later
   opts.on_start = [&](const ash::EvalFileStart& s) {
-    n = s.tokens;
+    start = s;
     std::printf("eval %s (%s) on %s: %lld tokens, %lld window(s) of T=%lld%s\n", ckpt.c_str(),
                 sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)s.tokens, (long long)s.full,
                 (long long)s.seq_len, s.rest >= 2 ? (" and one of " + std::to_string(s.rest)).c_str() : "");
@@ -155,15 +155,14 @@ void run_eval(const std::string& ckpt, const ash::CheckpointInfo& info, const st
                   s.documents);
     std::fflush(stdout);
   };
-  opts.progress = [&n](const ash::EvalTotals& t) {
-    std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens, (long long)n,
-                 t.bits_per_token());
+  opts.progress = [&](const ash::EvalTotals& t) {
+    std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens,
+                 (long long)start.tokens, t.bits_per_token());
   };
-  const ash::index_t T = cfg.settings().data.seq_len;
   opts.on_pass = [&](int pass, const ash::EvalTotals& tot) {
     std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
                 pass == 0 ? "carried state" : "each window from h = 0", tot.bits_per_token(), (long long)tot.targets,
-                (long long)T, 1e6 * tot.seconds / double(n));
+                (long long)start.seq_len, 1e6 * tot.seconds / double(start.tokens));
   };
   ash::TokenSource source;
   source.path = tokens;
