@@ -115,6 +115,7 @@ template <class S>
 std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector<std::uint32_t>& tokens,
                                       const ash::Config& cfg, std::size_t) {
   const ash::Settings st = cfg.settings();
+  ash::require_mamba_supported(st);
   ash::check_memory(st, ash::Workload::grad, sizeof(S), 0);
   const auto x = ash::first_windows(tokens, st);  // as `ash grad` cuts them
   const auto params = ash::load_checkpoint<S>(ckpt);
