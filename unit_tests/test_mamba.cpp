@@ -208,6 +208,32 @@ TEST(Mamba, Configuration) {
   }
 }
 
+// The planner's Mamba E1 (ash plan, check_memory) against the measured Kokkos peak, within 10 %.
+TEST(Mamba, PlanMatchesMeasuredPeak) {
+  for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
+    Config c = mamba_config(mamba_dims(2, false, 4, 0));
+    for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
+                                                        "data.batch=2", "grad.chunk=32", T})
+      c.set(s);
+    const Settings st = c.settings();
+    const std::string sp = MemSpace::name();
+    const auto base = MemoryTracker::current(sp);
+    MemoryTracker::reset_peak();
+    {
+      ParamSet<double> ps(st.model);
+      initialize(ps, 1);
+      ParamSet<double> g(st.model);
+      const auto x = random_tokens(st.data.batch, st.data.seq_len, st.model.vocab, 5);
+      make_engine<double>(st.grad)->compute(ps, x, g);
+      Kokkos::fence();
+    }
+    const double measured = double(MemoryTracker::peak(sp) - base);
+    const double planned = plan_memory(st, Workload::grad, 8).total();
+    std::printf("  plan/measured %.3f (%s)\n", planned / measured, T);
+    EXPECT_LE(std::fabs(planned - measured), 0.10 * measured) << T << ": planned " << planned << ", measured " << measured;
+  }
+}
+
 TEST(Mamba, EnginesRefuse) {
   const auto d = mamba_dims(1, true);
   auto ps = random_model<double>(d, 1);
