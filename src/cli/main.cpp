@@ -58,6 +58,16 @@ ash::CheckpointInfo inspect(const std::string& path, ash::Verify verify = ash::V
 
 ash::Config load_config(const Common& c) { return ash::train_config(nullptr, c.config_file, "", c.sets); }
 
+// A Mamba's own sizes, one line (nothing for an SSM-ResNet, whose output is as before).
+std::string mamba_line(const ash::ModelDims& d) {
+  if (!d.mamba()) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "arch mamba: D=%lld E=%lld conv_kernel=%lld dt_rank=%lld %s embeddings, norm_eps %g\n",
+                (long long)d.width, (long long)d.inner(), (long long)d.conv_kernel, (long long)d.rank(),
+                d.tie_embeddings ? "tied" : "untied", d.norm_eps);
+  return buf;
+}
+
 template <class S>
 void run_init(const ash::Config& cfg, const Common& c, const std::string& out) {
   const auto params = ash::init_file<S>(cfg, c.config_file, out, c.max_memory);
@@ -65,6 +75,7 @@ void run_init(const ash::Config& cfg, const Common& c, const std::string& out) {
               (long long)cfg.model().vocab, (long long)cfg.model().width, (long long)cfg.model().state,
               (long long)cfg.model().layers, (long long)params.size(), sizeof(S) == 8 ? "double" : "float",
               (unsigned long long)cfg.model().seed);
+  std::printf("%s", mamba_line(cfg.model()).c_str());
 }
 
 struct GradArgs {
@@ -238,6 +249,7 @@ void run_inspect(const std::string& path, bool verify) {
   std::printf("model: vocab V=%lld width P=%lld state N=%lld layers K=%lld seed %llu\n", (long long)info.dims.vocab,
               (long long)info.dims.width, (long long)info.dims.state, (long long)info.dims.layers,
               (unsigned long long)info.dims.seed);
+  std::printf("%s", mamba_line(info.dims).c_str());
   std::printf("config:\n%s\n", info.config.dump().c_str());
   long long total = 0;
   for (const auto& d : info.datasets) {
