@@ -20,7 +20,7 @@
 #include "ash/io/safetensors.hpp"
 
 namespace {
-bool same(double a, double b) { return (std::isnan(a) && std::isnan(b)) || std::signbit(a) == std::signbit(b) && a == b; }
+bool same(double a, double b) { return (std::isnan(a) && std::isnan(b)) || (std::signbit(a) == std::signbit(b) && a == b); }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

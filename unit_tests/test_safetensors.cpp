@@ -307,6 +307,11 @@ TEST(Safetensors, ShardedIndex) {
   refused("not_string", R"({"x": 1})", "tensor \"x\" maps to a non-string");
   refused("duplicate", R"({"x": "a.safetensors", "x": "a.safetensors"})", "duplicate key 'x'");
   refused("no_map", R"(1)", "has no \"weight_map\" object");
+  // A tensor held by two shards, each listed.
+  const std::string twice = sharded_folder("twice", {{"a.safetensors", {{"x", 1}}}, {"b.safetensors", {{"x", 1}, {"z", 3}}}},
+                                           R"({"x": "a.safetensors", "z": "b.safetensors"})");
+  expect_error([&] { (void)SafetensorsSet::folder(twice); },
+               "tensor \"x\" is in shard \"b.safetensors\" and in the shard the weight_map names");
   // A shard that is a symbolic link leading out of the folder.
   const std::string outside = tmp_path("outside.safetensors");
   const std::vector<double> one{1};
