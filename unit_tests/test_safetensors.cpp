@@ -532,3 +532,35 @@ TEST(HfMamba, FolderRefusals) {
 }
 
 }  // namespace ash::test
+
+namespace ash::test {
+
+// The glue of `ash import-hf` / `export-hf`: the configuration fragment merges into a
+// Config whose model (model/params' layout) has exactly the tensors, names and shapes
+// the folder mapping reads and writes; and a whole Config writes a folder.
+TEST(HfMamba, MatchesTheModelLayout) {
+  for (const bool tied : {true, false}) {
+    for (const nlohmann::json rank : {nlohmann::json("auto"), nlohmann::json(3)}) {
+      SCOPED_TRACE(std::string(tied ? "tied, " : "untied, ") + "time_step_rank " + rank.dump());
+      auto hf = tiny_hf_config(tied);
+      hf["time_step_rank"] = rank;
+      const auto fragment = hf_mamba_config_to_ash(hf, "config.json");
+      Config cfg;
+      cfg.merge(fragment, "config.json");
+      cfg.validate();
+      const auto tensors = tensors_for(fragment);
+      const auto layout = param_layout(cfg.model());
+      ASSERT_EQ(layout.size(), tensors.size());
+      for (const auto& t : layout) {
+        ASSERT_EQ(tensors.count(t.name), 1u) << t.name;
+        EXPECT_EQ(tensors.at(t.name).shape, t.shape) << t.name;
+      }
+      const std::string dir = tmp_path(std::string("whole_config_") + (tied ? "tied_" : "untied_") + (rank.is_string() ? "auto" : "3"));
+      fs::remove_all(dir);
+      write_hf_mamba(dir, cfg.json(), tensors);  // the whole document: other sections and model.seed unread
+      EXPECT_EQ(read_hf_mamba(dir).config, fragment);
+    }
+  }
+}
+
+}  // namespace ash::test
