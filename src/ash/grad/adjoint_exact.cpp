@@ -122,6 +122,10 @@ WorkspaceSpec adjoint_exact_carry_map_workspace(const EngineOptions& opts, const
   return w;
 }
 
+WorkspaceSpec adjoint_exact_block_workspace(const LayerShape& sh) {
+  return WorkspaceSpec().projections(sh.rows(), sh.P, sh.N, sh.scalar_bytes);
+}
+
 WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh) {
   WorkspaceSpec w;
   w.add(buf::carry_mu, sh.scalar_bytes, {sh.batch, sh.P, sh.N}, true);
@@ -161,14 +165,10 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
 template <class S>
 const LayerActivations<S>& AdjointExactLayer<S>::project_block(const LayerParams<S>& p, const SeqShape& sb,
                                                                const View2<S>& y) {
-  if (index_t(block_act_.yhat.extent(0)) != sb.rows()) {
-    ModelDims d;
-    d.width = p.W_delta.extent(0);
-    d.state = p.W_B.extent(0);
-    block_act_ = LayerActivations<S>(sb, d, LayerActivations<S>::projections_only);
-  }
-  ssm_layer_project(p, y, block_act_, this->exec_);
-  return block_act_;
+  block_work_.plan(adjoint_exact_block_workspace(layer_shape(sb, p)));
+  const LayerActivations<S>& act = block_work_.projections();
+  ssm_layer_project(p, y, act, this->exec_);
+  return act;
 }
 
 template <class S>
@@ -245,7 +245,7 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
 
 template <class S>
 void AdjointExactLayer<S>::release() {
-  block_act_ = LayerActivations<S>();
+  block_work_.release();
   work_.release();
 }
 

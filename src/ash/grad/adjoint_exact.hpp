@@ -38,6 +38,9 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
 // The buffers of one carry map (backward_range, block_carry_map) on sh: the
 // open carry and μ and products at chunk starts, allocated per call.
 WorkspaceSpec adjoint_exact_carry_map_workspace(const EngineOptions& opts, const LayerShape& sh);
+// The projections of one token block of sh (backward_block, backward_window_range,
+// block_carry_map recompute them from the block's input), kept through a pass.
+WorkspaceSpec adjoint_exact_block_workspace(const LayerShape& sh);
 // The carry a token block leaves for the block before it (ExactCarry: μ and
 // A at its first token), allocated by a layer's first block and kept by the
 // caller through the pass.
@@ -74,7 +77,7 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   // μ's carry map of the piece L covers (backward_range, block_carry_map).
   void carry_map(const LayerActivations<S>& act, const SeqShape& s, const View2<S>& g, const View3<S>& M,
                  const View3<S>& v);
-  // block_act_ sized for sb and filled with y's projections.
+  // The projections of one token block, sized for sb and filled with y's.
   const LayerActivations<S>& project_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y);
   // own_T > 0: only the first own_T tokens of each sequence contribute (the
   // rest is a halo the window reads); those waves past it are skipped.
@@ -84,7 +87,7 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
 
  private:
   EngineOptions opts_;
-  LayerActivations<S> block_act_;  // projections of one token block (backward_block)
+  Workspace<S> block_work_;  // projections of one token block (adjoint_exact_block_workspace)
   Workspace<S> work_;  // run()'s buffers (adjoint_exact_workspace); freed by release()
 };
 

@@ -42,6 +42,7 @@ BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const Blockwis
   const index_t rb = sh.Bt * sh.blen;
   BlockwiseWorkspace w;
   w.kept.stored_rows(y_kept, storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P, kept_count(opts, sh));
+  w.block.projections(rb, sh.P, sh.N, e);
   w.forward.add(y_block, e, {rb, sh.P}, true).add(y_block_next, e, {rb, sh.P}, true);
   const auto n = LayerSegments::counts(sh.k0, sh.k1, sh.K, sh.last, opts.layer_checkpoint);
   w.backward.add(y_segment, e, {rb, sh.P}, true, n.longest).add(g_block, e, {rb, sh.P}, true);
@@ -56,6 +57,7 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
   BlockwiseWorkspace w;
   w.kept.stored_rows("ash::seqblocks::y_kept", storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P,
                      kept_count(opts, sh));
+  w.block.projections(rb, sh.P, sh.N, e);
   w.range.add("ash::seqblocks::y", e, {sh.Bt * sh.T, sh.P}, true).add("ash::seqblocks::y_next", e,
                                                                         {sh.Bt * sh.T, sh.P}, true);
   // h_end = prod ⊙ h_before + h over the range, and a block's
@@ -121,7 +123,8 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
   // The state before each (layer, block); block 0's is the carried state (or zero).
   fw = std::make_unique<BlockwiseForward<S>>(d, k0, k1, Bt, blocks, true);
   fw->set_documents(x);
-  act = LayerActivations<S>(SeqShape{Bt, blocks.len}, d, LayerActivations<S>::projections_only);
+  block_work.plan(ws.block);
+  act = block_work.projections();
 }
 
 template struct BlockwisePass<float>;

@@ -87,6 +87,7 @@ struct BlockwiseShape {
 // the block-wise forward's states (docs/design.md §8), by phase.
 struct BlockwiseWorkspace {
   WorkspaceSpec kept;      // the kept segment inputs (run.storage), through the pass
+  WorkspaceSpec block;     // one block's projections (the forward's and the recomputation's), through the pass
   WorkspaceSpec forward;   // BlockwiseEngine: a block's y and next y. SequenceBlockwise: the range maps
   WorkspaceSpec backward;  // a segment's inputs and g of a block (SequenceBlockwise: a recomputed block's in, out)
   WorkspaceSpec carries;   // E3's carries between blocks, one per layer (AdjointExactLayer allocates them)
@@ -111,8 +112,9 @@ struct BlockwisePass {
   LayerSegments seg;
   std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
   std::unique_ptr<BlockwiseForward<S>> fw;
-  LayerActivations<S> act;  // projections of one block
-  BlockwiseWorkspace ws;    // what start() allocated the kept inputs from; the phases' buffers
+  LayerActivations<S> act;  // projections of one block (block_work's)
+  BlockwiseWorkspace ws;    // what start() allocated the kept inputs and act from; the phases' buffers
+  Workspace<S> block_work;
 
   // For params' layer range over x ([Bt, T]: the pass's tokens) in
   // `blocks`: checks the carried `state` (or null: one [Bt·P, N] per layer),

@@ -17,7 +17,7 @@ double BufferSpec::bytes() const {
 
 WorkspaceSpec& WorkspaceSpec::add(const std::string& label, std::size_t elem, std::vector<index_t> extents,
                                   bool zeroed, index_t copies) {
-  require(extents.size() == 2 || extents.size() == 3, "workspace: buffer " + label + " must have rank 2 or 3");
+  require(extents.size() >= 1 && extents.size() <= 3, "workspace: buffer " + label + " must have rank 1 to 3");
   require(find(label) == nullptr, "workspace: buffer " + label + " described twice");
   BufferSpec b;
   b.label = label;
@@ -46,6 +46,20 @@ WorkspaceSpec& WorkspaceSpec::cotangents(index_t rows, index_t P, index_t N, boo
     add("ash::cot::bd_part", elem, {rb, P}, true);
   }
   for (std::size_t i = first; i < buffers_.size(); ++i) buffers_[i].owner = BufferSpec::Owner::cotangents;
+  return *this;
+}
+
+// As LayerActivations' constructor (model/ssm_layer.cpp) allocates them with
+// Store::projections_only; Workspace::plan checks the two agree.
+WorkspaceSpec& WorkspaceSpec::projections(index_t rows, index_t P, index_t N, std::size_t elem) {
+  const std::size_t first = buffers_.size();
+  add("ash::act::rstd", elem, {rows}, true);
+  add("ash::act::yhat", elem, {rows, P}, true);
+  add("ash::act::delta", elem, {rows, P}, true);
+  add("ash::act::beta", elem, {rows, N}, true);
+  add("ash::act::gamma", elem, {rows, N}, true);
+  add("ash::act::a", elem, {P, N}, true);
+  for (std::size_t i = first; i < buffers_.size(); ++i) buffers_[i].owner = BufferSpec::Owner::projections;
   return *this;
 }
 
@@ -143,11 +157,31 @@ View3<S> make_view3(const BufferSpec& b) {
   return View3<S>(Kokkos::view_alloc(b.label, Kokkos::WithoutInitializing), e[0], e[1], e[2]);
 }
 
+namespace {
+
+std::vector<BufferSpec> owned_by(const WorkspaceSpec& spec, BufferSpec::Owner owner) {
+  std::vector<BufferSpec> out;
+  for (const auto& b : spec.buffers())
+    if (b.owner == owner) out.push_back(b);
+  return out;
+}
+
+bool same(const std::vector<BufferSpec>& a, const std::vector<BufferSpec>& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](const BufferSpec& x, const BufferSpec& y) { return x.same_shape(y); });
+}
+
+const BufferSpec& entry(const std::vector<BufferSpec>& v, const std::string& label) {
+  for (const auto& b : v)
+    if (b.label == label) return b;
+  throw Error("workspace: no buffer " + label + " in its spec");
+}
+
+}  // namespace
+
 template <class S>
 void Workspace<S>::plan(const WorkspaceSpec& spec) {
-  std::vector<BufferSpec> cot;
-  for (const auto& b : spec.buffers())
-    if (b.owner == BufferSpec::Owner::cotangents) cot.push_back(b);
+  const auto cot = owned_by(spec, BufferSpec::Owner::cotangents), proj = owned_by(spec, BufferSpec::Owner::projections);
   // Free what the spec no longer holds in the same shape, then allocate what is missing.
   slots_.erase(std::remove_if(slots_.begin(), slots_.end(),
                               [&](const Slot& s) {
@@ -155,12 +189,13 @@ void Workspace<S>::plan(const WorkspaceSpec& spec) {
                                 return !b || !b->same_shape(s.spec);
                               }),
                slots_.end());
-  const bool cot_same = cot.size() == cot_spec_.size() &&
-                        std::equal(cot.begin(), cot.end(), cot_spec_.begin(),
-                                   [](const BufferSpec& a, const BufferSpec& b) { return a.same_shape(b); });
-  if (!cot_same) {
+  if (!same(cot, cot_spec_)) {
     cot_.reset();
     cot_spec_.clear();
+  }
+  if (!same(proj, proj_spec_)) {
+    proj_.reset();
+    proj_spec_.clear();
   }
   for (const auto& b : spec.buffers()) {
     if (b.owner != BufferSpec::Owner::workspace) continue;
@@ -175,25 +210,40 @@ void Workspace<S>::plan(const WorkspaceSpec& spec) {
     }
     slots_.push_back(std::move(s));
   }
-  if (cot.empty() || cot_) return;
-  const BufferSpec *gy = spec.find("ash::cot::gyhat"), *gb = spec.find("ash::cot::gbeta");
-  require(gy && gb, "workspace: cotangents without ash::cot::gyhat and ash::cot::gbeta");
-  ModelDims d;
-  d.width = gy->extents[1];
-  d.state = gb->extents[1];
-  cot_ = std::make_unique<LayerCotangents<S>>(gy->extents[0], d, spec.find("ash::cot::alog_part") != nullptr);
-  // The constructor allocates what the spec describes, no more, no less.
-  const auto& c = *cot_;
-  std::size_t found = 0;
-  const bool ok = matches(cot, c.gyhat, 2, found) && matches(cot, c.gz, 2, found) && matches(cot, c.gbeta, 2, found) &&
-                  matches(cot, c.ggamma, 2, found) && matches(cot, c.yhat_rows, 2, found) &&
-                  matches(cot, c.alog_part, 3, found) && matches(cot, c.d_part, 2, found) &&
-                  matches(cot, c.bd_part, 2, found) && matches(cot, c.norm_part, 2, found);
-  if (!ok || found != cot.size()) {
-    cot_.reset();
-    throw Error("workspace: LayerCotangents allocates other buffers than WorkspaceSpec::cotangents describes");
+  // The model's structs allocate their own Views; they must be what the spec describes, no more, no less.
+  if (!cot.empty() && !cot_) {
+    const BufferSpec &gy = entry(cot, "ash::cot::gyhat"), &gb = entry(cot, "ash::cot::gbeta");
+    ModelDims d;
+    d.width = gy.extents.at(1);
+    d.state = gb.extents.at(1);
+    auto c = std::make_unique<LayerCotangents<S>>(gy.extents[0], d, spec.find("ash::cot::alog_part") != nullptr);
+    std::size_t found = 0;
+    const bool ok = matches(cot, c->gyhat, 2, found) && matches(cot, c->gz, 2, found) &&
+                    matches(cot, c->gbeta, 2, found) && matches(cot, c->ggamma, 2, found) &&
+                    matches(cot, c->yhat_rows, 2, found) && matches(cot, c->alog_part, 3, found) &&
+                    matches(cot, c->d_part, 2, found) && matches(cot, c->bd_part, 2, found) &&
+                    matches(cot, c->norm_part, 2, found);
+    require(ok && found == cot.size(),
+            "workspace: LayerCotangents allocates other buffers than WorkspaceSpec::cotangents describes");
+    cot_ = std::move(c);
+    cot_spec_ = cot;
   }
-  cot_spec_ = cot;
+  if (!proj.empty() && !proj_) {
+    const BufferSpec &yh = entry(proj, "ash::act::yhat"), &a = entry(proj, "ash::act::a");
+    ModelDims d;
+    d.width = a.extents.at(0);
+    d.state = a.extents.at(1);
+    auto p = std::make_unique<LayerActivations<S>>(SeqShape{yh.extents[0], 1}, d, LayerActivations<S>::projections_only);
+    std::size_t found = 0;
+    const bool ok = matches(proj, p->rstd, 1, found) && matches(proj, p->yhat, 2, found) &&
+                    matches(proj, p->delta, 2, found) && matches(proj, p->beta, 2, found) &&
+                    matches(proj, p->gamma, 2, found) && matches(proj, p->a, 2, found) &&
+                    matches(proj, p->hprev, 3, found) && matches(proj, p->A, 3, found);
+    require(ok && found == proj.size(),
+            "workspace: LayerActivations allocates other buffers than WorkspaceSpec::projections describes");
+    proj_ = std::move(p);
+    proj_spec_ = proj;
+  }
 }
 
 template <class S>
@@ -214,10 +264,18 @@ const LayerCotangents<S>& Workspace<S>::cotangents() const {
 }
 
 template <class S>
+const LayerActivations<S>& Workspace<S>::projections() const {
+  require(proj_ != nullptr, "workspace: its spec has no projections");
+  return *proj_;
+}
+
+template <class S>
 void Workspace<S>::release() {
   slots_.clear();
   cot_.reset();
   cot_spec_.clear();
+  proj_.reset();
+  proj_spec_.clear();
 }
 
 template View2<float> make_view2<float>(const BufferSpec&);

@@ -28,15 +28,16 @@ LayerShape layer_shape(const SeqShape& s, const LayerParams<S>& p) {
   return LayerShape{s.batch, s.T, index_t(p.W_delta.extent(0)), index_t(p.W_B.extent(0)), sizeof(S)};
 }
 
-// One buffer: its Kokkos label, element size and extents (rank 2 or 3), in
+// One buffer: its Kokkos label, element size and extents (rank 1 to 3), in
 // `copies` Views of that label (the layers' carries, a segment's inputs).
 struct BufferSpec {
   // Who allocates it: the Workspace (a View, zeroed or not), the
-  // LayerCotangents constructor (the Workspace builds one and checks its
-  // Views against these entries), the engine (StoredRows in run.storage's
-  // format, elem bytes each; it checks the count), or Kokkos (a team's
-  // scratch that it keeps once grown: counted, never allocated here).
-  enum class Owner { workspace, cotangents, stored_rows, team_scratch };
+  // LayerCotangents or LayerActivations (projections only) constructor (the
+  // Workspace builds one and checks its Views against these entries), the
+  // engine (StoredRows in run.storage's format, elem bytes each; it checks
+  // the count), or Kokkos (a team's scratch that it keeps once grown:
+  // counted, never allocated here).
+  enum class Owner { workspace, cotangents, projections, stored_rows, team_scratch };
   std::string label;
   std::size_t elem = 0;
   std::vector<index_t> extents;
@@ -59,6 +60,8 @@ class WorkspaceSpec {
                      index_t copies = 1);
   // LayerCotangents(rows, {P, N}, row_partials): its buffers, as its constructor allocates them.
   WorkspaceSpec& cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem);
+  // LayerActivations of `rows` tokens, projections only (ŷ, r, Δ, β, γ and the decay rates a).
+  WorkspaceSpec& projections(index_t rows, index_t P, index_t N, std::size_t elem);
   // `copies` StoredRows of rows x cols in a storage format of elem bytes.
   WorkspaceSpec& stored_rows(const std::string& label, std::size_t elem, index_t rows, index_t cols, index_t copies);
   // Team scratch Kokkos holds for a kernel (bytes in all).
@@ -97,8 +100,9 @@ class Workspace {
   // none of this rank and scalar, or fewer copies.
   View2<S> view2(const std::string& label, index_t i = 0) const { return slot(label, 2, i).v2[std::size_t(i)]; }
   View3<S> view3(const std::string& label, index_t i = 0) const { return slot(label, 3, i).v3[std::size_t(i)]; }
-  // The spec's cotangents (throws when it has none).
+  // The spec's cotangents, projections (throws when it has none).
   const LayerCotangents<S>& cotangents() const;
+  const LayerActivations<S>& projections() const;
   void release();
 
  private:
@@ -109,8 +113,9 @@ class Workspace {
   };
   const Slot& slot(const std::string& label, std::size_t rank, index_t i) const;
   std::vector<Slot> slots_;
-  std::vector<BufferSpec> cot_spec_;
+  std::vector<BufferSpec> cot_spec_, proj_spec_;
   std::unique_ptr<LayerCotangents<S>> cot_;
+  std::unique_ptr<LayerActivations<S>> proj_;
 };
 
 }  // namespace ash

@@ -94,7 +94,9 @@ struct Planner {
     return std::to_string(ws.kept.buffers().at(0).copies) + " kept layer input(s), " + storage_name(o.storage);
   }
 
-  double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
+  double proj(double rows) const {  // LayerActivations, projections only
+    return WorkspaceSpec().projections(std::int64_t(rows), cfg.model.width, cfg.model.state, std::size_t(S)).bytes();
+  }
   double head(double rows, double chunk_rows, bool g) const {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
     const double C = std::min(chunk_rows, rows);
     return (C * (1 + P + V + (g ? P : 0)) + (g ? std::ceil(C / double(impl::reduce_rows)) * P + P : 0.0)) * S;
@@ -123,10 +125,11 @@ struct Planner {
     const BlockwiseWorkspace ws = blockwise_workspace(o, pass(blen));
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"states at block starts (K x blocks)", double(K) * nb * B * P * N * S});
-    persistent.push_back({"block projections + running state", proj(rb) + B * P * N * S});
+    persistent.push_back({"block projections + running state", ws.block.bytes() + B * P * N * S});
     if (o.carry_state) persistent.push_back({"carried state", carried_state()});
     phases.push_back({"forward", {{"block activations (in, out)", ws.forward.bytes()}}});
-    Items back{{"segment inputs + g of a block", ws.backward.bytes()}, {"E3 block projections", proj(rb)}};
+    Items back{{"segment inputs + g of a block", ws.backward.bytes()},
+               {"E3 block projections", adjoint_exact_block_workspace(shape(B, blen)).bytes()}};
     if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", ws.carries.bytes()});
     // E3's scratch lives through the pass, so from the second block on the
     // head's chunk comes on top of it; with one block the head runs first.
@@ -154,7 +157,7 @@ struct Planner {
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
     persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
-    persistent.push_back({"block projections", proj(rb)});
+    persistent.push_back({"block projections", ws.block.bytes()});
     if (o.carry_state) persistent.push_back({"carried state", carried_state()});
     phases.push_back({"forward", {{"range state maps (product, state; a block's)", ws.forward.bytes()}}});
     const Items blocks{{"recomputed blocks (in, out)", ws.backward.bytes()},
@@ -170,11 +173,11 @@ struct Planner {
       phases.push_back({"backward",
                         {blocks[0],
                          {"range + halo of y and g; g's halo; halo messages", ws.window.bytes() + 2 * H * B * P * S},
-                         {"E3 block projections", proj(B * Te)},
+                         {"E3 block projections", adjoint_exact_block_workspace(shape(B, std::int64_t(Te))).bytes()},
                          {"E3 wave scratch", e3_scratch(B, std::int64_t(Te), H > 0)}}});
     } else {
       Items back = blocks;
-      back.push_back({"E3 block projections", proj(rb)});
+      back.push_back({"E3 block projections", adjoint_exact_block_workspace(shape(B, blen)).bytes()});
       back.push_back({"E3 wave scratch", e3_scratch(B, blen)});
       Items map = back;
       map.push_back({"E3 carry map (open carry, chunk starts)",
