@@ -68,17 +68,43 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
       });
 }
 
+// reverse_scan with its carries from ws (e1_scan_workspace's buffers).
+template <class S>
+void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                  index_t chunk, const Workspace<S>& ws, const ExecSpace& exec) {
+  const bool chunks = scan_chunks(chunk, s.T).n > 1;
+  reverse_scan(s, act, gy, mu, chunk, ws.view3("ash::e1::chunk_carry"),
+               chunks ? ws.view3("ash::e1::chunk_out") : View3<S>(),
+               chunks ? ws.view3("ash::e1::chunk_prod") : View3<S>(), exec);
+}
+
 }  // namespace
 
-WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh) {
-  WorkspaceSpec w = window_workspace("ash::e1::mu", sh);
-  const index_t nc = scan_chunks(opts.chunk, sh.T).n, rows = sh.batch * nc;
+WorkspaceSpec e1_scan_workspace(index_t chunk, const LayerShape& sh) {
+  const index_t nc = scan_chunks(chunk, sh.T).n, rows = sh.batch * nc;
+  WorkspaceSpec w;
   w.add("ash::e1::chunk_carry", sh.scalar_bytes, {rows, sh.P, sh.N}, false);
   if (nc > 1) {
     w.add("ash::e1::chunk_out", sh.scalar_bytes, {rows, sh.P, sh.N}, false);
     w.add("ash::e1::chunk_prod", sh.scalar_bytes, {rows, sh.P, sh.N}, false);
   }
   return w;
+}
+
+WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh) {
+  return window_workspace("ash::e1::mu", sh).append(e1_scan_workspace(opts.chunk, sh));
+}
+
+template <class S>
+void impl::e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                           index_t chunk, const ExecSpace& exec) {
+  const index_t P = act.yhat.extent(1), N = act.beta.extent(1);
+  require(index_t(mu.extent(0)) == s.rows() && index_t(mu.extent(1)) == P && index_t(mu.extent(2)) == N &&
+              act.A.extent(0) == mu.extent(0),
+          "E1 reverse scan: mu and the stored A must be [rows, P, N]");
+  Workspace<S> ws;  // the carries, for this call (as before the workspace)
+  ws.plan(e1_scan_workspace(chunk, LayerShape{s.batch, s.T, P, N, sizeof(S)}));
+  reverse_scan(s, act, gy, mu, chunk, ws, exec);
 }
 
 template <class S>
@@ -93,10 +119,7 @@ void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<
   work_.plan(backprop_workspace(opts_, layer_shape(s, p)));
   const auto& act = store.kept(k);
   const View3<S> mu = work_.view3("ash::e1::mu");
-  const bool chunks = scan_chunks(opts_.chunk, s.T).n > 1;
-  reverse_scan(s, act, g, mu, opts_.chunk, work_.view3("ash::e1::chunk_carry"),
-               chunks ? work_.view3("ash::e1::chunk_out") : View3<S>(),
-               chunks ? work_.view3("ash::e1::chunk_prod") : View3<S>(), this->exec_);
+  reverse_scan(s, act, g, mu, opts_.chunk, work_, this->exec_);
   ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu, act.hprev, act.A, work_.cotangents(),
                           grad, g, opts_.detach_inputs, this->exec_);
 }
@@ -106,6 +129,10 @@ void BackpropLayer<S>::release() {
   work_.release();
 }
 
+template void impl::e1_reverse_scan<float>(const SeqShape&, const LayerActivations<float>&, const View2<float>&,
+                                           const View3<float>&, index_t, const ExecSpace&);
+template void impl::e1_reverse_scan<double>(const SeqShape&, const LayerActivations<double>&, const View2<double>&,
+                                            const View3<double>&, index_t, const ExecSpace&);
 template class BackpropLayer<float>;
 template class BackpropLayer<double>;
 

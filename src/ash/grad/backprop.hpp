@@ -6,10 +6,23 @@
 
 namespace ash {
 
+// The carries of E1's chunked reverse scan over sh (grad.chunk = chunk): the
+// carry into each chunk and, with several chunks, each chunk's local
+// carry-out and product of A ([Bt·nc, P, N] each).
+WorkspaceSpec e1_scan_workspace(index_t chunk, const LayerShape& sh);
 // The buffers of one layer's backward on sh: μ of every token, the
-// cotangents, and the chunked reverse scan's carries (and, with several
-// chunks, each chunk's local carry-out and product of A).
+// cotangents, and the scan's carries (e1_scan_workspace).
 WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh);
+
+namespace impl {
+// E1's h-adjoint over the whole window: μ^t = gy^t ⊗ γ^t + A^{t+1} μ^{t+1}
+// ([rows, P, N]) from the A^t and γ^t that act stored, as a chunked reverse
+// scan (chunks of `chunk` tokens), its carries allocated for the call
+// (e1_scan_workspace). Shared by the SSM-ResNet and the Mamba E1.
+template <class S>
+void e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                     index_t chunk, const ExecSpace& exec);
+}  // namespace impl
 
 template <class S>
 class BackpropLayer final : public LayerAdjoint<S> {
