@@ -23,6 +23,7 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/mamba_backprop.cpp
   ash/grad/adjoint.cpp
   ash/grad/adjoint_exact.cpp
+  ash/grad/workspace.cpp
   ash/io/tokens.cpp
   ash/io/hdf5.cpp
   ash/io/checkpoint.cpp

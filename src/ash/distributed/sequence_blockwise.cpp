@@ -30,28 +30,19 @@ void compose_after(const V& acc_a, const V& acc_b, const V& a, const V& b, const
 }  // namespace
 
 template <class S>
-struct SequenceBlockwise<S>::Pass {
-  int k0 = 0, k1 = 0, K = 0;
-  bool first = true, last = true;  // the layer range has the embedding, the head
-  index_t Bt = 0, T = 0, T_all = 0, targets = 0;
+struct SequenceBlockwise<S>::Pass : BlockwisePass<S> {
+  index_t T_all = 0;
   // the replica's windows; the range's tokens; and one more (the last row's target) unless the window ends there
   TokenView x_all, x, x_head;
-  LayerSegments seg;
-  std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, top]: the segment starts' inputs (not y_0)
-  std::unique_ptr<BlockwiseForward<S>> fw;
-  LayerActivations<S> act;  // projections of one block
-  View2<S> y, yo;           // whole range, block-major: y_k and y_{k+1} (forward); y_k and g (backward)
-  View2<S> ta, tb;          // one block: the recomputation's inputs and outputs
+  View2<S> y, yo;  // whole range, block-major: y_k and y_{k+1} (forward); y_k and g (backward)
+  View2<S> ta, tb;  // one block: the recomputation's inputs and outputs
   const std::vector<View2<S>>* carried = nullptr;
   std::function<void(const std::function<void()>&)> timed;
 
-  const TokenBlocks& blocks() const { return fw->blocks(); }
   View2<S> blk(const View2<S>& v, index_t j) const {  // block j's rows of a whole-range buffer
-    const auto& b = blocks();
-    return Kokkos::subview(v, Kokkos::make_pair(Bt * b.start(j), Bt * b.end(j)), Kokkos::ALL());
+    const auto& b = this->blocks();
+    return Kokkos::subview(v, Kokkos::make_pair(this->Bt * b.start(j), this->Bt * b.end(j)), Kokkos::ALL());
   }
-  bool keeps(int c) const { return !(c == 0 && first); }  // y_0 is recomputed from the embedding
-  const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
 };
 
 template <class S>
@@ -67,48 +58,30 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
                                      const std::function<void(const std::function<void()>&)>& timed,
                                      const std::function<void()>& before_backward) {
   const auto& lay = grid_.layout();
-  const auto& d = params.dims();
-  const LayerRange& lr = params.range();
-  const index_t P = d.width, N = d.state, T_all = x_rows.extent(1);
+  const index_t T_all = x_rows.extent(1);
   const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
   if (window(T_all)) require_window_halos(T_all, lay.S, opts_.truncate);  // before any work
   Pass ps;
-  ps.k0 = lr.k0;
-  ps.k1 = lr.k1;
-  ps.K = int(d.layers);
-  ps.first = lr.embedding;
-  ps.last = lr.head;
-  ps.Bt = x_rows.extent(0);
-  ps.T = t_b - t_a;
   ps.T_all = T_all;
   ps.x_all = x_rows;
-  ps.targets = targets;
-  ps.x = token_block(x_rows, t_a, ps.T);
+  ps.x = token_block(x_rows, t_a, t_b - t_a);
   ps.x_head = token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a);
   ps.carried = carried;
   ps.timed = timed;
-  if (carried) {
-    require(index_t(carried->size()) == index_t(ps.k1 - ps.k0), "carried state: expected one state per layer");
-    for (const auto& h : *carried)
-      require(index_t(h.extent(0)) == ps.Bt * P && index_t(h.extent(1)) == N,
-              "carried state: expected [batch·P, N] per layer");
-  }
-  ps.seg = LayerSegments(ps.k0, ps.k1, ps.K, ps.last, opts_.layer_checkpoint);
-  ps.kept.resize(std::size_t(ps.K - ps.k0 + 1));
-  for (const int c : ps.seg.starts)
-    if (ps.keeps(c))
-      ps.kept[std::size_t(c - ps.k0)] = StoredRows<S>("ash::seqblocks::y_kept", opts_.storage, ps.Bt * ps.T, P);
-  grad.fill_zero();
-  const TokenBlocks blocks(block_length(ps.T, T_all), ps.T);
-  ps.fw = std::make_unique<BlockwiseForward<S>>(d, ps.k0, ps.k1, ps.Bt, blocks, true);
-  ps.fw->set_documents(ps.x);
-  ps.act = LayerActivations<S>(SeqShape{ps.Bt, blocks.len}, d, LayerActivations<S>::projections_only);
-  ps.y = View2<S>("ash::seqblocks::y", ps.Bt * ps.T, P);
-  ps.yo = View2<S>("ash::seqblocks::y_next", ps.Bt * ps.T, P);
+  const TokenBlocks blocks(block_length(t_b - t_a, T_all), t_b - t_a);
+  const index_t H = window(T_all) ? WindowHalo<S>::halo_length(lay, T_all, opts_.truncate) : 0;
+  ps.start(params, ps.x, targets, blocks, opts_, carried, false,
+           [&](const BlockwiseShape& sh) { return sequence_blockwise_workspace(opts_, sh, T_all, H); }, grad);
+  Workspace<S> range;  // y and the next y through the pass
+  range.plan(ps.ws.range);
+  ps.y = range.view2("ash::seqblocks::y");
+  ps.yo = range.view2("ash::seqblocks::y_next");
   forward(params, ps);
   if (before_backward) before_backward();
-  ps.ta = View2<S>("ash::seqblocks::y_block", ps.Bt * blocks.len, P);
-  ps.tb = View2<S>("ash::seqblocks::y_block_next", ps.Bt * blocks.len, P);
+  Workspace<S> recomputed;
+  recomputed.plan(ps.ws.backward);
+  ps.ta = recomputed.view2("ash::seqblocks::y_block");
+  ps.tb = recomputed.view2("ash::seqblocks::y_block_next");
   const double loss = ps.last ? head(params, ps, grad) : 0.0;
   backward(params, ps, grad);
   layer_.release();
@@ -134,8 +107,10 @@ void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
   else
     ps.timed([&] { recv(ps.y, lay.layer_rank - 1, tag_y, grid_.layers()); });
   keep(ps.k0);
-  View2<S> prod("ash::seqblocks::range_prod", BP, N), hl("ash::seqblocks::range_h", BP, N),
-      pj("ash::seqblocks::block_prod", BP, N), hj("ash::seqblocks::block_h", BP, N);
+  Workspace<S> maps;  // the range's and a block's state maps
+  maps.plan(ps.ws.forward);
+  const View2<S> prod = maps.view2("ash::seqblocks::range_prod"), hl = maps.view2("ash::seqblocks::range_h"),
+                 pj = maps.view2("ash::seqblocks::block_prod"), hj = maps.view2("ash::seqblocks::block_h");
   for (int k = ps.k0; k < ps.k1; ++k) {
     const auto layer = params.layer(k);
     Kokkos::deep_copy(exec, prod, S(1));
@@ -254,8 +229,10 @@ void SequenceBlockwise<S>::layers_carried(const ParamSet<S>& params, Pass& ps, c
   const TokenBlocks& blk = ps.blocks();
   const index_t P = params.dims().width, N = params.dims().state;
   const bool tail = lay.seq_rank == lay.S - 1;
-  View3<S> Mr("ash::seqblocks::carry_M", ps.Bt, P, N), vr("ash::seqblocks::carry_v", ps.Bt, P, N),
-      Mj("ash::seqblocks::block_M", ps.Bt, P, N), vj("ash::seqblocks::block_v", ps.Bt, P, N);
+  Workspace<S> maps;  // μ's carry maps over the range and a block; the ones of a carry
+  maps.plan(ps.ws.carry_maps);
+  const View3<S> Mr = maps.view3("ash::seqblocks::carry_M"), vr = maps.view3("ash::seqblocks::carry_v"),
+                 Mj = maps.view3("ash::seqblocks::block_M"), vj = maps.view3("ash::seqblocks::block_v");
   for (std::size_t i = ps.seg.starts.size(); i-- > 0;) {
     const int c = ps.seg.starts[i];
     for (int k = std::min(ps.seg.end_of(i), ps.k1 - 1); k >= c; --k) {
@@ -272,7 +249,7 @@ void SequenceBlockwise<S>::layers_carried(const ParamSet<S>& params, Pass& ps, c
       ExactCarry<S> carry;  // A μ at the next range's first token (none after the last range)
       if (!tail) {
         carry.mu = vr;
-        carry.A = View3<S>("ash::seqblocks::ones", ps.Bt, P, N);
+        carry.A = maps.view3("ash::seqblocks::ones");
         Kokkos::deep_copy(exec, carry.A, S(1));
         carry.valid = true;
       }
@@ -296,9 +273,13 @@ void SequenceBlockwise<S>::layers_window(const ParamSet<S>& params, Pass& ps, co
   require(ps.blocks().n == 1, "SequenceBlockwise: a window runs each range as one block");
   WindowHalo<S> halo(lay, Bt, P, ps.T_all, opts_.truncate, tag_halo, grid_.seq(), ps.timed);
   const index_t Te = halo.extended();
+  require(index_t(ps.ws.window.find("ash::seqblocks::g_halo")->extents[0]) == Bt * halo.halo(),
+          "SequenceBlockwise: the workspace's halo is not the window's");
   const TokenView x_ext = token_block(ps.x_all, lay.seq_begin(ps.T_all), Te);  // own tokens, then the halo's
-  View2<S> g_halo("ash::seqblocks::g_halo", Bt * halo.halo(), P), y_ext("ash::seqblocks::y_ext", Bt * Te, P),
-      g_ext("ash::seqblocks::g_ext", Bt * Te, P);
+  Workspace<S> ext;  // the range + halo of y and g, g's halo
+  ext.plan(ps.ws.window);
+  const View2<S> g_halo = ext.view2("ash::seqblocks::g_halo"), y_ext = ext.view2("ash::seqblocks::y_ext"),
+                 g_ext = ext.view2("ash::seqblocks::g_ext");
   halo.exchange(g, g_halo, exec);
   for (std::size_t i = ps.seg.starts.size(); i-- > 0;) {
     const int c = ps.seg.starts[i];

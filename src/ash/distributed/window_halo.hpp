@@ -37,7 +37,7 @@ class WindowHalo {
   WindowHalo(const Layout& lay, index_t Bt, index_t P, std::int64_t T_all, index_t Tbar, int tag, MPI_Comm seq,
              Timed timed)
       : T_(index_t(lay.seq_end(T_all) - lay.seq_begin(T_all))),
-        H_(std::min<index_t>(Tbar - 1, index_t(T_all - lay.seq_end(T_all)))),
+        H_(halo_length(lay, T_all, Tbar)),
         H_prev_(lay.seq_rank > 0 ? std::min<index_t>(Tbar - 1, index_t(T_all - lay.seq_begin(T_all))) : 0),
         lay_(lay),
         tag_(tag),
@@ -46,6 +46,10 @@ class WindowHalo {
         out_("ash::dist::halo_out", Bt * H_prev_, P),
         in_("ash::dist::halo_in", Bt * H_, P) {}
 
+  // H: the tokens of the next range a rank's window T̄ reads (up to T̄ - 1).
+  static index_t halo_length(const Layout& lay, std::int64_t T_all, index_t Tbar) {
+    return std::min<index_t>(Tbar - 1, index_t(T_all - lay.seq_end(T_all)));
+  }
   index_t own() const { return T_; }
   index_t halo() const { return H_; }
   index_t extended() const { return T_ + H_; }

@@ -102,6 +102,8 @@ template void window_adjoint<double>(WindowForm, const SeqShape&, const LayerAct
                                      const View2<double>&, index_t, const View3<double>&, const ExecSpace&);
 }  // namespace impl
 
+WorkspaceSpec adjoint_workspace(const EngineOptions&, const LayerShape& sh) { return window_workspace("ash::e2::mu", sh); }
+
 template <class S>
 AdjointLayer<S>::AdjointLayer(const EngineOptions& opts) : truncate_(opts.truncate) {}
 
@@ -118,13 +120,13 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
   const auto& s = store.shape();
   const index_t Tbar = (truncate_ <= 0 || truncate_ > s.T) ? s.T : truncate_;
   require(s.rows() <= index_t(2147483647), "adjoint: more than 2^31 - 1 token rows (one kernel team per row)");
-  work_.ensure("ash::e2::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
+  work_.plan(adjoint_workspace(EngineOptions(), layer_shape(s, p)));
+  const View3<S> mu = work_.view3("ash::e2::mu");
   const auto& act = store.kept(k);
   constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
-  impl::window_adjoint(on_host ? impl::WindowForm::host : impl::WindowForm::device, s, act, g, Tbar, work_.mu,
-                       this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
-                          /*detach_input=*/true, this->exec_);
+  impl::window_adjoint(on_host ? impl::WindowForm::host : impl::WindowForm::device, s, act, g, Tbar, mu, this->exec_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu, act.hprev, act.A, work_.cotangents(),
+                          grad, g, /*detach_input=*/true, this->exec_);
 }
 
 template <class S>

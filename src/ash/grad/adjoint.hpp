@@ -13,8 +13,13 @@
 // is a constant: E2 equals E1 on the stop-gradient-inputs model; the embedding
 // receives Σ g. T̄ = 0 or T̄ >= T is full adjoint sharding.
 #include "ash/grad/engine.hpp"
+#include "ash/grad/workspace.hpp"
 
 namespace ash {
+
+// The buffers of one layer's backward on sh: μ = Σ_t v^{t,i} of every token
+// and the cotangents (the window T̄ changes no size).
+WorkspaceSpec adjoint_workspace(const EngineOptions& opts, const LayerShape& sh);
 
 template <class S>
 class AdjointLayer final : public LayerAdjoint<S> {
@@ -30,7 +35,7 @@ class AdjointLayer final : public LayerAdjoint<S> {
 
  private:
   index_t truncate_;
-  WindowScratch<S> work_;  // μ = Σ_t v^{t,i} per token
+  Workspace<S> work_;  // adjoint_workspace, kept from layer to layer of a pass
 };
 
 namespace impl {

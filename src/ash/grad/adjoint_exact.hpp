@@ -7,9 +7,9 @@
 // (E2's full gradient in O(T)); detached with a window T̄ (E2's truncated sum
 // in O(T) by the block method of §2).
 #include <functional>
-#include <memory>
 
 #include "ash/grad/engine.hpp"
+#include "ash/grad/workspace.hpp"
 
 namespace ash {
 
@@ -27,6 +27,24 @@ index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_t
 // range with a halo after its own tokens, whose rows must reach μ but add no
 // VJP (the wave form masks them).
 bool e3_fused_form(const EngineOptions& opts, index_t T, bool halo = false);
+
+// The buffers of one AdjointExactLayer::run on sh (docs/design.md §6): h at
+// chunk ends or the running h, μ and products at chunk starts, one wave's
+// h^{t-1}, A and μ (or the fused form's partial sums, shares and team
+// scratch), the wave's cotangents. halo: a range with a halo after its own
+// tokens (the wave form, as run keeps it). Kept from one layer (and token
+// block) of a pass to the next while sh stays the same.
+WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShape& sh, bool halo = false);
+// The buffers of one carry map (backward_range, block_carry_map) on sh: the
+// open carry and μ and products at chunk starts, allocated per call.
+WorkspaceSpec adjoint_exact_carry_map_workspace(const EngineOptions& opts, const LayerShape& sh);
+// The projections of one token block of sh (backward_block, backward_window_range,
+// block_carry_map recompute them from the block's input), kept through a pass.
+WorkspaceSpec adjoint_exact_block_workspace(const LayerShape& sh);
+// The carry a token block leaves for the block before it (ExactCarry: μ and
+// A at its first token), allocated by a layer's first block and kept by the
+// caller through the pass.
+WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh);
 
 template <class S>
 class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
@@ -59,7 +77,7 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   // μ's carry map of the piece L covers (backward_range, block_carry_map).
   void carry_map(const LayerActivations<S>& act, const SeqShape& s, const View2<S>& g, const View3<S>& M,
                  const View3<S>& v);
-  // block_act_ sized for sb and filled with y's projections.
+  // The projections of one token block, sized for sb and filled with y's.
   const LayerActivations<S>& project_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y);
   // own_T > 0: only the first own_T tokens of each sequence contribute (the
   // rest is a halo the window reads); those waves past it are skipped.
@@ -69,19 +87,8 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
 
  private:
   EngineOptions opts_;
-  LayerActivations<S> block_act_;  // projections of one token block (backward_block)
-  // run()'s buffers, kept from one layer (and token block) to the next of a
-  // pass while their sizes stay the same; freed by release().
-  struct Work {
-    View3<S> Hb, scratch, Ms, hbuf, Abuf, mubuf;
-    View2<S> hrun;  // the sequential form's running state [Bt·P, N]
-    // The fused form's (impl/e3_fused.hpp): channel-block shares of ∂L/∂β,
-    // ∂L/∂γ per token row, and per-chunk partial sums of A_log, D, bδ.
-    View3<S> beta_part, gamma_part, alog_part;
-    View2<S> d_part, bd_part;
-    std::unique_ptr<LayerCotangents<S>> cot;
-  };
-  Work work_;
+  Workspace<S> block_work_;  // projections of one token block (adjoint_exact_block_workspace)
+  Workspace<S> work_;  // run()'s buffers (adjoint_exact_workspace); freed by release()
 };
 
 }  // namespace ash

@@ -13,19 +13,22 @@ namespace {
 // threads, not Bt·P·N: each chunk's local carry-out and product of A in
 // parallel, a short pass over chunks for the carry into each, then every chunk
 // again from its carry. C >= T is the plain loop.
+// The chunks of the reverse scan over windows of T tokens.
+TokenBlocks scan_chunks(index_t chunk, index_t T) { return TokenBlocks(chunk < T ? chunk : T, T); }
+
+// cin: the carry into each chunk, [Bt·nc, P, N]; out and prod (nc > 1): each
+// chunk's local carry-out and product of A.
 template <class S>
 void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
-                  index_t chunk, const ExecSpace& exec) {
+                  index_t chunk, const View3<S>& cin, const View3<S>& out, const View3<S>& prod,
+                  const ExecSpace& exec) {
   const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.beta.extent(1);
-  const TokenBlocks ch(chunk < T ? chunk : T, T);  // chunks of the reverse scan
+  const TokenBlocks ch = scan_chunks(chunk, T);
   const index_t nc = ch.n;
   auto A = act.A;
   auto gamma = act.gamma;
-  // carry in at the end of chunk c (A^{t1} μ^{t1}; 0 for the last chunk)
-  View3<S> cin(Kokkos::view_alloc(std::string("ash::e1::chunk_carry"), Kokkos::WithoutInitializing), Bt * nc, P, N);
+  // cin: carry in at the end of chunk c (A^{t1} μ^{t1}; 0 for the last chunk)
   if (nc > 1) {
-    View3<S> out(Kokkos::view_alloc(std::string("ash::e1::chunk_out"), Kokkos::WithoutInitializing), Bt * nc, P, N);
-    View3<S> prod(Kokkos::view_alloc(std::string("ash::e1::chunk_prod"), Kokkos::WithoutInitializing), Bt * nc, P, N);
     Kokkos::parallel_for(
         "ash::e1::chunk_local", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
           const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
@@ -65,7 +68,32 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
       });
 }
 
+// reverse_scan with its carries from ws (e1_scan_workspace's buffers).
+template <class S>
+void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                  index_t chunk, const Workspace<S>& ws, const ExecSpace& exec) {
+  const bool chunks = scan_chunks(chunk, s.T).n > 1;
+  reverse_scan(s, act, gy, mu, chunk, ws.view3("ash::e1::chunk_carry"),
+               chunks ? ws.view3("ash::e1::chunk_out") : View3<S>(),
+               chunks ? ws.view3("ash::e1::chunk_prod") : View3<S>(), exec);
+}
+
 }  // namespace
+
+WorkspaceSpec e1_scan_workspace(index_t chunk, const LayerShape& sh) {
+  const index_t nc = scan_chunks(chunk, sh.T).n, rows = sh.batch * nc;
+  WorkspaceSpec w;
+  w.add("ash::e1::chunk_carry", sh.scalar_bytes, {rows, sh.P, sh.N}, false);
+  if (nc > 1) {
+    w.add("ash::e1::chunk_out", sh.scalar_bytes, {rows, sh.P, sh.N}, false);
+    w.add("ash::e1::chunk_prod", sh.scalar_bytes, {rows, sh.P, sh.N}, false);
+  }
+  return w;
+}
+
+WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh) {
+  return window_workspace("ash::e1::mu", sh).append(e1_scan_workspace(opts.chunk, sh));
+}
 
 template <class S>
 void impl::e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
@@ -74,11 +102,13 @@ void impl::e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, co
   require(index_t(mu.extent(0)) == s.rows() && index_t(mu.extent(1)) == P && index_t(mu.extent(2)) == N &&
               act.A.extent(0) == mu.extent(0),
           "E1 reverse scan: mu and the stored A must be [rows, P, N]");
-  reverse_scan(s, act, gy, mu, chunk, exec);
+  Workspace<S> ws;  // the carries, for this call (as before the workspace)
+  ws.plan(e1_scan_workspace(chunk, LayerShape{s.batch, s.T, P, N, sizeof(S)}));
+  reverse_scan(s, act, gy, mu, chunk, ws, exec);
 }
 
 template <class S>
-BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : detach_(opts.detach_inputs), chunk_(opts.chunk) {
+BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
 }
 
@@ -86,11 +116,12 @@ template <class S>
 void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
                                 const LayerParams<S>& grad) {
   const auto& s = store.shape();
-  work_.ensure("ash::e1::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
+  work_.plan(backprop_workspace(opts_, layer_shape(s, p)));
   const auto& act = store.kept(k);
-  reverse_scan(s, act, g, work_.mu, chunk_, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
-                          detach_, this->exec_);
+  const View3<S> mu = work_.view3("ash::e1::mu");
+  reverse_scan(s, act, g, mu, opts_.chunk, work_, this->exec_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu, act.hprev, act.A, work_.cotangents(),
+                          grad, g, opts_.detach_inputs, this->exec_);
 }
 
 template <class S>

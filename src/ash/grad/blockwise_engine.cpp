@@ -9,24 +9,126 @@
 
 namespace ash {
 
-// One compute_range(): the layer range, its segments and what it keeps.
+// One compute_range(): the pass and how the range meets its neighbours.
 template <class S>
-struct BlockwiseEngine<S>::Range {
-  int k0 = 0, k1 = 0, K = 0;
-  bool first = true, last = true;  // the range has the embedding, the head
-  index_t Bt = 0, T = 0, targets = 0;
+struct BlockwiseEngine<S>::Range : BlockwisePass<S> {
   const RangeLinks<S>* links = nullptr;
   const std::vector<View2<S>>* state = nullptr;
-  LayerSegments seg;  // one process: starts 0, m, 2m, ...
-  std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
-  std::unique_ptr<BlockwiseForward<S>> fw;
-  LayerActivations<S> act;
-  bool input_again = false;  // the range's input y_{k0} comes again from links->y_in in the backward
-  // Whether segment start y_c is kept in the forward: not when it is recomputed
-  // (the embedding's y_0) or read again (an input the caller holds).
-  bool keeps(int c) const { return !(c == 0 && first) && !(c == k0 && !first && input_again); }
-  const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
 };
+
+namespace {
+constexpr const char* y_kept = "ash::lowmem::y_kept";
+constexpr const char* y_block = "ash::lowmem::y_block";
+constexpr const char* y_block_next = "ash::lowmem::y_block_next";
+constexpr const char* y_segment = "ash::lowmem::y_segment";
+constexpr const char* g_block = "ash::lowmem::g_block";
+}  // namespace
+
+LayerSegments::Counts LayerSegments::counts(int k0, int k1, int K, bool last, index_t layer_checkpoint) {
+  const index_t m = std::min<index_t>(layer_checkpoint, index_t(K) + 1), top = last ? K : k1 - 1;
+  const index_t n = (top - k0) / m;            // starts after k0: k0 + m, ..., k0 + n·m
+  const index_t tail = top - (k0 + n * m) + 1;  // inputs of the top segment
+  return Counts{n + 1, n > 0 ? std::max(m, tail) : tail};
+}
+
+// The kept inputs of a pass: every segment start after k0, and k0 unless recomputed or read again.
+static index_t kept_count(const EngineOptions& opts, const BlockwiseShape& sh) {
+  const auto n = LayerSegments::counts(sh.k0, sh.k1, sh.K, sh.last, opts.layer_checkpoint);
+  return n.starts - 1 + (LayerSegments::keeps(sh.k0, sh.k0, sh.first, sh.input_again) ? 1 : 0);
+}
+
+BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh) {
+  const std::size_t e = sh.scalar_bytes;
+  const index_t rb = sh.Bt * sh.blen;
+  BlockwiseWorkspace w;
+  w.kept.stored_rows(y_kept, storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P, kept_count(opts, sh));
+  w.block.projections(rb, sh.P, sh.N, e);
+  w.forward.add(y_block, e, {rb, sh.P}, true).add(y_block_next, e, {rb, sh.P}, true);
+  const auto n = LayerSegments::counts(sh.k0, sh.k1, sh.K, sh.last, opts.layer_checkpoint);
+  w.backward.add(y_segment, e, {rb, sh.P}, true, n.longest).add(g_block, e, {rb, sh.P}, true);
+  if (sh.blocks() > 1) w.carries.append(adjoint_exact_carry_workspace(sh.block()), sh.k1 - sh.k0);
+  return w;
+}
+
+BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh, index_t T_all,
+                                                index_t H) {
+  const std::size_t e = sh.scalar_bytes;
+  const index_t rb = sh.Bt * sh.blen, BP = sh.Bt * sh.P, N = sh.N;
+  BlockwiseWorkspace w;
+  w.kept.stored_rows("ash::seqblocks::y_kept", storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P,
+                     kept_count(opts, sh));
+  w.block.projections(rb, sh.P, sh.N, e);
+  w.range.add("ash::seqblocks::y", e, {sh.Bt * sh.T, sh.P}, true).add("ash::seqblocks::y_next", e,
+                                                                        {sh.Bt * sh.T, sh.P}, true);
+  // h_end = prod ⊙ h_before + h over the range, and a block's
+  w.forward.add("ash::seqblocks::range_prod", e, {BP, N}, true)
+      .add("ash::seqblocks::range_h", e, {BP, N}, true)
+      .add("ash::seqblocks::block_prod", e, {BP, N}, true)
+      .add("ash::seqblocks::block_h", e, {BP, N}, true);
+  w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true).add("ash::seqblocks::y_block_next", e, {rb, sh.P},
+                                                                      true);
+  for (const char* l : {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
+                        "ash::seqblocks::block_v", "ash::seqblocks::ones"})
+    w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
+  if (opts.truncate > 0 && opts.truncate < T_all) {
+    const index_t Te = sh.T + H;
+    w.window.add("ash::seqblocks::g_halo", e, {sh.Bt * H, sh.P}, true)
+        .add("ash::seqblocks::y_ext", e, {sh.Bt * Te, sh.P}, true)
+        .add("ash::seqblocks::g_ext", e, {sh.Bt * Te, sh.P}, true);
+  }
+  return w;
+}
+
+template <class S>
+void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, index_t targets_,
+                             const TokenBlocks& blocks, const EngineOptions& opts,
+                             const std::vector<View2<S>>* state, bool input_again_,
+                             const std::function<BlockwiseWorkspace(const BlockwiseShape&)>& spec,
+                             const ParamSet<S>& grad) {
+  const auto& d = params.dims();
+  const LayerRange& lr = params.range();
+  k0 = lr.k0;
+  k1 = lr.k1;
+  K = int(d.layers);
+  first = lr.embedding;
+  last = lr.head;
+  input_again = !first && input_again_;
+  Bt = x.extent(0);
+  T = x.extent(1);
+  targets = targets_;
+  P = d.width;
+  N = d.state;
+  if (state) {
+    require(index_t(state->size()) == index_t(k1 - k0), "carried state: expected one state per layer");
+    for (const auto& h : *state)
+      require(index_t(h.extent(0)) == Bt * P && index_t(h.extent(1)) == N,
+              "carried state: expected [batch·P, N] per layer");
+  }
+  seg = LayerSegments(k0, k1, K, last, opts.layer_checkpoint);
+  ws = spec(shape(blocks.len));
+  const auto n = LayerSegments::counts(k0, k1, K, last, opts.layer_checkpoint);
+  require(n.starts == index_t(seg.starts.size()) && n.longest == index_t(seg.longest()),
+          "block-wise pass: LayerSegments::counts disagrees with the segments");
+  const BufferSpec& kb = ws.kept.buffers().at(0);
+  kept.resize(std::size_t(K - k0 + 1));
+  index_t made = 0;
+  for (const int c : seg.starts)
+    if (keeps(c)) {
+      kept[std::size_t(c - k0)] = StoredRows<S>(kb.label, opts.storage, kb.extents[0], kb.extents[1]);
+      ++made;
+    }
+  require(made == kb.copies, "block-wise pass: kept " + std::to_string(made) + " inputs, its workspace spec " +
+                                 std::to_string(kb.copies));
+  grad.fill_zero();
+  // The state before each (layer, block); block 0's is the carried state (or zero).
+  fw = std::make_unique<BlockwiseForward<S>>(d, k0, k1, Bt, blocks, true);
+  fw->set_documents(x);
+  block_work.plan(ws.block);
+  act = block_work.projections();
+}
+
+template struct BlockwisePass<float>;
+template struct BlockwisePass<double>;
 
 template <class S>
 BlockwiseEngine<S>::BlockwiseEngine(const EngineOptions& opts) : opts_(opts), layer_(opts) {
@@ -110,37 +212,14 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   const LayerRange& lr = params.range();
   require(grad.range() == lr, "BlockwiseEngine: the gradient is not the parameters' range");
   Range r;
-  r.k0 = lr.k0;
-  r.k1 = lr.k1;
-  r.K = int(d.layers);
-  r.first = lr.embedding;
-  r.last = lr.head;
-  r.Bt = x.extent(0);
-  r.T = x.extent(1);
-  r.targets = targets;
   r.links = &links;
   r.state = state;
-  r.input_again = !r.first && links.y_in_again;
-  require((r.first || (links.y_in && links.g_out)) && (r.last || (links.y_out && links.g_in)),
+  require((lr.embedding || (links.y_in && links.g_out)) && (lr.head || (links.y_out && links.g_in)),
           "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
-  const index_t P = d.width, N = d.state;
-  if (state) {
-    require(index_t(state->size()) == index_t(r.k1 - r.k0), "carried state: expected one state per layer");
-    for (const auto& h : *state)
-      require(index_t(h.extent(0)) == r.Bt * P && index_t(h.extent(1)) == N,
-              "carried state: expected [batch·P, N] per layer");
-  }
-  r.seg = LayerSegments(r.k0, r.k1, r.K, r.last, opts_.layer_checkpoint);
-  r.kept.resize(std::size_t(r.K - r.k0 + 1));
-  for (const int c : r.seg.starts)
-    if (r.keeps(c)) r.kept[std::size_t(c - r.k0)] = StoredRows<S>("ash::lowmem::y_kept", opts_.storage, r.Bt * r.T, P);
-  grad.fill_zero();
-  // The state before each (layer, block); block 0's is the carried state (or zero).
-  r.fw = std::make_unique<BlockwiseForward<S>>(d, r.k0, r.k1, r.Bt, blocks, true);
-  r.fw->set_documents(x);
+  r.start(params, x, targets, blocks, opts_, state, links.y_in_again,
+          [&](const BlockwiseShape& sh) { return blockwise_workspace(opts_, sh); }, grad);
   if (state)
     for (int k = r.k0; k < r.k1; ++k) r.fw->start_from(k, (*state)[std::size_t(k - r.k0)], layer_.execution_space());
-  r.act = LayerActivations<S>(SeqShape{r.Bt, blocks.len}, d, LayerActivations<S>::projections_only);
   forward(params, x, r);
   if (links.before_backward) links.before_backward();
   const double loss = backward(params, x, r, grad);
@@ -153,8 +232,9 @@ template <class S>
 void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, Range& r) {
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = r.fw->blocks();
-  const index_t P = params.dims().width;
-  View2<S> ya("ash::lowmem::y_block", r.Bt * blk.len, P), yb("ash::lowmem::y_block_next", r.Bt * blk.len, P);
+  Workspace<S> ws;  // freed on return
+  ws.plan(r.ws.forward);
+  View2<S> ya = ws.view2(y_block), yb = ws.view2(y_block_next);
   for (index_t j = 0; j < blk.n; ++j) {
     const index_t rows = r.fw->rows(j);
     View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
@@ -180,12 +260,13 @@ template <class S>
 double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad) {
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = r.fw->blocks();
-  const index_t P = params.dims().width;
   const auto gglobal = grad.global();
-  const int nseg = r.seg.longest();
+  // The segment's inputs and g (E3 allocates the carries at a layer's first block).
+  Workspace<S> ws;
+  ws.plan(r.ws.backward);
   std::vector<View2<S>> yseg;
-  for (int i = 0; i < nseg; ++i) yseg.emplace_back("ash::lowmem::y_segment", r.Bt * blk.len, P);
-  View2<S> gb("ash::lowmem::g_block", r.Bt * blk.len, P);
+  for (int i = 0; i < r.seg.longest(); ++i) yseg.push_back(ws.view2(y_segment, i));
+  const View2<S> gb = ws.view2(g_block);
   std::vector<ExactCarry<S>> carry(std::size_t(r.k1 - r.k0));
   double loss = 0;
   for (index_t j = blk.n - 1; j >= 0; --j) {

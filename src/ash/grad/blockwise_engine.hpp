@@ -16,6 +16,7 @@
 // after it; the first input (unless it is y_0, recomputed from the
 // embedding) arrives from another rank and is kept.
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,79 @@ struct LayerSegments {
   int top() const { return last ? K : k1 - 1; }
   int end_of(std::size_t i) const { return i + 1 < starts.size() ? starts[i + 1] - 1 : top(); }
   int longest() const;  // inputs of the longest segment
+  // starts.size() and longest() without building the starts (a plan may ask for K = 2^30 layers).
+  struct Counts {
+    index_t starts = 0, longest = 0;
+  };
+  static Counts counts(int k0, int k1, int K, bool last, index_t layer_checkpoint);
+  // Whether a pass keeps segment start y_c in the forward: not when it is
+  // recomputed (the embedding's y_0, first: the range has the embedding) or
+  // read again (the range's input y_k0 that the caller holds, input_again).
+  static bool keeps(int c, int k0, bool first, bool input_again) {
+    return !(c == 0 && first) && !(c == k0 && !first && input_again);
+  }
+};
+
+// The shape of one block-wise pass: layers [k0, k1) of K (first: with the
+// embedding, last: with the head; input_again: RangeLinks::y_in_again), Bt
+// sequences of T tokens (a sequence rank's range) in token blocks of blen, P
+// channels, N states, scalars of scalar_bytes.
+struct BlockwiseShape {
+  int k0 = 0, k1 = 0, K = 0;
+  bool first = true, last = true, input_again = false;
+  index_t Bt = 0, T = 0, blen = 0, P = 0, N = 0;
+  std::size_t scalar_bytes = 0;
+  index_t blocks() const { return (T + blen - 1) / blen; }
+  LayerShape block() const { return LayerShape{Bt, blen, P, N, scalar_bytes}; }
+};
+
+// What a block-wise pass allocates besides its layer method's workspace and
+// the block-wise forward's states (docs/design.md §8), by phase.
+struct BlockwiseWorkspace {
+  WorkspaceSpec kept;      // the kept segment inputs (run.storage), through the pass
+  WorkspaceSpec block;     // one block's projections (the forward's and the recomputation's), through the pass
+  WorkspaceSpec forward;   // BlockwiseEngine: a block's y and next y. SequenceBlockwise: the range maps
+  WorkspaceSpec backward;  // a segment's inputs and g of a block (SequenceBlockwise: a recomputed block's in, out)
+  WorkspaceSpec carries;   // E3's carries between blocks, one per layer (AdjointExactLayer allocates them)
+  WorkspaceSpec range;     // SequenceBlockwise: whole-range y and next y (or g), through the pass
+  WorkspaceSpec carry_maps;  // SequenceBlockwise: μ's carry maps over the range and a block, the ones
+  WorkspaceSpec window;      // SequenceBlockwise with a window T̄: the range + halo of y and g, g's halo
+};
+BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh);
+// The same for dist::SequenceBlockwise on a sequence rank's range of sh.T
+// tokens of windows of T_all (a window's halo: H tokens of the next range).
+BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh, index_t T_all,
+                                                index_t H);
+
+// What one block-wise pass over a layer range holds, set up alike by
+// BlockwiseEngine::compute_range and dist::SequenceBlockwise::compute.
+template <class S>
+struct BlockwisePass {
+  int k0 = 0, k1 = 0, K = 0;
+  bool first = true, last = true;  // the range has the embedding, the head
+  bool input_again = false;        // the range's input y_{k0} comes again from the caller in the backward
+  index_t Bt = 0, T = 0, targets = 0, P = 0, N = 0;
+  LayerSegments seg;
+  std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
+  std::unique_ptr<BlockwiseForward<S>> fw;
+  LayerActivations<S> act;  // projections of one block (block_work's)
+  BlockwiseWorkspace ws;    // what start() allocated the kept inputs and act from; the phases' buffers
+  Workspace<S> block_work;
+
+  // For params' layer range over x ([Bt, T]: the pass's tokens) in
+  // `blocks`: checks the carried `state` (or null: one [Bt·P, N] per layer),
+  // allocates the kept inputs that `spec` (blockwise_workspace or
+  // sequence_blockwise_workspace of this pass) describes, zeroes grad and
+  // sets up the block-wise forward and the block projections.
+  void start(const ParamSet<S>& params, const TokenView& x, index_t targets_, const TokenBlocks& blocks,
+             const EngineOptions& opts, const std::vector<View2<S>>* state, bool input_again_,
+             const std::function<BlockwiseWorkspace(const BlockwiseShape&)>& spec, const ParamSet<S>& grad);
+  bool keeps(int c) const { return LayerSegments::keeps(c, k0, first, input_again); }
+  const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
+  const TokenBlocks& blocks() const { return fw->blocks(); }
+  BlockwiseShape shape(index_t blen) const {
+    return BlockwiseShape{k0, k1, K, first, last, input_again, Bt, T, blen, P, N, sizeof(S)};
+  }
 };
 
 // How a layer range meets the ranges before and after it, one token block j
@@ -94,7 +168,7 @@ class BlockwiseEngine final : public GradientEngine<S> {
   const ExecSpace& execution_space() const { return layer_.execution_space(); }
 
  private:
-  struct Range;  // one compute_range(): the range, its segments and kept inputs
+  struct Range;  // one compute_range(): a BlockwisePass and the links
   void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
   double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;

@@ -24,6 +24,15 @@ std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
   throw Error("unknown grad.engine (expected backprop, adjoint or adjoint-exact)");
 }
 
+WorkspaceSpec layer_workspace(const EngineOptions& opts, const LayerShape& sh) {
+  switch (opts.method) {
+    case Method::backprop: return backprop_workspace(opts, sh);
+    case Method::adjoint: return adjoint_workspace(opts, sh);
+    case Method::adjoint_exact: return adjoint_exact_workspace(opts, sh);
+  }
+  throw Error("unknown grad.engine (expected backprop, adjoint or adjoint-exact)");
+}
+
 template <class S>
 LocalEngine<S>::LocalEngine(const EngineOptions& opts) : opts_(opts), layer_(make_layer_adjoint<S>(opts)) {}
 

@@ -10,6 +10,7 @@
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
 #include "ash/grad/layer_adjoint.hpp"
+#include "ash/grad/workspace.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/params.hpp"
 
@@ -46,6 +47,11 @@ class LocalEngine final : public GradientEngine<S> {
   EngineOptions opts_;
   std::unique_ptr<LayerAdjoint<S>> layer_;
 };
+
+// The buffers of one layer's backward with opts.method on whole windows of
+// sh (backprop_workspace, adjoint_workspace, adjoint_exact_workspace): what
+// the layer method allocates from and the memory planner sums.
+WorkspaceSpec layer_workspace(const EngineOptions& opts, const LayerShape& sh);
 
 // The local engine for opts.method (the BlockwiseEngine when opts.low_memory()); throws ash::Error for
 // options it does not support.

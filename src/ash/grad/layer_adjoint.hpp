@@ -93,27 +93,6 @@ class LayerAdjoint {
   ExecSpace exec_;
 };
 
-// What the whole-window methods (E1, E2) keep between layers: the h-adjoint μ
-// of every token and the cotangent scratch for its rows.
-template <class S>
-struct WindowScratch {
-  View3<S> mu;  // [rows, P, N]
-  std::unique_ptr<LayerCotangents<S>> cot;
-  // Allocates for `rows` tokens (kept while the size stays the same).
-  void ensure(const char* label, index_t rows, index_t P, index_t N) {
-    if (index_t(mu.extent(0)) == rows) return;
-    mu = View3<S>(std::string(label), rows, P, N);
-    ModelDims d;
-    d.width = P;
-    d.state = N;
-    cot = std::make_unique<LayerCotangents<S>>(rows, d);
-  }
-  void release() {
-    mu = View3<S>();
-    cot.reset();
-  }
-};
-
 // E1 backprop, E2 adjoint or E3 adjoint-exact by opts.method; throws
 // ash::Error for options it does not support.
 template <class S>

@@ -15,8 +15,9 @@
 #include "ash/core/memory.hpp"
 #include "ash/core/sizes.hpp"
 #include "ash/grad/adjoint_exact.hpp"
+#include "ash/grad/backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
-#include "ash/grad/impl/e3_fused.hpp"
+#include "ash/grad/engine.hpp"
 #include "ash/kernels/row_sums.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/head.hpp"
@@ -85,56 +86,29 @@ struct Planner {
   double carried_state() const {
     return double(cfg.model.layers) * double(cfg.data.batch) * P * N * S;
   }
-  // The block-wise pass's segment starts on this range (BlockwiseEngine::compute_range):
-  // k0, k0 + m, ... up to the highest input held; kept: those > 0.
-  void segments(std::int64_t& kept, std::int64_t& longest) const {
-    const std::int64_t Km = cfg.model.layers, m = std::min<std::int64_t>(o.layer_checkpoint, Km + 1);
-    const std::int64_t top = lr.head ? Km : lr.k1 - 1;
-    const std::int64_t n = (top - lr.k0) / m;  // starts after k0: k0 + m, ..., k0 + n·m (closed form: K can be 2^30)
-    kept = n + (lr.k0 > 0 ? 1 : 0);
-    const std::int64_t last = top - (lr.k0 + n * m) + 1;  // inputs of the top segment
-    longest = n > 0 ? std::max(m, last) : last;
+  // A block-wise pass on this range in blocks of blen (not reading its input again: a pipeline or one process).
+  BlockwiseShape pass(std::int64_t blen) const {
+    return BlockwiseShape{lr.k0, lr.k1, int(cfg.model.layers), lr.embedding, lr.head, false, std::int64_t(B),
+                          Ti, blen, cfg.model.width, cfg.model.state, std::size_t(S)};
+  }
+  std::string kept_inputs(const BlockwiseWorkspace& ws) const {
+    return std::to_string(ws.kept.buffers().at(0).copies) + " kept layer input(s), " + storage_name(o.storage);
   }
 
-  double proj(double rows) const { return (rows * (2 * P + 2 * N + 1) + P * N) * S; }  // LayerActivations, projections
+  double proj(double rows) const {  // LayerActivations, projections only
+    return WorkspaceSpec().projections(std::int64_t(rows), cfg.model.width, cfg.model.state, std::size_t(S)).bytes();
+  }
   double head(double rows, double chunk_rows, bool g) const {  // head_loss: rstd, ŷ, logits (and ∂ŷ) of one chunk
     const double C = std::min(chunk_rows, rows);
     return (C * (1 + P + V + (g ? P : 0)) + (g ? std::ceil(C / double(impl::reduce_rows)) * P + P : 0.0)) * S;
   }
-  double cot(double rows) const {  // LayerCotangents: 3 [R,P], 2 [R,N], two-level partial sums per reduce_rows rows
-    return (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * (P * N + 3 * P)) * S;
+  LayerShape shape(double Bt, std::int64_t Tw) const {
+    return LayerShape{std::int64_t(Bt), Tw, cfg.model.width, cfg.model.state, std::size_t(S)};
   }
-  // AdjointExactLayer::run on windows of Tw tokens; halo: a range with a halo
-  // after its own tokens (the wave form, as run keeps it)
+  // AdjointExactLayer::run on windows of Tw tokens (its workspace spec); halo:
+  // a range with a halo after its own tokens
   double e3_scratch(double Bt, std::int64_t Tw, bool halo = false) const {
-    const bool window = o.truncate > 0 && o.truncate < Tw;
-    const std::int64_t C = std::min(o.chunk, Tw), nc = (Tw + C - 1) / C;
-    const double Wb = double(std::min(e3_wave_length(o, Tw, std::int64_t(Bt) * P * N), Tw));
-    const bool fused = e3_fused_form(o, Tw, halo), chunked_h = o.e3_chunked_h;
-    // h, products (and μ) at chunk starts; the sequential h form keeps no h or
-    // products for h, only μ and its products in exact mode, plus a running h
-    const double nchunk_bufs = chunked_h ? (window ? 2 : 3) : (window ? 0 : 2);
-    const double bound = nchunk_bufs * Bt * double(nc) * P * N * S + (chunked_h ? 0.0 : Bt * P * N * S);
-    if (!fused) return bound + 3 * Bt * Wb * P * N * S + cot(Bt * Wb);  // one wave of h, A, μ; cotangents
-    // The fused form (grad/impl/e3_fused.hpp): cotangents without row partials,
-    // per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ, and the
-    // team scratch Kokkos keeps once grown: on a host each thread's; on a GPU
-    // none while it fits shared memory, else level 1 for as many teams as can
-    // be resident (CUDA's concurrency / team size) or the whole league.
-    const auto fs = impl::fused_shape(index_t(P), index_t(N), index_t(C), impl::lane_tile(index_t(N)),
-                                      o.e3_channel_block, std::size_t(S), index_t(Bt),
-                                      index_t(ExecSpace().concurrency()));
-    const double ncw = std::ceil(Wb / double(C)), rows = Bt * Wb;
-    const double shares = fs.nPB > 1 ? 2 * rows * double(fs.nPB) * N * S : 0.0;
-    const double per_team = 2 * double(C) * (double(fs.Pt) * N + 1) * S;  // two [C, Pt·N + 1] arrays
-    const double conc = double(ExecSpace().concurrency());
-    const bool level1 = !host_backend && per_team + 8.0 * (fs.team + 2) > 48.0 * 1024;
-    const double league = Bt * (chunked_h ? ncw : 1.0) * double(fs.nPB);
-    const double team = host_backend ? per_team * conc
-                        : level1     ? per_team * std::min(std::floor(conc / double(fs.team)), league)
-                                     : 0.0;
-    return bound + (rows * (3 * P + 2 * N) + std::ceil(rows / double(impl::reduce_rows)) * P) * S +
-           Bt * ncw * (P * N + 2 * P) * S + shares + team;
+    return adjoint_exact_workspace(o, shape(Bt, Tw), halo).bytes();
   }
   double emb_partial(double rows) const {  // embedding_backward's private copies of gE (none on a host backend)
     const index_t seg = embedding_backward_segments(index_t(ExecSpace().concurrency()), index_t(rows), cfg.model.vocab,
@@ -149,16 +123,15 @@ struct Planner {
                                                             cfg.dist.pipeline_blocks)
                                     : blockwise_block_length(o, Ti);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen);
-    std::int64_t nkept = 0, nseg = 0;  // y_m, y_2m, ... <= y_K (and a rank's first input); inputs per segment
-    segments(nkept, nseg);
-    persistent.push_back({std::to_string(nkept) + " kept layer input(s), " + storage_name(o.storage),
-                          double(nkept) * M * P * double(storage_bytes(o.storage, scalar_bytes))});
+    const BlockwiseWorkspace ws = blockwise_workspace(o, pass(blen));
+    persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"states at block starts (K x blocks)", double(K) * nb * B * P * N * S});
-    persistent.push_back({"block projections + running state", proj(rb) + B * P * N * S});
+    persistent.push_back({"block projections + running state", ws.block.bytes() + B * P * N * S});
     if (o.carry_state) persistent.push_back({"carried state", carried_state()});
-    phases.push_back({"forward", {{"block activations (in, out)", 2 * rb * P * S}}});
-    Items back{{"segment inputs + g of a block", double(nseg + 1) * rb * P * S}, {"E3 block projections", proj(rb)}};
-    if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", 2 * double(K) * B * P * N * S});
+    phases.push_back({"forward", {{"block activations (in, out)", ws.forward.bytes()}}});
+    Items back{{"segment inputs + g of a block", ws.backward.bytes()},
+               {"E3 block projections", adjoint_exact_block_workspace(shape(B, blen)).bytes()}};
+    if (nb > 1) back.push_back({"E3 carries (mu, A per layer)", ws.carries.bytes()});
     // E3's scratch lives through the pass, so from the second block on the
     // head's chunk comes on top of it; with one block the head runs first.
     const double e3 = e3_scratch(B, blen), hd = lr.head ? head(rb, hc, true) : 0.0;
@@ -178,18 +151,18 @@ struct Planner {
   std::string sequence_blockwise(std::size_t scalar_bytes, Items& persistent, Phases& phases) const {
     // A window T̄ < T: each range one block, and a halo of T̄ − 1 tokens from the next range.
     const bool window = o.truncate > 0 && o.truncate < cfg.data.seq_len;
-    const std::int64_t blen = sequence_block_length(o, Ti, cfg.data.seq_len), C = std::min<std::int64_t>(o.chunk, blen);
+    const std::int64_t blen = sequence_block_length(o, Ti, cfg.data.seq_len);
     const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen), state = B * P * N * S;
-    std::int64_t nkept = 0, nseg = 0;
-    segments(nkept, nseg);
-    persistent.push_back({std::to_string(nkept) + " kept layer input(s), " + storage_name(o.storage),
-                          double(nkept) * M * P * double(storage_bytes(o.storage, scalar_bytes))});
+    const double H = window ? double(std::min<std::int64_t>(o.truncate - 1, Ti)) : 0.0, Te = T + H;
+    const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), cfg.data.seq_len, std::int64_t(H));
+    persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
-    persistent.push_back({"whole-range y and next y (or g)", 2 * M * P * S});
-    persistent.push_back({"block projections", proj(rb)});
+    persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
+    persistent.push_back({"block projections", ws.block.bytes()});
     if (o.carry_state) persistent.push_back({"carried state", carried_state()});
-    phases.push_back({"forward", {{"range state maps (product, state; a block's)", 4 * state}}});
-    const Items blocks{{"recomputed blocks (in, out)", 2 * rb * P * S}, {"carry maps (range, block; ones)", 5 * state}};
+    phases.push_back({"forward", {{"range state maps (product, state; a block's)", ws.forward.bytes()}}});
+    const Items blocks{{"recomputed blocks (in, out)", ws.backward.bytes()},
+                       {"carry maps (range, block; ones)", ws.carry_maps.bytes()}};
     if (lr.head) {
       Items head_phase(blocks.begin(), blocks.begin() + 1);
       head_phase.push_back({"head chunk", head(rb, hc, true)});
@@ -197,19 +170,19 @@ struct Planner {
     }
     // E3's projections and wave scratch stay allocated from the first block on
     // (released after the pass); a block's carry map adds μ and products at chunk starts.
-    if (window) {
-      const double H = double(std::min<std::int64_t>(o.truncate - 1, Ti)), Te = T + H;
+    if (window) {  // the halo's messages (dist::WindowHalo): H rows sent, H received
       phases.push_back({"backward",
                         {blocks[0],
-                         {"range + halo of y and g; g's halo; halo messages", (2 * Te + 3 * H) * B * P * S},
-                         {"E3 block projections", proj(B * Te)},
+                         {"range + halo of y and g; g's halo; halo messages", ws.window.bytes() + 2 * H * B * P * S},
+                         {"E3 block projections", adjoint_exact_block_workspace(shape(B, std::int64_t(Te))).bytes()},
                          {"E3 wave scratch", e3_scratch(B, std::int64_t(Te), H > 0)}}});
     } else {
       Items back = blocks;
-      back.push_back({"E3 block projections", proj(rb)});
+      back.push_back({"E3 block projections", adjoint_exact_block_workspace(shape(B, blen)).bytes()});
       back.push_back({"E3 wave scratch", e3_scratch(B, blen)});
       Items map = back;
-      map.push_back({"E3 carry map (open carry, chunk starts)", 2 * state + 2 * double((blen + C - 1) / C) * state});
+      map.push_back({"E3 carry map (open carry, chunk starts)",
+                     adjoint_exact_carry_map_workspace(o, shape(B, blen)).bytes()});
       phases.push_back({"backward", back});
       phases.push_back({"backward carry map", map});
     }
@@ -240,13 +213,14 @@ struct Planner {
         {"head",
          {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
     // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E
+    // (its workspace spec) and E1's scan carries over E (e1_reverse_scan's, for each call)
     const double rb = std::ceil(M / double(impl::reduce_rows));
-    const double cot_e = (M * (3 * E + 2 * N) + rb * (E * N + 3 * E)) * S;
-    const std::int64_t C = std::min(o.chunk, Ti), nc = (Ti + C - 1) / C;
+    const LayerShape scan{std::int64_t(B), Ti, cfg.model.inner(), cfg.model.state, std::size_t(S)};
+    const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, true, scan.scalar_bytes).bytes();
     phases.push_back({"backward of the top block",
                       {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
                        {"mu + cotangents (whole window)", M * E * N * S + (M * (3 * E + R + P) + rb * P) * S + cot_e},
-                       {"E1 chunk carries", (nc > 1 ? 3 : 1) * B * double(nc) * E * N * S}}});
+                       {"E1 chunk carries", e1_scan_workspace(o.chunk, scan).bytes()}}});
     phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
     return "backprop (model.arch=mamba)";
   }
@@ -270,12 +244,12 @@ struct Planner {
       phases.push_back(
           {"head",
            {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
+      // E1, E2's workspace: μ and the cotangents; E1's chunked reverse scan adds carries (and local sums, products)
+      const WorkspaceSpec ws = layer_workspace(o, shape(B, Ti));
+      const double carries = ws.bytes("ash::e1::chunk_");
       Items back{{std::to_string(K) + layer_inputs, double(K) * M * P * S},
-                 {"mu + cotangents (whole window)", M * P * N * S + cot(M)}};
-      if (o.method == Method::backprop) {  // the chunked reverse scan: carries (and local sums, products) per chunk
-        const std::int64_t C = std::min(o.chunk, Ti), nc = (Ti + C - 1) / C;
-        back.push_back({"E1 chunk carries", (nc > 1 ? 3 : 1) * B * double(nc) * P * N * S});
-      }
+                 {"mu + cotangents (whole window)", ws.bytes() - carries}};
+      if (o.method == Method::backprop) back.push_back({"E1 chunk carries", carries});
       phases.push_back({"backward of the top layer", back});
     }
     // after the layers: g and the segment copies of gE
