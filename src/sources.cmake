@@ -22,7 +22,10 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/adjoint.cpp
   ash/grad/adjoint_exact.cpp
   ash/io/tokens.cpp
-  ash/io/hdf5.cpp
+  ash/io/hdf5_objects.cpp
+  ash/io/hdf5_digest.cpp
+  ash/io/hdf5_rows.cpp
+  ash/io/atomic_write.cpp
   ash/io/checkpoint.cpp
   ash/io/dataset.cpp
   ash/io/run_lock.cpp

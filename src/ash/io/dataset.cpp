@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "ash/core/error.hpp"
-#include "ash/io/hdf5.hpp"
+#include "ash/io/hdf5_digest.hpp"
 
 namespace ash {
 
