@@ -39,7 +39,9 @@ set(ASH_LIBRARY_SOURCES
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES
-  ash/distributed/comm.cpp
+  ash/distributed/layout.cpp
+  ash/distributed/collectives.cpp
+  ash/distributed/session.cpp
   ash/distributed/distributed_engine.cpp
   ash/distributed/sequence_blockwise.cpp
   ash/distributed/sharded_io.cpp

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/distributed/collectives.hpp"
 #include "ash/distributed/window_halo.hpp"
 #include "ash/kernels/matmul.hpp"
 
