@@ -123,8 +123,8 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
   constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
   impl::window_adjoint(on_host ? impl::WindowForm::host : impl::WindowForm::device, s, act, g, Tbar, work_.mu,
                        this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
-                          /*detach_input=*/true, this->exec_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, work_.mu, act.hprev, act.A, *work_.cot,
+                          grad, g, /*detach_input=*/true, this->exec_);
 }
 
 template <class S>

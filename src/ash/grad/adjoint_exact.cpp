@@ -461,7 +461,8 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
       ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww, fs,
                                                            out, exec));
       const ParamPartials<S> parts{w.alog_part, w.d_part, w.bd_part, Bt * ((Ww + C - 1) / C)};
-      ssm_layer_backward_dense(layer, s, y, act, g, RowBlock{w0, Ww}, cot, parts, grad, g, opts_.detach_inputs, exec);
+      ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs,
+                               exec);
       continue;
     }
     if (chunked_h) {
@@ -483,7 +484,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
     }
     // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
     // only rows of this wave or later ones, and the carries were taken first.
-    ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, Abuf, cot, grad, g,
+    ssm_layer_backward_rows(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, mubuf, hbuf, Abuf, cot, grad, g,
                             opts_.detach_inputs, exec);
   }
   if (carry) take_carry(L, Bt, chunks.n, Ms, *carry, exec);

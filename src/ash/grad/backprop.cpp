@@ -79,8 +79,8 @@ void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<
   work_.ensure("ash::e1::mu", s.rows(), p.W_delta.extent(0), p.W_B.extent(0));
   const auto& act = store.kept(k);
   reverse_scan(s, act, g, work_.mu, chunk_, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, work_.mu, act.hprev, act.A, *work_.cot, grad, g,
-                          detach_, this->exec_);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, work_.mu, act.hprev, act.A, *work_.cot,
+                          grad, g, detach_, this->exec_);
 }
 
 template <class S>

@@ -278,17 +278,17 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
 
 template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                             const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
+                             const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rb,
                              const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av,
                              const LayerCotangents<S>& cot, const LayerParams<S>& grad, const View2<S>& gy_in,
                              bool detach_input, const ExecSpace& exec) {
-  const index_t T = s.T, N = act.beta.extent(1);
-  const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
+  const index_t N = act.beta.extent(1), R = s.batch * rb.W;
   const index_t nblk = impl::row_blocks(R);
+  require(rb.T == s.T, "ssm_layer_backward_rows: the row block is of another window length");
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
               index_t(cot.gyhat.extent(0)) >= R,
           "ssm_layer_backward_rows: buffers smaller than the row block");
-  const BlockRows map{W, T, t0};
+  const BlockRows map = rb;
   ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, p.D, map, R, mu, hprev, Av, cot, exec));
   ASH_WITH_LANE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
   ssm_layer_backward_dense(p, s, y_in, act, gy, rb, cot, ParamPartials<S>{cot.alog_part, cot.d_part, cot.bd_part, nblk},
@@ -297,13 +297,14 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
 
 template <class S>
 void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
+                              const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rb,
                               const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
                               const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                               const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W, nblk = parts.n;
-  const BlockRows map{W, T, t0};
+  require(rb.T == T, "ssm_layer_backward_dense: the row block is of another window length");
+  const BlockRows map = rb;
   // Sums over row blocks, in a fixed order.
   auto gAlog = grad.A_log;
   auto gD = grad.D;
@@ -380,12 +381,12 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
   template void ssm_layer_state_map<S>(const LayerParams<S>&, const SeqShape&, const LayerActivations<S>&,          \
                                        const View2<S>&, const View2<S>&, const ExecSpace&);                         \
   template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
-                                           const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
+                                           const LayerActivations<S>&, const View2<S>&, const BlockRows&,           \
                                            const View3<S>&, const View3<S>&, const View3<S>&,                      \
                                            const LayerCotangents<S>&,                                              \
                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
   template void ssm_layer_backward_dense<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,               \
-                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,          \
+                                            const LayerActivations<S>&, const View2<S>&, const BlockRows&,          \
                                             const LayerCotangents<S>&, const ParamPartials<S>&,                    \
                                             const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);
 ASH_INSTANTIATE(float)

@@ -20,6 +20,7 @@
 // runs the per-token and dense VJPs on any block of token rows.
 #include "ash/core/documents.hpp"
 #include "ash/core/types.hpp"
+#include "ash/kernels/blocks.hpp"
 #include "ash/model/params.hpp"
 
 namespace ash {
@@ -125,23 +126,17 @@ struct ParamPartials {
   index_t n = 0;
 };
 
-// Token rows handled by one ssm_layer_backward_rows call: tokens t in
-// [t0, t0+W) of every sequence; buffer row r = b·W + (t - t0).
-struct RowBlock {
-  index_t t0 = 0;
-  index_t W = 0;
-};
-
-// Reverse mode of layer k on one row block, given the h-adjoint μ, h^{t-1}
+// Reverse mode of layer k on one row block (`rows`: tokens [t0, t0+W) of every
+// sequence, buffer row r = b·W + (t - t0); rows.T is s.T), given the h-adjoint μ, h^{t-1}
 // and A^t of its rows (no exp is evaluated here):
 // the VJPs of step i (cotangent μ^i) and of output i (cotangent gy^i) w.r.t.
 // θ_k (added to grad) and the layer input: gy_in = gy + RMSNorm VJP on these
 // rows (gy alone when detach_input: stop-gradient on the layer input). Weight
 // gradients are GEMMs over the block's tokens. mu, hprev, A are [Bt·W, P, N]
-// in RowBlock order; mu is overwritten (scratch once consumed). gy_in may be gy.
+// in that row order; mu is overwritten (scratch once consumed). gy_in may be gy.
 template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                             const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
+                             const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rows,
                              const View3<S>& mu, const View3<S>& hprev, const View3<S>& A,
                              const LayerCotangents<S>& cot,
                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
@@ -153,7 +148,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
 // `parts`, adds the A_log, D, bδ sums and the dense and RMSNorm VJPs.
 template <class S>
 void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
+                              const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rows,
                               const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
                               const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                               const ExecSpace& exec = ExecSpace());
