@@ -256,7 +256,8 @@ bool e3_fused_form(const EngineOptions& opts, index_t T, bool halo) {
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
-          "adjoint-exact: a window (--truncate) needs --detach-inputs; a window on the exact gradient is undefined");
+          "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs; a window on the exact gradient is "
+          "undefined");
   require(opts.chunk >= 1 && opts.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
 }
 
@@ -299,7 +300,7 @@ template <class S>
 void AdjointExactLayer<S>::backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
                                                  const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
                                                  const LayerParams<S>& grad) {
-  require(opts_.detach_inputs, "adjoint-exact: a window (--truncate) needs --detach-inputs");
+  require(opts_.detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
   require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
   run(p, s_ext, y_ext, project_block(p, s_ext, y_ext), g_ext, h0, nullptr, grad, own_T);
 }
@@ -338,7 +339,7 @@ void AdjointExactLayer<S>::carry_map(const LayerActivations<S>& act, const SeqSh
 template <class S>
 void AdjointExactLayer<S>::block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
                                            const View2<S>& g_blk, const View3<S>& M, const View3<S>& v) {
-  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  require(opts_.truncate == 0, "adjoint-exact: a window (grad.truncate) cannot run on token ranges split over ranks");
   carry_map(project_block(p, sb, y_blk), sb, g_blk, M, v);
 }
 
@@ -347,7 +348,7 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
                                           const View2<S>& g, const View2<S>& h0,
                                           const typename BlockAdjoint<S>::Exchange& exchange,
                                           const LayerParams<S>& grad) {
-  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  require(opts_.truncate == 0, "adjoint-exact: a window (grad.truncate) cannot run on token ranges split over ranks");
   const auto& s = store.shape();
   const auto& act = store.activations(p, k, this->exec_);
   const index_t Bt = s.batch, P = p.W_delta.extent(0), N = p.W_B.extent(0);

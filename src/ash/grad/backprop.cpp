@@ -69,7 +69,7 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
 
 template <class S>
 BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : detach_(opts.detach_inputs), chunk_(opts.chunk) {
-  require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
+  require(opts.truncate == 0, "engine 'backprop' has no window: grad.truncate applies to adjoint engines only");
 }
 
 template <class S>
