@@ -11,6 +11,7 @@ set(ASH_LIBRARY_SOURCES
   ash/plan/memory_plan.cpp
   ash/model/params.cpp
   ash/model/ssm_layer.cpp
+  ash/model/mamba_layer.cpp
   ash/model/embedding.cpp
   ash/model/head.cpp
   ash/model/forward.cpp
@@ -19,6 +20,7 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/blockwise_engine.cpp
   ash/grad/stack_adjoint.cpp
   ash/grad/backprop.cpp
+  ash/grad/mamba_backprop.cpp
   ash/grad/adjoint.cpp
   ash/grad/adjoint_exact.cpp
   ash/io/tokens.cpp
@@ -36,6 +38,13 @@ set(ASH_LIBRARY_SOURCES
   ash/distributed/run_context.cpp
   ash/app/run_config.cpp
   ash/app/token_windows.cpp
+  ash/app/run_checks.cpp
+  ash/app/init_model.cpp
+  ash/app/grad_file.cpp
+  ash/app/eval_file.cpp
+  ash/app/generate_text.cpp
+  ash/app/plan_run.cpp
+  ash/app/train_run.cpp
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES

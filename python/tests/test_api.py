@@ -94,6 +94,35 @@ def test_evaluate_generate_plan(tiny_model, ash_cli):
     assert p["table"].splitlines()[0] in printed
 
 
+def test_evaluate_and_grad_share_the_tools_rules(tiny_model, ash_cli, tmp_path):
+    """evaluate and grad are `ash eval` and `ash grad`'s library forms: the checkpoint's
+    run.matmul is used (bf16 products round differently from fp32), and windows without
+    a target are the tool's error, not a zero loss."""
+    ckpt, tokens, ids = tiny_model
+    ck = ash.load(ckpt)
+    cfg = dict(ck.config)
+    cfg["run"] = dict(cfg.get("run", {}), matmul="bf16", precision="float")
+    bf16 = tmp_path / "bf16.h5"
+    ash.save(bf16, ck, config=cfg, precision="float")
+    ev = ash.evaluate(bf16, ids, seq_len=50, batch=2)
+    printed = run_cli(ash_cli, "eval", "--checkpoint", bf16, "--tokens", tokens, "--set", "data.seq_len=50",
+                      "--set", "data.batch=2")
+    assert f"{ev['loss']:.6f} nats/token" in printed
+    cfg["run"]["matmul"] = "fp32"
+    fp32 = tmp_path / "fp32.h5"
+    ash.save(fp32, ck, config=cfg, precision="float")
+    assert ash.evaluate(fp32, ids, seq_len=50, batch=2)["loss"] != ev["loss"]
+    # every token is 3, the separator: each one after a window's first starts a document
+    threes = np.full(40, 3, dtype=np.uint32)
+    with pytest.raises(ash.Error, match="the 1 window\\(s\\) of T=8 tokens hold no target"):
+        ash.grad(ckpt, threes, seq_len=8, set=["data.separator=\\u0003"])
+    cfg["data"] = dict(cfg.get("data", {}), separator="\x03")
+    sep = tmp_path / "sep.h5"
+    ash.save(sep, ck, config=cfg, precision="float")
+    with pytest.raises(ash.Error, match="the token array: its windows hold no target"):
+        ash.evaluate(sep, threes, seq_len=8)
+
+
 def test_train_with_progress(tmp_path):
     text = (b"the quick brown fox jumps over the lazy dog. " * 200)
     (tmp_path / "text.txt").write_bytes(text)

@@ -1,8 +1,15 @@
 #pragma once
 // Umbrella header: everything a user of AdjointSharding needs (the MPI layer
 // of ash/distributed/ other than run_context.hpp is included on its own).
+#include "ash/app/eval_file.hpp"
+#include "ash/app/generate_text.hpp"
+#include "ash/app/grad_file.hpp"
+#include "ash/app/init_model.hpp"
+#include "ash/app/plan_run.hpp"
+#include "ash/app/run_checks.hpp"
 #include "ash/app/run_config.hpp"
 #include "ash/app/token_windows.hpp"
+#include "ash/app/train_run.hpp"
 #include "ash/core/config.hpp"
 #include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
@@ -17,6 +24,7 @@
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/grad/layer_adjoint.hpp"
+#include "ash/grad/mamba_backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/stack_adjoint.hpp"
 #include "ash/io/checkpoint.hpp"
@@ -31,6 +39,7 @@
 #include "ash/model/forward.hpp"
 #include "ash/model/generator.hpp"
 #include "ash/model/head.hpp"
+#include "ash/model/mamba_layer.hpp"
 #include "ash/model/params.hpp"
 #include "ash/model/ssm_layer.hpp"
 #include "ash/plan/memory_plan.hpp"

@@ -1,8 +1,8 @@
 // The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, plan, generate, inspect.
+// It parses, starts MPI and Kokkos, calls the verbs' library forms (src/ash/app/) and prints.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
 
-#include <chrono>
 #include <cmath>
 #include <cerrno>
 #include <cstdlib>
@@ -10,7 +10,6 @@
 #include <csignal>
 #include <memory>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -19,6 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "ash/app/eval_file.hpp"
+#include "ash/app/generate_text.hpp"
+#include "ash/app/grad_file.hpp"
+#include "ash/app/init_model.hpp"
+#include "ash/app/plan_run.hpp"
+#include "ash/app/run_checks.hpp"
+#include "ash/app/train_run.hpp"
 #include "ash/ash.hpp"
 #include "ash/distributed/run_context.hpp"
 #ifdef ASH_HAVE_MPI
@@ -38,63 +44,39 @@ struct Common {
 bool g_print_warnings = true;
 
 // ash::inspect_checkpoint, and once per file a warning on stderr when the file
-// is of a format with weaker checks than format 3 (docs/file_format.md,
-// Versioning): every verb that reads a checkpoint starts here.
+// is of a format with weaker checks than format 3 (ash::format_warning): every
+// verb that reads a checkpoint starts here.
 ash::CheckpointInfo inspect(const std::string& path, ash::Verify verify = ash::Verify::header) {
   auto info = ash::inspect_checkpoint(path, verify);
   static std::set<std::string> warned;
-  if (info.format_version < 3 && g_print_warnings && warned.insert(path).second) {
-    if (info.format_version == 2)
-      std::fprintf(stderr,
-                   "ash: warning: '%s' is checkpoint format 2: its data is checked by Fletcher-32 only, without "
-                   "format 3's XXH3 digests (some corruptions and any edit made through HDF5 go unseen)\n",
-                   path.c_str());
-    else
-      std::fprintf(stderr,
-                   "ash: warning: '%s' is checkpoint format 1: nothing checks its data (no Fletcher-32 checksums, "
-                   "no digests)\n",
-                   path.c_str());
+  const std::string warning = ash::format_warning(path, info);
+  if (!warning.empty() && g_print_warnings && warned.insert(path).second) {
+    std::fprintf(stderr, "ash: warning: %s\n", warning.c_str());
     std::fflush(stderr);
   }
   return info;
 }
 
-// The same file by path or by inode (a hard link, "./x" vs "x").
-bool same_file(const std::string& a, const std::string& b) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec) && !ec) return true;
-  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec) && !ec;
-}
-
-// --out must not replace an input (ash grad --checkpoint X --out X would
-// replace the model with a gradient file).
-void require_distinct_output(const std::string& out, const std::vector<std::pair<std::string, std::string>>& inputs) {
-  for (const auto& [flag, path] : inputs)
-    if (!path.empty())
-      ash::require(!same_file(out, path), "--out '" + out + "' is the same file as " + flag + " '" + path + "'");
-}
-
-// The message for windows that hold no target (data.separator only: a window
-// of T >= 2 tokens without document starts has T - 1 targets).
-std::string no_targets(const std::string& tokens, const std::string& windows) {
-  return "token file '" + tokens + "': " + windows +
-         " hold no target: every token after the first of a window starts a document (data.separator), so there "
-         "is nothing to predict and no loss";
-}
-
 ash::Config load_config(const Common& c) { return ash::train_config(nullptr, c.config_file, "", c.sets); }
 
+// A Mamba's own sizes, one line (nothing for an SSM-ResNet, whose output is as before).
+std::string mamba_line(const ash::ModelDims& d) {
+  if (!d.mamba()) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "arch mamba: D=%lld E=%lld conv_kernel=%lld dt_rank=%lld %s embeddings, norm_eps %g\n",
+                (long long)d.width, (long long)d.inner(), (long long)d.conv_kernel, (long long)d.rank(),
+                d.tie_embeddings ? "tied" : "untied", d.norm_eps);
+  return buf;
+}
+
 template <class S>
-void run_init(const ash::Config& cfg, const std::string& out) {
-  ash::ParamSet<S> params(cfg.model());
-  ash::initialize(params, cfg.model().seed);
-  const auto lock = ash::RunLock::for_output(out);  // a run directory: not while its train runs
-  ash::save_checkpoint(out, cfg, params);
+void run_init(const ash::Config& cfg, const Common& c, const std::string& out) {
+  const auto params = ash::init_file<S>(cfg, c.config_file, out, c.max_memory);
   std::printf("wrote %s: V=%lld P=%lld N=%lld K=%lld, %lld parameters (%s), seed %llu\n", out.c_str(),
               (long long)cfg.model().vocab, (long long)cfg.model().width, (long long)cfg.model().state,
               (long long)cfg.model().layers, (long long)params.size(), sizeof(S) == 8 ? "double" : "float",
               (unsigned long long)cfg.model().seed);
+  std::printf("%s", mamba_line(cfg.model()).c_str());
 }
 
 struct GradArgs {
@@ -106,59 +88,43 @@ struct GradArgs {
 };
 
 template <class S>
-void run_grad(const GradArgs& a) {
-  ash::Config cfg = ash::checkpoint_run_config(inspect(a.checkpoint).config, a.common.sets);
+void run_grad(const GradArgs& a, const ash::CheckpointInfo& info) {
+  ash::Config cfg = ash::checkpoint_run_config(info.config, a.common.sets);
   if (a.engine_flag) cfg.merge(nlohmann::json{{"grad", {{"engine", *a.engine_flag}}}}, "--engine");
   if (a.truncate) cfg.set("grad.truncate=" + std::to_string(*a.truncate));
   if (a.chunk) cfg.set("grad.chunk=" + std::to_string(*a.chunk));
   if (a.detach) cfg.set("grad.detach_inputs=true");
-  const ash::Settings st = cfg.settings();
-  ash::check_memory(st, ash::Workload::grad, sizeof(S), a.common.max_memory);
-  ash::RunContext<S> ctx(st);  // one process, or this rank of the dist.* layout
+  ash::GradFileOptions opts;
+  opts.out = a.out;
+  opts.max_memory = a.common.max_memory;
   // Tests: ASH_DEBUG_FAIL_RANK=r makes world rank r fail before the backward,
   // while its neighbours wait in MPI (docs/cli.md: one error, every rank ends).
-  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) ctx.fail_before_backward(std::atoi(f));
+  if (const char* f = std::getenv("ASH_DEBUG_FAIL_RANK")) opts.fail_rank = std::atoi(f);
+  ash::TokenSource tokens;
+  tokens.path = a.tokens;
+  const auto r = ash::grad_file<S>(a.checkpoint, cfg, tokens, opts);
+  const ash::Settings st = cfg.settings();
   const auto T = st.data.seq_len, B = st.data.batch;
-  const auto x = ash::first_windows(ash::load_tokens(a.tokens), st);
-  // A loss over no target is 0 and its gradient all zeros: not a result.
-  ash::require(ash::target_count(x) > 0, no_targets(a.tokens, "the " + std::to_string(B) + " window(s) of T=" +
-                                                                  std::to_string(T) + " tokens"));
-  const auto params = ctx.load(a.checkpoint);
-  ash::ParamSet<S> grad(st.model, ctx.range());
-  ash::MemoryTracker::reset_peak();
-  ctx.barrier();
-  const auto t0 = std::chrono::steady_clock::now();
-  const double loss = ctx.engine().compute(params, x, grad);
-  Kokkos::fence();
-  ctx.barrier();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ash::require(std::isfinite(loss), "the loss is not finite (" + std::to_string(loss) + "): nothing written");
-  std::unique_ptr<ash::RunLock> lock;  // a run directory: not while its train runs (world rank 0 writes)
-  ctx.on_root([&] { lock = ash::RunLock::for_output(a.out); });
-  ctx.save_gradients(a.out, cfg, loss, grad);
-  const auto* pipe = ctx.pipeline_stats();
-  const auto usage = ctx.allgather({ash::MemoryTracker::peak(ash::MemSpace::name()),
-                                    ash::MemoryTracker::process_hwm_bytes(), pipe ? pipe->bytes_sent : 0});
   const std::string matmul = st.grad.matmul == ash::Matmul::fp32 ? "" : ", " + ash::matmul_name(st.grad.matmul) + " matmul";
-  std::printf("engine %s (%s%s), %lld window(s) of T=%lld\n", ctx.engine().name().c_str(),
-              sizeof(S) == 8 ? "double" : "float", matmul.c_str(), (long long)B, (long long)T);
-  std::printf("loss %.10f\n", loss);
-  std::printf("time %.3f s (%.2f us/token)\n", secs, 1e6 * secs / double(B * T));
-  if (!ctx.distributed()) {
-    std::printf("memory: %s; planned peak %s (ash plan)\n", ash::MemoryTracker::summary().c_str(),
-                ash::format_bytes(std::uint64_t(ash::plan_memory(st, ash::Workload::grad, sizeof(S)).total())).c_str());
+  std::printf("engine %s (%s%s), %lld window(s) of T=%lld\n", r.engine.c_str(), sizeof(S) == 8 ? "double" : "float",
+              matmul.c_str(), (long long)B, (long long)T);
+  std::printf("loss %.10f\n", r.loss);
+  std::printf("time %.3f s (%.2f us/token)\n", r.seconds, 1e6 * r.seconds / double(B * T));
+  if (!r.distributed) {
+    std::printf("memory: %s; planned peak %s (ash plan)\n", r.memory.c_str(),
+                ash::format_bytes(std::uint64_t(r.planned_peak)).c_str());
   } else {
     std::printf("pipeline: %lld token block(s), ranks busy %.0f%% of the time (sum of compute / (R x wall))\n",
-                (long long)pipe->blocks, 100.0 * pipe->busy_fraction);
-    for (const auto& p : ctx.places(st.model, T)) {
-      const std::size_t r = std::size_t(p.world_rank);
+                (long long)r.pipeline->blocks, 100.0 * r.pipeline->busy_fraction);
+    for (const auto& p : r.places) {
+      const std::size_t w = std::size_t(p.world_rank);
       const std::string toks = p.t_end - p.t_begin < T ? ", tokens " + std::to_string(p.t_begin) + ".." +
                                                              std::to_string(p.t_end - 1)
                                                        : std::string();
       std::printf("rank %d (layers %d..%d%s%s%s, replica %d): %s peak %s, process HWM %s, sent %s\n", p.world_rank,
                   p.layers.k0, p.layers.k1 - 1, p.layers.embedding ? ", embedding" : "", p.layers.head ? ", head" : "",
-                  toks.c_str(), p.replica, ash::MemSpace::name(), ash::format_bytes(usage[3 * r]).c_str(),
-                  ash::format_bytes(usage[3 * r + 1]).c_str(), ash::format_bytes(usage[3 * r + 2]).c_str());
+                  toks.c_str(), p.replica, ash::MemSpace::name(), ash::format_bytes(r.usage[3 * w]).c_str(),
+                  ash::format_bytes(r.usage[3 * w + 1]).c_str(), ash::format_bytes(r.usage[3 * w + 2]).c_str());
     }
   }
   std::printf("wrote %s\n", a.out.c_str());
@@ -167,98 +133,72 @@ void run_grad(const GradArgs& a) {
 // The memory planner: predicted peak bytes per component, for `ash train`
 // (or `ash grad`) with this configuration, against the machine's memory.
 int run_plan(const Common& c, const std::string& workload, const std::string& precision) {
-  const ash::Config cfg = load_config(c);
-  const bool train = workload == "train";
-  const std::size_t sb = precision == "double" ? 8 : 4;
-  const ash::Settings st = cfg.settings();  // overflow checks
-  const auto plan = ash::plan_memory(st, train ? ash::Workload::train : ash::Workload::grad, sb);
-  const auto& d = st.model;
+  const auto r = ash::plan_run(load_config(c), workload, precision, c.max_memory);
+  const auto& d = r.settings.model;
   std::printf("plan for ash %s: V=%lld P=%lld N=%lld K=%lld, T=%lld, batch %lld, %s\n", workload.c_str(),
               (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers,
-              (long long)st.data.seq_len, (long long)st.data.batch,
-              precision.c_str());
-  std::printf("engine: %s; peak at the %s\n", plan.engine.c_str(), plan.phase.c_str());
-  std::printf("%s", plan.table("  ").c_str());
-  const auto cap = ash::memory_space_capacity();
-  const auto phys = c.max_memory > 0 ? c.max_memory : cap.bytes;
-  const double per_token = plan.total() / double(st.data.seq_len * st.data.batch);
-  std::printf("%.0f bytes per token (total / batch·T); %s %s: %s\n", per_token,
-              c.max_memory > 0 ? "--max-memory" : cap.what.c_str(), ash::format_bytes(phys).c_str(),
-              phys == 0 ? "unknown" : plan.total() <= double(phys) ? "fits" : "does NOT fit");
-  return phys == 0 || plan.total() <= double(phys) ? 0 : 1;
+              (long long)r.settings.data.seq_len, (long long)r.settings.data.batch, r.precision.c_str());
+  std::printf("engine: %s; peak at the %s\n", r.plan.engine.c_str(), r.plan.phase.c_str());
+  std::printf("%s", r.plan.table("  ").c_str());
+  std::printf("%.0f bytes per token (total / batch·T); %s %s: %s\n", r.per_token,
+              c.max_memory > 0 ? "--max-memory" : r.capacity.what.c_str(), ash::format_bytes(r.budget).c_str(),
+              r.budget == 0 ? "unknown" : r.fits ? "fits" : "does NOT fit");
+  return r.fits ? 0 : 1;
 }
 
-// Forward only over a whole token file: consecutive windows of T tokens
-// (data.seq_len; a shorter last window when 2 or more tokens remain), B at a
-// time (data.batch), each window from h = 0. Prints the loss and bits per
-// token over every target, and the forward's time per token.
+// Forward only over a whole token file (ash::eval_file): prints the loss and
+// bits per token over every target, and the forward's time per token.
 template <class S>
-void run_eval(const std::string& ckpt, const std::string& tokens, const Common& common, bool carry) {
-  const ash::Config cfg = ash::checkpoint_run_config(inspect(ckpt).config, common.sets);
-  const ash::Settings st = cfg.settings();
-  ash::require(!st.dist.multi_rank(), "ash eval runs in one process (dist.* asks for several ranks)");
-  ash::Config sizing = cfg;  // the forward keeps one layer at a time: E3's estimate bounds it
-  sizing.set("grad.engine=adjoint-exact");
-  ash::check_memory(sizing, ash::Workload::grad, sizeof(S), common.max_memory);
-  const ash::MatmulScope matmul(st.grad.matmul, sizeof(S));
-  const auto params = ash::load_checkpoint<S>(ckpt);
-  const auto ids = ash::load_tokens(tokens);
-  const auto T = st.data.seq_len, B = st.data.batch;
-  const auto head_chunk = st.grad.head_chunk;
-  const auto n = ash::index_t(ids.size());
-  ash::require(n >= 2, "token file '" + tokens + "' has " + std::to_string(n) + " token(s): nothing to predict");
-  const ash::index_t full = n / T, rest = n % T;
-  std::printf("eval %s (%s) on %s: %lld tokens, %lld window(s) of T=%lld%s\n", ckpt.c_str(),
-              sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)n, (long long)full, (long long)T,
-              rest >= 2 ? (" and one of " + std::to_string(rest)).c_str() : "");
-  // data.separator (the checkpoint's, or --set): each document scored on its own.
-  const auto document = ash::document_starts(ids, st.data.separator);
-  const std::vector<std::uint8_t>* docs = document.documents();
-  if (docs) {
-    long long count = 1;
-    for (const auto f : document.flags) count += f;
-    std::printf("%lld documents (data.separator): each from h = 0, the first token of each not scored\n", count);
-    // The tokens scored: every one after the first of its window (--carry-state:
-    // after the first of the file), windows of T from 0 and a last one of >= 2.
-    const ash::index_t end = full * T + (rest >= 2 ? rest : 0);
-    bool any = false;
-    for (ash::index_t i = 1; i < (carry ? n : end) && !any; ++i) any = (carry || i % T != 0) && !document.flags[std::size_t(i)];
-    ash::require(any, no_targets(tokens, "its windows"));
-  }
-  std::fflush(stdout);
+void run_eval(const std::string& ckpt, const ash::CheckpointInfo& info, const std::string& tokens,
+              const Common& common, bool carry) {
+  const ash::Config cfg = ash::checkpoint_run_config(info.config, common.sets);
+  ash::EvalFileOptions opts;
+  opts.max_memory = common.max_memory;
+  opts.carry = carry;
+  ash::EvalFileStart start;  // the file's sizes, for the lines printed later
+  opts.on_start = [&](const ash::EvalFileStart& s) {
+    start = s;
+    std::printf("eval %s (%s) on %s: %lld tokens, %lld window(s) of T=%lld%s\n", ckpt.c_str(),
+                sizeof(S) == 8 ? "double" : "float", tokens.c_str(), (long long)s.tokens, (long long)s.full,
+                (long long)s.seq_len, s.rest >= 2 ? (" and one of " + std::to_string(s.rest)).c_str() : "");
+    // data.separator (the checkpoint's, or --set): each document scored on its own.
+    if (s.documents > 0)
+      std::printf("%lld documents (data.separator): each from h = 0, the first token of each not scored\n",
+                  s.documents);
+    std::fflush(stdout);
+  };
+  opts.progress = [&](const ash::EvalTotals& t) {
+    std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens,
+                 (long long)start.tokens, t.bits_per_token());
+  };
+  opts.on_pass = [&](int pass, const ash::EvalTotals& tot) {
+    std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
+                pass == 0 ? "carried state" : "each window from h = 0", tot.bits_per_token(), (long long)tot.targets,
+                (long long)start.seq_len, 1e6 * tot.seconds / double(start.tokens));
+  };
+  ash::TokenSource source;
+  source.path = tokens;
+  const auto r = ash::eval_file<S>(ckpt, cfg, source, opts);
   if (!carry) {
-    const auto tot = ash::evaluate_windows(params, ids, T, B, head_chunk, [n](const ash::EvalTotals& t) {
-      std::fprintf(stderr, "eval: %lld of %lld tokens, bits/token so far %.4f\n", (long long)t.tokens, (long long)n,
-                   t.bits_per_token());
-    }, docs);
-    ash::require(tot.targets > 0, no_targets(tokens, "its windows"));
-    std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", tot.nats / double(tot.targets),
-                tot.bits_per_token(), (long long)tot.targets);
-    std::printf("forward time %.3f s (%.2f us/token)\n", tot.seconds, 1e6 * tot.seconds / double(tot.tokens));
+    std::printf("loss %.6f nats/token, %.4f bits/token over %lld targets\n", r.totals.nats / double(r.totals.targets),
+                r.totals.bits_per_token(), (long long)r.totals.targets);
+    std::printf("forward time %.3f s (%.2f us/token)\n", r.totals.seconds,
+                1e6 * r.totals.seconds / double(r.totals.tokens));
     return;
   }
   // --carry-state: the file as one stream, scored once with every layer's
   // state carried from the window before and once from h = 0.
-  double bits[2] = {0, 0};
-  for (int pass = 0; pass < 2; ++pass) {
-    const auto tot = ash::evaluate_stream(params, ids, T, head_chunk, pass == 0, docs);
-    ash::require(tot.targets > 0, no_targets(tokens, "its windows"));
-    bits[pass] = tot.bits_per_token();
-    std::printf("%s: %.4f bits/token over %lld targets (windows of T=%lld, %.2f us/token)\n",
-                pass == 0 ? "carried state" : "each window from h = 0", bits[pass], (long long)tot.targets,
-                (long long)T, 1e6 * tot.seconds / double(n));
-  }
-  std::printf("carried state saves %.4f bits/token\n", bits[1] - bits[0]);
+  std::printf("carried state saves %.4f bits/token\n", r.passes[1].bits_per_token() - r.passes[0].bits_per_token());
 }
 
 int run_train(const Common& c, const std::string& resume, long long until) {
-  ash::Config cfg = load_config(c);
-  if (!resume.empty()) {
-    const ash::Config resumed = inspect(resume).config;
-    cfg = ash::train_config(&resumed, c.config_file, "", c.sets);
-  }
-  ash::check_memory(cfg, ash::Workload::train, cfg.settings().run.scalar_bytes(), c.max_memory);
-  const auto s = ash::train(cfg, resume, stdout, until);
+  ash::TrainRequest req;
+  req.config_file = c.config_file;
+  req.sets = c.sets;
+  req.resume = resume;
+  req.until = until;
+  req.max_memory = c.max_memory;
+  const auto s = ash::train_run(req, stdout, [](const std::string& path) { return inspect(path); });
   if (s.signal != 0) {
     // §7: interrupted, checkpoint written; 128 + signal like a shell.
     std::printf("interrupted by %s after step %lld: checkpoint %s (step %lld); continue with --resume %s\n",
@@ -284,40 +224,20 @@ int run_train(const Common& c, const std::string& resume, long long until) {
 
 void run_generate(const std::string& ckpt, const std::string& prompt, long long n, double temperature,
                   unsigned long long seed, std::uint64_t max_memory) {
-  ash::require(!prompt.empty(), "--prompt must not be empty");
-  ash::require(n >= 0, "--tokens must be >= 0");
-  ash::require(std::isfinite(temperature) && temperature >= 0,
-               "--temperature must be a finite number >= 0 (0: greedy), got " + std::to_string(temperature));
-  // The model in double and its file image, checked before either is allocated
-  // (only the stored model sizes: the rest of the stored configuration is not used).
-  ash::Config sizes;
-  sizes.merge(nlohmann::json{{"model", inspect(ckpt, ash::Verify::header).config.json()["model"]}},
-              "'" + ckpt + "': config attribute");
-  ash::check_memory(sizes, ash::Workload::init, 8, max_memory);
-  ash::CheckpointInfo info;
-  const auto params = ash::load_checkpoint<double>(ckpt, &info);
   std::vector<std::uint32_t> ids(prompt.begin(), prompt.end());
   for (auto& v : ids) v &= 0xff;
-  // A model trained on documents (data.separator): the prompt's documents each
-  // start from h = 0, and the sample ends with the separator (the document's
-  // end: what follows one was never a target in training).
-  const std::string separator = info.config.settings().data.separator;  // bytes: \u00XX is the byte XX
-  const auto sep = ash::separator_tokens(separator);
-  const auto document = ash::document_starts(ids, separator);
-  ash::Generator<double> gen(params);
-  gen.feed(ids, document.documents());
-  std::mt19937_64 rng(seed);
+  ash::GenerateOptions opts;
+  opts.tokens = n;
+  opts.temperature = temperature;
+  opts.seed = seed;
+  opts.max_memory = max_memory;
+  const auto drawn = ash::generate_tokens(ckpt, ids, opts, [](const std::string& path) { return inspect(path); });
   std::string out = prompt;
-  std::vector<std::uint32_t> drawn;
-  for (long long i = 0; i < n; ++i) {
-    const auto v = gen.sample(temperature, rng);
-    drawn.push_back(v);
-    if (info.dims.vocab <= 256)
+  for (const auto v : drawn.ids) {
+    if (drawn.vocab <= 256)
       out.push_back(char(v));
     else
       out += " " + std::to_string(v);
-    if (!sep.empty() && drawn.size() >= sep.size() && std::equal(sep.begin(), sep.end(), drawn.end() - sep.size()))
-      break;
   }
   std::printf("%s\n", out.c_str());
 }
@@ -330,15 +250,10 @@ void run_inspect(const std::string& path, bool verify) {
   std::printf("model: vocab V=%lld width P=%lld state N=%lld layers K=%lld seed %llu\n", (long long)info.dims.vocab,
               (long long)info.dims.width, (long long)info.dims.state, (long long)info.dims.layers,
               (unsigned long long)info.dims.seed);
+  std::printf("%s", mamba_line(info.dims).c_str());
   std::printf("config:\n%s\n", info.config.dump().c_str());
   long long total = 0;
-  std::string missing;
-  std::size_t present = 0;
   for (const auto& d : info.datasets) {
-    if (d.dtype == "missing")
-      missing += (missing.empty() ? "" : ", ") + d.path;
-    else
-      ++present;
     std::string shape = "[";
     long long n = 1;
     for (std::size_t i = 0; i < d.shape.size(); ++i) {
@@ -352,8 +267,7 @@ void run_inspect(const std::string& path, bool verify) {
   std::printf("parameters: %lld\n", total);
   // Some parameters without the others is no verified checkpoint: grad, eval, generate
   // and train refuse it (a gradient file has none; --no-verify lists what is there).
-  if (verify && present > 0 && !missing.empty())
-    throw ash::Error("'" + path + "' is incomplete: " + missing + " missing (every verb that loads it refuses it)");
+  if (verify) ash::require_complete(path, info);
   if (!verify)
     std::printf("not verified (--no-verify)\n");
   else if (info.format_version >= 3)
@@ -508,34 +422,31 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
 int run_verb(const Verbs& v) {
   if (*v.init) {
     const auto cfg = load_config(v.init_common);
-    require_distinct_output(v.init_out, {{"--config", v.init_common.config_file}});
-    ash::check_memory(cfg, ash::Workload::init, v.init_precision == "float" ? 4 : 8, v.init_common.max_memory);
     if (v.init_precision == "float")
-      run_init<float>(cfg, v.init_out);
+      run_init<float>(cfg, v.init_common, v.init_out);
     else
-      run_init<double>(cfg, v.init_out);
+      run_init<double>(cfg, v.init_common, v.init_out);
   } else if (*v.grad) {
-    require_distinct_output(v.g.out, {{"--checkpoint", v.g.checkpoint}, {"--tokens", v.g.tokens}});
-    std::string prec = v.g.precision;
-    if (prec.empty()) prec = inspect(v.g.checkpoint).precision;
+    ash::require_distinct_output(v.g.out, {{"--checkpoint", v.g.checkpoint}, {"--tokens", v.g.tokens}});
+    const auto info = inspect(v.g.checkpoint);
+    const std::string prec = v.g.precision.empty() ? info.precision : v.g.precision;
     if (prec == "float")
-      run_grad<float>(v.g);
+      run_grad<float>(v.g, info);
     else
-      run_grad<double>(v.g);
+      run_grad<double>(v.g, info);
   } else if (*v.eval) {
-    const std::string prec = v.eval_precision.empty() ? inspect(v.eval_ckpt).precision : v.eval_precision;
+    const auto info = inspect(v.eval_ckpt);
+    const std::string prec = v.eval_precision.empty() ? info.precision : v.eval_precision;
     if (prec == "float")
-      run_eval<float>(v.eval_ckpt, v.eval_tokens, v.eval_common, v.eval_carry);
+      run_eval<float>(v.eval_ckpt, info, v.eval_tokens, v.eval_common, v.eval_carry);
     else
-      run_eval<double>(v.eval_ckpt, v.eval_tokens, v.eval_common, v.eval_carry);
+      run_eval<double>(v.eval_ckpt, info, v.eval_tokens, v.eval_common, v.eval_carry);
   } else if (*v.train) {
     return run_train(v.train_common, v.resume, v.until);
   } else if (*v.generate) {
     run_generate(v.gen_ckpt, v.prompt, v.gen_n, v.temperature, v.gen_seed, v.gen_max_memory);
   } else if (*v.plan) {
-    return run_plan(v.plan_common, v.plan_workload,
-                    v.plan_precision.empty() ? load_config(v.plan_common).settings().run.precision()
-                                           : v.plan_precision);
+    return run_plan(v.plan_common, v.plan_workload, v.plan_precision);  // "": run.precision
   } else if (*v.inspect) {
     run_inspect(v.inspect_path, !v.inspect_no_verify);
   }

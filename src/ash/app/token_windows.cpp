@@ -5,6 +5,14 @@
 
 namespace ash {
 
+const std::vector<std::uint32_t>& TokenSource::read(std::vector<std::uint32_t>& storage) const {
+  if (ids) return *ids;
+  storage = load_tokens(path);
+  return storage;
+}
+
+std::string TokenSource::name() const { return ids ? "the token array" : "token file '" + path + "'"; }
+
 DocumentStarts document_starts(const std::vector<std::uint32_t>& ids, const std::string& separator) {
   DocumentStarts d;
   d.on = !separator.empty();

@@ -16,7 +16,8 @@ namespace ash {
 
 nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
-    "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234},
+    "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234, "arch": "ssm-resnet",
+              "expand": 2, "conv_kernel": 4, "dt_rank": 0, "tie_embeddings": true, "norm_eps": 1e-5},
     "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false,
               "carry_state": false, "separator": "", "pack": false},
     "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 0, "head_chunk": 0,
@@ -220,7 +221,33 @@ ModelDims Config::model() const {
   d.state = get<std::int64_t>("model.state");
   d.layers = get<std::int64_t>("model.layers");
   d.seed = get<std::uint64_t>("model.seed");
+  d.arch = parse_arch(get<std::string>("model.arch"));
+  d.expand = get<std::int64_t>("model.expand");
+  d.conv_kernel = get<std::int64_t>("model.conv_kernel");
+  d.dt_rank = get<std::int64_t>("model.dt_rank");
+  d.tie_embeddings = get<bool>("model.tie_embeddings");
+  d.norm_eps = get<double>("model.norm_eps");
   return d;
+}
+
+nlohmann::json Config::stored_json() const {
+  // An SSM-ResNet's stored configuration is what it was before model.arch
+  // existed (its Mamba keys are the defaults, check_model_dims), so its files
+  // stay byte for byte what they were; a file without the keys loads as
+  // ssm-resnet.
+  if (model().mamba()) return j_;
+  nlohmann::json j = j_;
+  for (const char* k : mamba_model_keys) j["model"].erase(k);
+  j["model"].erase("arch");
+  return j;
+}
+
+std::string arch_name(Arch a) { return a == Arch::mamba ? "mamba" : "ssm-resnet"; }
+
+Arch parse_arch(const std::string& s) {
+  if (s == "ssm-resnet") return Arch::ssm_resnet;
+  if (s == "mamba") return Arch::mamba;
+  throw Error("model.arch must be ssm-resnet or mamba (got '" + s + "')");
 }
 
 std::string method_name(Method m) {
@@ -367,6 +394,24 @@ DistOptions Config::dist_options(const ModelDims& d) const {
   require(ds.layer_ranks <= d.layers, "dist.layer_ranks (" + std::to_string(ds.layer_ranks) +
                                           ") must not exceed model.layers (" + std::to_string(d.layers) + ")");
   return ds;
+}
+
+// What a Mamba model runs today (docs/design.md §2): E1 on the whole window in one
+// process. Every other engine and lever is refused naming its key, never run wrong.
+void require_mamba_supported(const Settings& st) {
+  if (!st.model.mamba()) return;
+  const auto no = [](const std::string& what) {
+    return what + " is not available for model.arch=mamba yet (only grad.engine=backprop over the whole window "
+                  "in one process)";
+  };
+  require(st.grad.method == Method::backprop, no("grad.engine=" + method_name(st.grad.method)));
+  require(!st.grad.detach_inputs, no("grad.detach_inputs=true"));
+  require(st.grad.truncate == 0, no("grad.truncate"));
+  require(st.grad.storage == Storage::full, no("run.storage=" + storage_name(st.grad.storage)));
+  require(st.grad.layer_checkpoint == 1, no("grad.layer_checkpoint"));
+  require(st.grad.token_block == 0, no("grad.token_block"));
+  require(!st.data.carry_state, no("data.carry_state=true"));
+  require(!st.dist.multi_rank(), no("dist.* (several MPI ranks)"));
 }
 
 Settings Config::settings() const {

@@ -30,6 +30,15 @@ nlohmann::json parse_json_strict(const std::string& text, const std::string& ori
 // U+0000 to U+00FF are the byte values 0x00 to 0xFF; anything above is an ash::Error.
 std::string separator_bytes(const std::string& utf8);
 
+// The model keys that only a Mamba has (an SSM-ResNet must leave them at their defaults).
+constexpr const char* mamba_model_keys[] = {"expand", "conv_kernel", "dt_rank", "tie_embeddings", "norm_eps"};
+
+// Throws ash::Error naming the key when the settings ask a Mamba model
+// (model.arch=mamba) for an engine, lever or layout it does not have yet.
+// Called where a gradient engine is built (RunContext, Python's grad), not by
+// settings(): `ash eval` sizes its forward with E3's settings.
+void require_mamba_supported(const Settings& st);
+
 class Config {
  public:
   Config();  // all defaults
@@ -56,6 +65,9 @@ class Config {
 
   ModelDims model() const;
   const nlohmann::json& json() const { return j_; }
+  // What a file stores (a checkpoint's /config): json(), less the Mamba-only
+  // model keys of an SSM-ResNet (model.arch and those of mamba_model_keys).
+  nlohmann::json stored_json() const;
   std::string dump() const { return j_.dump(2); }
 
  private:

@@ -9,14 +9,35 @@
 
 namespace ash {
 
+// model.arch (docs/design.md §1): today's SSM-ResNet layer, or the Mamba block
+// of transformers' MambaForCausalLM (pre-norm RMSNorm, in_proj, causal conv,
+// SiLU, low-rank Δ, the same selective scan, gate, out_proj, residual).
+enum class Arch { ssm_resnet, mamba };
+// "ssm-resnet" or "mamba" (the config's spelling).
+std::string arch_name(Arch a);
+// The reverse; throws ash::Error naming model.arch for anything else.
+Arch parse_arch(const std::string& s);
+
 struct ModelDims {
   std::int64_t vocab = 256;   // V
-  std::int64_t width = 64;    // P
+  std::int64_t width = 64;    // P (SSM-ResNet), D (Mamba: hidden size)
   std::int64_t state = 16;    // N
   std::int64_t layers = 2;    // K
   std::uint64_t seed = 1234;  // initialisation seed
+  Arch arch = Arch::ssm_resnet;
+  // Mamba only (model.arch = "mamba"; an SSM-ResNet keeps the defaults):
+  std::int64_t expand = 2;        // E = expand · D, the mixer's inner width
+  std::int64_t conv_kernel = 4;   // Kc, the causal depthwise conv's taps
+  std::int64_t dt_rank = 0;       // R, the rank of Δ's projection; 0: ceil(D / 16)
+  bool tie_embeddings = true;     // the head is the embedding (no /params/head)
+  double norm_eps = 1e-5;         // the RMSNorms' epsilon
+  bool mamba() const { return arch == Arch::mamba; }
+  std::int64_t inner() const { return expand * width; }                          // E
+  std::int64_t rank() const { return dt_rank > 0 ? dt_rank : (width + 15) / 16; }  // R
   bool operator==(const ModelDims& o) const {
-    return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers;
+    return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers && arch == o.arch &&
+           expand == o.expand && conv_kernel == o.conv_kernel && dt_rank == o.dt_rank &&
+           tie_embeddings == o.tie_embeddings && norm_eps == o.norm_eps;
   }
 };
 

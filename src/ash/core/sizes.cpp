@@ -23,7 +23,32 @@ std::int64_t checked_add(std::int64_t a, std::int64_t b, const std::string& what
   return r;
 }
 
+namespace {
+// The Mamba layout of param_layout(): embedding [V,D], final_norm [D], head
+// [V,D] when untied; per layer norm [D], in_proj [2E,D], conv_weight [E,Kc],
+// conv_bias, dt_bias, D [E], x_proj [R+2N,E], dt_proj [E,R], A_log [E,N],
+// out_proj [D,E].
+std::int64_t mamba_parameter_count(const ModelDims& d) {
+  const std::int64_t V = d.vocab, Dm = d.width, N = d.state, K = d.layers;
+  const auto E = checked_mul(d.expand, Dm, "model.expand x model.width");
+  const auto R = d.rank();
+  const auto VD = checked_mul(V, Dm, "model.vocab x model.width");
+  auto layer = checked_add(Dm, checked_mul(3, checked_mul(E, Dm, "inner x width"), "in_proj and out_proj"),
+                           "parameters per layer");
+  layer = checked_add(layer, checked_mul(E, checked_add(d.conv_kernel, 3, "conv taps"), "conv and vectors"),
+                      "parameters per layer");
+  const auto xr = checked_add(R, checked_mul(2, N, "2 x model.state"), "x_proj rows");
+  layer = checked_add(layer, checked_mul(checked_add(xr, R, "x_proj and dt_proj"), E, "x_proj and dt_proj"),
+                      "parameters per layer");
+  layer = checked_add(layer, checked_mul(E, N, "inner x model.state"), "parameters per layer");
+  const auto layers = checked_mul(K, layer, "model.layers x parameters per layer");
+  const auto global = checked_add(checked_mul(d.tie_embeddings ? 1 : 2, VD, "vocab x width"), Dm, "parameters");
+  return checked_add(global, layers, "parameters");
+}
+}  // namespace
+
 std::int64_t checked_parameter_count(const ModelDims& d) {
+  if (d.mamba()) return mamba_parameter_count(d);
   const std::int64_t V = d.vocab, P = d.width, N = d.state, K = d.layers;
   // Same tensors as param_layout(): embedding, head [V,P], final_norm [P];
   // per layer norm, b_delta, D [P], W_delta [P,P], A_log [P,N], W_B, W_C [N,P].
@@ -50,11 +75,33 @@ void check_model_dims(const ModelDims& d) {
   require(checked_mul(d.width, d.state, "model.width x model.state") <= (std::int64_t(1) << 31) - 1,
           "sizes overflow: model.width x model.state (" + std::to_string(d.width) + " x " + std::to_string(d.state) +
               ") must be below 2^31");
+  if (!d.mamba()) {
+    // The Mamba keys mean nothing here: a value other than the default is refused
+    // rather than ignored (so a stored SSM-ResNet configuration never carries one).
+    const ModelDims def;
+    require(d.expand == def.expand && d.conv_kernel == def.conv_kernel && d.dt_rank == def.dt_rank &&
+                d.tie_embeddings == def.tie_embeddings && d.norm_eps == def.norm_eps,
+            "model.expand, model.conv_kernel, model.dt_rank, model.tie_embeddings and model.norm_eps apply to "
+            "model.arch=mamba only; leave them at their defaults for model.arch=ssm-resnet");
+  } else {
+    require(d.expand >= 1, "model.expand must be >= 1 (got " + std::to_string(d.expand) + ")");
+    require(d.conv_kernel >= 1 && d.conv_kernel <= 1024,
+            "model.conv_kernel must be in [1, 1024] (got " + std::to_string(d.conv_kernel) + ")");
+    require(d.dt_rank >= 0, "model.dt_rank must be >= 1, or 0 for ceil(model.width / 16) (got " +
+                                std::to_string(d.dt_rank) + ")");
+    require(d.norm_eps > 0 && std::isfinite(d.norm_eps), "model.norm_eps must be a finite number > 0");
+    // The scan runs over E = expand·D channels: the same 32-bit bound on E·N.
+    const auto E = checked_mul(d.expand, d.width, "model.expand x model.width");
+    require(checked_mul(E, d.state, "inner width x model.state") <= (std::int64_t(1) << 31) - 1,
+            "sizes overflow: model.expand x model.width x model.state must be below 2^31");
+  }
   checked_parameter_count(d);
 }
 
 void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t seq_len) {
-  const std::int64_t P = d.width, N = d.state, K = d.layers;
+  // A Mamba's scan and its E1 activations run over E = expand·D channels.
+  const std::int64_t P = d.mamba() ? checked_mul(d.expand, d.width, "model.expand x model.width") : d.width;
+  const std::int64_t N = d.state, K = d.layers;
   // Parameters, gradient, Adam m and v, and the file image of all three, in double.
   checked_mul(checked_mul(checked_parameter_count(d), 8, "parameter bytes"), 6, "optimizer and file bytes");
   const auto BT = checked_mul(batch, seq_len, "data.batch x data.seq_len");

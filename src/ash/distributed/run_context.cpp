@@ -26,6 +26,7 @@ struct RunContext<S>::Mpi {};
 
 template <class S>
 RunContext<S>::RunContext(const Settings& st) : range_(LayerRange::all(st.model)), batch_(st.data.batch) {
+  require_mamba_supported(st);
 #ifdef ASH_HAVE_MPI
   int inited = 0, world = 1, rank = 0;
   MPI_Initialized(&inited);
@@ -34,6 +35,7 @@ RunContext<S>::RunContext(const Settings& st) : range_(LayerRange::all(st.model)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   }
   if (world > 1 || st.dist.multi_rank()) {
+    require(!st.model.mamba(), "several MPI ranks (dist.*, mpiexec) are not available for model.arch=mamba yet");
     require(inited, "dist.* asks for several ranks: run under mpiexec");
     mpi_ = std::make_unique<Mpi>();
     mpi_->grid = std::make_unique<dist::Grid>(st);

@@ -68,6 +68,16 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
 }  // namespace
 
 template <class S>
+void impl::e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                           index_t chunk, const ExecSpace& exec) {
+  const index_t P = act.yhat.extent(1), N = act.beta.extent(1);
+  require(index_t(mu.extent(0)) == s.rows() && index_t(mu.extent(1)) == P && index_t(mu.extent(2)) == N &&
+              act.A.extent(0) == mu.extent(0),
+          "E1 reverse scan: mu and the stored A must be [rows, P, N]");
+  reverse_scan(s, act, gy, mu, chunk, exec);
+}
+
+template <class S>
 BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : detach_(opts.detach_inputs), chunk_(opts.chunk) {
   require(opts.truncate == 0, "engine 'backprop' has no window: grad.truncate applies to adjoint engines only");
 }
@@ -88,6 +98,10 @@ void BackpropLayer<S>::release() {
   work_.release();
 }
 
+template void impl::e1_reverse_scan<float>(const SeqShape&, const LayerActivations<float>&, const View2<float>&,
+                                           const View3<float>&, index_t, const ExecSpace&);
+template void impl::e1_reverse_scan<double>(const SeqShape&, const LayerActivations<double>&, const View2<double>&,
+                                            const View3<double>&, index_t, const ExecSpace&);
 template class BackpropLayer<float>;
 template class BackpropLayer<double>;
 

@@ -5,6 +5,15 @@
 
 namespace ash {
 
+namespace impl {
+// E1's h-adjoint over the whole window: μ^t = gy^t ⊗ γ^t + A^{t+1} μ^{t+1}
+// ([rows, P, N]) from the A^t and γ^t that act stored, as a chunked reverse
+// scan (chunks of `chunk` tokens). Shared by the SSM-ResNet and the Mamba E1.
+template <class S>
+void e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
+                     index_t chunk, const ExecSpace& exec);
+}  // namespace impl
+
 template <class S>
 class BackpropLayer final : public LayerAdjoint<S> {
  public:

@@ -6,6 +6,7 @@
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
+#include "ash/grad/mamba_backprop.hpp"
 #include "ash/kernels/matmul.hpp"
 
 
@@ -27,6 +28,8 @@ LocalEngine<S>::LocalEngine(const EngineOptions& opts) : opts_(opts), layer_(mak
 
 template <class S>
 double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+  // A Mamba runs its own E1 (docs/design.md §2), which refuses every other method.
+  if (params.dims().mamba()) return mamba_backprop(opts_, params, x, grad, layer_->execution_space());
   const MatmulScope matmul(opts_.matmul, sizeof(S));
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "LocalEngine: needs the whole model");

@@ -149,7 +149,7 @@ void write_header(hid_t file, const Config& cfg, const ModelDims& d, std::int64_
   // TokenDataset), so this names the generator state rather than dumping one.
   write_attr_str(file, "rng_state", "splitmix64(seed=" + std::to_string(d.seed) + ", step=" + std::to_string(step) + ")");
   write_attr_str(file, "engine", method_name(cfg.settings().grad.method));
-  write_attr_str(file, "config", cfg.json().dump());
+  write_attr_str(file, "config", cfg.stored_json().dump());
 }
 
 // The closed schema: every path a file of these sizes may hold, and its kind
@@ -320,7 +320,15 @@ void read_header(Reader& r) {
   info.config.merge(parse_json_strict(read_attr_str(file, "config", path), "'" + path + "': config attribute"),
                     path + " (config attribute)");
 
+  // The architecture and its Mamba sizes are in the stored configuration only
+  // (the attributes are format 3's, unchanged); a file without model.arch is an SSM-ResNet.
   const auto cd = info.config.model();
+  info.dims.arch = cd.arch;
+  info.dims.expand = cd.expand;
+  info.dims.conv_kernel = cd.conv_kernel;
+  info.dims.dt_rank = cd.dt_rank;
+  info.dims.tie_embeddings = cd.tie_embeddings;
+  info.dims.norm_eps = cd.norm_eps;
   require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
   // Sizes from a file are checked before they size an allocation, as a
   // configuration's are. (The rest of the stored configuration is validated by

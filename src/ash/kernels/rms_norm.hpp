@@ -1,5 +1,6 @@
 #pragma once
-// RMSNorm of docs/design.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5.
+// RMSNorm of docs/design.md §1: ŷ = w ⊙ x · r,  r = 1 / sqrt(mean_p x_p² + eps), eps = 1e-5
+// (a Mamba's: model.norm_eps).
 #include "ash/core/error.hpp"
 #include "ash/core/types.hpp"
 #include "ash/kernels/blocks.hpp"
@@ -15,13 +16,15 @@ constexpr double rms_eps = 1e-5;
 
 // rstd[m] = r(x[m, :]),  yhat[m, p] = w[p] x[m, p] r.
 template <class S, class X, class W, class R, class Y>
-void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, const ExecSpace& exec = ExecSpace()) {
+void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, const ExecSpace& exec = ExecSpace(),
+                      double eps = rms_eps) {
   const index_t M = x.extent(0), P = x.extent(1);
+  const S e = S(eps);
   Kokkos::parallel_for(
       "ash::rms_norm_forward", BlockSumPolicy(exec, M, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t m = team.league_rank();
         const S ss = team_block_sum<S>(team, P, [&](const index_t p) { return x(m, p) * x(m, p); });
-        const S r = S(1) / kmath::sqrt(ss / S(P) + S(rms_eps));
+        const S r = S(1) / kmath::sqrt(ss / S(P) + e);
         Kokkos::single(Kokkos::PerTeam(team), [&]() { rstd(m) = r; });
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t p) { yhat(m, p) = w(p) * x(m, p) * r; });
       });

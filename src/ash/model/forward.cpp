@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/model/mamba_layer.hpp"
 
 namespace ash {
 
@@ -57,6 +58,15 @@ double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t 
   View2<S> y("ash::fwd::y", s.rows(), d.width);
   View2<S> y_next("ash::fwd::y_next", s.rows(), d.width);
   embedding_forward(params.global().embedding, x, y);
+  if (d.mamba()) {
+    require(!state, "a carried state (data.carry_state, ash eval's stream) is not available for model.arch=mamba yet");
+    const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+    for (int k = 0; k < d.layers; ++k) {
+      mamba_layer_forward(params.mamba_layer(k), d, s, y, act, y_next);
+      std::swap(y, y_next);
+    }
+    return head_loss<S>(params.global(), x_head, y, View2<S>(), nullptr, head_chunk, targets);
+  }
   const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
   for (int k = 0; k < d.layers; ++k) {
     ssm_layer_forward(params.layer(k), s, y, act, y_next, state ? (*state)[k] : View2<S>());

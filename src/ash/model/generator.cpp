@@ -9,6 +9,7 @@ namespace ash {
 template <class S>
 Generator<S>::Generator(const ParamSet<S>& params) : params_(params) {
   const auto& d = params.dims();
+  require(!d.mamba(), "generation (ash generate) is not available for model.arch=mamba yet");
   for (int k = 0; k < d.layers; ++k) state_.emplace_back("ash::gen::state", d.width, d.state);
 }
 

@@ -44,7 +44,7 @@ double head_loss(const GlobalParams<S>& p, const TokenView& x, const View2<S>& y
     auto rstd_c = Kokkos::subview(rstd, rows);
     auto yhat_c = Kokkos::subview(yhat, rows, Kokkos::ALL());
     auto log_c = Kokkos::subview(logits, rows, Kokkos::ALL());
-    impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c, exec);
+    impl::rms_norm_forward<S>(y_c, p.final_norm, rstd_c, yhat_c, exec, p.norm_eps);
     impl::gemm<S>(exec, "N", "T", S(1), yhat_c, p.head, S(0), log_c);
     // Per row, one team: log-sum-exp over V, loss, and (in place) go =
     // (softmax - onehot) / count; the team's threads split V.
@@ -95,7 +95,7 @@ void head_logits(const GlobalParams<S>& p, const View2<S>& y, const View2<S>& lo
   View1<S> rstd("ash::head::rstd", y.extent(0));
   View2<S> yhat("ash::head::yhat", y.extent(0), y.extent(1));
   const ExecSpace exec;
-  impl::rms_norm_forward<S>(y, p.final_norm, rstd, yhat, exec);
+  impl::rms_norm_forward<S>(y, p.final_norm, rstd, yhat, exec, p.norm_eps);
   impl::gemm<S>(exec, "N", "T", S(1), yhat, p.head, S(0), logits);
 }
 

@@ -44,6 +44,29 @@ std::vector<TensorInfo> param_layout(const ModelDims& d, const LayerRange& range
     off += t.size();
     out.push_back(t);
   };
+  if (d.mamba()) {
+    // docs/file_format.md: transformers' tensors, row-major [out, in].
+    const std::int64_t E = d.inner(), R = d.rank(), Kc = d.conv_kernel;
+    if (range.embedding) add("embedding", {V, P});
+    if (range.head) {
+      add("final_norm", {P});
+      if (!d.tie_embeddings) add("head", {V, P});
+    }
+    for (int k = range.k0; k < range.k1; ++k) {
+      const auto pre = layer_prefix(k);
+      add(pre + "norm", {P});
+      add(pre + "in_proj", {2 * E, P});
+      add(pre + "conv_weight", {E, Kc});
+      add(pre + "conv_bias", {E});
+      add(pre + "x_proj", {R + 2 * N, E});
+      add(pre + "dt_proj", {E, R});
+      add(pre + "dt_bias", {E});
+      add(pre + "A_log", {E, N});
+      add(pre + "D", {E});
+      add(pre + "out_proj", {P, E});
+    }
+    return out;
+  }
   if (range.embedding) add("embedding", {V, P});
   if (range.head) {
     add("final_norm", {P});
@@ -75,6 +98,30 @@ ParamSet<S>::ParamSet(const ModelDims& d, const LayerRange& range)
   };
   auto v = [&](const std::string& n) { return Unmanaged1<S>(base + tensor(n).offset, tensor(n).shape[0]); };
   if (range.embedding) global_.embedding = m("embedding");
+  if (d.mamba()) {
+    global_.norm_eps = d.norm_eps;
+    // Tied embeddings: the head is the embedding's View, so the head's gradient
+    // and the embedding's add into one tensor (both kernels add).
+    require(!d.tie_embeddings || range.embedding || !range.head,
+            "ParamSet: a Mamba with tied embeddings keeps its head with the embedding");
+    if (range.head) {
+      global_.final_norm = v("final_norm");
+      global_.head = d.tie_embeddings ? global_.embedding : m("head");
+    }
+    const index_t E = d.inner(), R = d.rank(), N = d.state;
+    for (int k = range.k0; k < range.k1; ++k) {
+      const auto pre = layer_prefix(k);
+      const auto rows = [&](const std::string& n, index_t r0, index_t r) {
+        const auto& t = tensor(n);
+        return Unmanaged2<S>(base + t.offset + r0 * t.shape[1], r, t.shape[1]);
+      };
+      mamba_layers_.push_back(MambaLayerParams<S>{
+          v(pre + "norm"), rows(pre + "in_proj", 0, E), rows(pre + "in_proj", E, E), m(pre + "conv_weight"),
+          v(pre + "conv_bias"), rows(pre + "x_proj", 0, R), rows(pre + "x_proj", R, N), rows(pre + "x_proj", R + N, N),
+          m(pre + "dt_proj"), v(pre + "dt_bias"), m(pre + "A_log"), v(pre + "D"), m(pre + "out_proj")});
+    }
+    return;
+  }
   if (range.head) {
     global_.final_norm = v("final_norm");
     global_.head = m("head");
@@ -87,7 +134,19 @@ ParamSet<S>::ParamSet(const ModelDims& d, const LayerRange& range)
 }
 
 template <class S>
+MambaLayerParams<S> ParamSet<S>::mamba_layer(int k) const {
+  require(dims_.mamba(), "ParamSet: layer " + std::to_string(k) + " is an SSM-ResNet layer, not a Mamba block");
+  require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
+                              std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
+  return mamba_layers_[k - range_.k0];
+}
+
+template <class S>
 LayerParams<S> ParamSet<S>::layer(int k) const {
+  // Every SSM-ResNet-only path (E2, E3, the block-wise and MPI engines, the
+  // generator) asks for its layers here: a Mamba is refused, never run wrong.
+  require(!dims_.mamba(), "this engine or verb is not available for model.arch=mamba yet (only grad.engine=backprop "
+                          "over the whole window in one process, ash eval and ash inspect)");
   require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
                               std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
   return layers_[k - range_.k0];
@@ -137,6 +196,45 @@ struct Rng {
 
 }  // namespace
 
+namespace {
+
+// transformers' MambaConfig defaults (initializer_range, time_step_min / max / floor / scale).
+constexpr double mamba_init_std = 0.1, mamba_dt_min = 1e-3, mamba_dt_max = 0.1, mamba_dt_floor = 1e-4;
+
+// One Mamba tensor, drawn from rng (params.hpp: initialize).
+template <class S>
+void initialize_mamba_tensor(const ModelDims& d, const TensorInfo& t, S* p, Rng& rng) {
+  const index_t n = t.size();
+  const std::string leaf = t.name.substr(t.name.rfind('/') + 1);
+  const auto uniform = [&](double bound) {
+    for (index_t i = 0; i < n; ++i) p[i] = S(rng.uniform(-bound, bound));
+  };
+  if (leaf == "embedding" || leaf == "head" || leaf == "in_proj" || leaf == "x_proj") {
+    for (index_t i = 0; i < n; ++i) p[i] = S(mamba_init_std * rng.normal());
+  } else if (leaf == "conv_weight") {
+    uniform(1.0 / std::sqrt(double(d.conv_kernel)));  // kaiming_uniform(a = √5): 1/sqrt(fan_in)
+  } else if (leaf == "out_proj") {
+    uniform(1.0 / std::sqrt(double(d.inner())));
+  } else if (leaf == "dt_proj") {
+    uniform(1.0 / std::sqrt(double(d.rank())));
+  } else if (leaf == "dt_bias") {
+    for (index_t i = 0; i < n; ++i) {
+      double dt = std::exp(rng.uniform(std::log(mamba_dt_min), std::log(mamba_dt_max)));
+      dt = dt > mamba_dt_floor ? dt : mamba_dt_floor;
+      p[i] = S(dt + std::log(-std::expm1(-dt)));  // softplus(b) = dt
+    }
+  } else if (leaf == "A_log") {
+    for (index_t e = 0; e < t.shape[0]; ++e)
+      for (index_t k = 0; k < t.shape[1]; ++k) p[e * t.shape[1] + k] = S(std::log(double(k + 1)));
+  } else if (leaf == "conv_bias") {
+    for (index_t i = 0; i < n; ++i) p[i] = S(0);
+  } else {  // norm, final_norm, D
+    for (index_t i = 0; i < n; ++i) p[i] = S(1);
+  }
+}
+
+}  // namespace
+
 template <class S>
 void initialize(const ParamSet<S>& params, std::uint64_t seed) {
   const auto& d = params.dims();
@@ -152,6 +250,10 @@ void initialize(const ParamSet<S>& params, std::uint64_t seed) {
     const index_t n = t.size();
     if (it == mine.end()) skipped.resize(n);
     S* p = it != mine.end() ? host.data() + it->offset : skipped.data();
+    if (d.mamba()) {
+      initialize_mamba_tensor(d, t, p, rng);
+      continue;
+    }
     const std::string leaf = t.name.substr(t.name.rfind('/') + 1);
     if (leaf == "embedding") {
       for (index_t i = 0; i < n; ++i) p[i] = S(0.02 * rng.normal());

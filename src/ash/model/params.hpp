@@ -1,5 +1,5 @@
 #pragma once
-// Parameters of the SSM-ResNet model (docs/design.md §1) in one flat device View.
+// Parameters of the model (docs/design.md §1; SSM-ResNet or Mamba, model.arch) in one flat device View.
 //
 // Every tensor is a slice of `data`, so a gradient, an Adam moment or a
 // checkpoint is the same ParamSet layout, and flat operations (norms, axpy,
@@ -36,11 +36,29 @@ struct LayerParams {
   Unmanaged1<S> D;        // D      [P]
 };
 
+// Views of one Mamba block's parameters (model.arch = "mamba", docs/design.md §1):
+// the tensors of transformers' MambaBlock, the row blocks of in_proj and x_proj
+// as separate views (row ranges of a row-major matrix are contiguous).
+template <class S>
+struct MambaLayerParams {
+  Unmanaged1<S> norm;         // w        [D]
+  Unmanaged2<S> in_x, in_z;   // in_proj  [2E, D]: rows [0, E) give x, [E, 2E) the gate z
+  Unmanaged2<S> conv_weight;  // w_conv   [E, Kc] (tap Kc-1 multiplies the current token)
+  Unmanaged1<S> conv_bias;    // b_conv   [E]
+  Unmanaged2<S> x_dt, x_B, x_C;  // x_proj [R+2N, E]: rows [0, R) Δ's low rank, then B [N], then C [N]
+  Unmanaged2<S> dt_proj;      // W_dt     [E, R]
+  Unmanaged1<S> dt_bias;      // b_dt     [E]
+  Unmanaged2<S> A_log;        // Alog     [E, N]
+  Unmanaged1<S> D;            // D        [E]
+  Unmanaged2<S> out_proj;     // W_out    [D, E]
+};
+
 template <class S>
 struct GlobalParams {
   Unmanaged2<S> embedding;   // E  [V, P]
   Unmanaged1<S> final_norm;  // w_f [P]
-  Unmanaged2<S> head;        // Ω  [V, P]
+  Unmanaged2<S> head;        // Ω  [V, P]; a Mamba with tied embeddings: the embedding's own View
+  double norm_eps = 1e-5;    // the final RMSNorm's epsilon (model.norm_eps of a Mamba)
 };
 
 // The part of the model one ParamSet holds (docs/design.md §2, E4): layers
@@ -74,8 +92,10 @@ class ParamSet {
   View1<S> data() const { return data_; }
 
   Unmanaged1<S> flat(const TensorInfo& t) const { return Unmanaged1<S>(data_.data() + t.offset, t.size()); }
-  // Layer k by its global index (must be in range()).
+  // Layer k by its global index (must be in range()); an SSM-ResNet's.
   LayerParams<S> layer(int k) const;
+  // Layer k of a Mamba (model.arch = "mamba").
+  MambaLayerParams<S> mamba_layer(int k) const;
   // Embedding, final norm and head; the ones outside range() are empty Views.
   GlobalParams<S> global() const { return global_; }
 
@@ -90,13 +110,21 @@ class ParamSet {
   std::vector<TensorInfo> tensors_;
   View1<S> data_;
   std::vector<LayerParams<S>> layers_;
+  std::vector<MambaLayerParams<S>> mamba_layers_;
   GlobalParams<S> global_;
 };
 
-// Documented, seeded initialisation (docs/design.md §1, Mamba-like):
+// Documented, seeded initialisation (docs/design.md §1). An SSM-ResNet (Mamba-like):
 //   embedding ~ N(0, 0.02²); head, W_delta, W_B, W_C ~ U(±1/sqrt(P));
 //   Δ0 = exp(U(log 1e-3, log 1e-1)), b_delta = softplus⁻¹(Δ0);
 //   A_log[p, n] = log(n + 1) (n 0-based); D = 1; norm = final_norm = 1.
+// A Mamba as transformers' MambaPreTrainedModel._init_weights with MambaConfig's
+// defaults (initializer_range 0.1, time_step_* 1e-3 / 0.1 / floor 1e-4 / scale 1,
+// rescale_prenorm_residual false):
+//   embedding, head, in_proj, x_proj ~ N(0, 0.1²); conv_weight ~ U(±1/sqrt(Kc));
+//   conv_bias = 0; dt_proj ~ U(±1/sqrt(R)); Δ0 = max(exp(U(log 1e-3, log 1e-1)), 1e-4),
+//   dt_bias = softplus⁻¹(Δ0); A_log[e, n] = log(n + 1); D = 1; out_proj ~ U(±1/sqrt(E));
+//   norm = final_norm = 1.
 // Random numbers come from a 64-bit Mersenne twister with our own
 // uniform/normal transforms, so the values are the same on every platform.
 template <class S>

@@ -8,38 +8,37 @@
 namespace ash {
 
 template <class S>
-LayerActivations<S>::LayerActivations(const SeqShape& s, const ModelDims& d, Store store)
+LayerActivations<S>::LayerActivations(const SeqShape& s, index_t P, index_t N, Store store)
     : rstd("ash::act::rstd", s.rows()),
-      yhat("ash::act::yhat", s.rows(), d.width),
-      delta("ash::act::delta", s.rows(), d.width),
-      beta("ash::act::beta", s.rows(), d.state),
-      gamma("ash::act::gamma", s.rows(), d.state),
-      a("ash::act::a", d.width, d.state) {
-  if (store >= with_hprev) hprev = View3<S>("ash::act::hprev", s.rows(), d.width, d.state);
-  if (store >= with_hprev_and_A) A = View3<S>("ash::act::A", s.rows(), d.width, d.state);
+      yhat("ash::act::yhat", s.rows(), P),
+      delta("ash::act::delta", s.rows(), P),
+      beta("ash::act::beta", s.rows(), N),
+      gamma("ash::act::gamma", s.rows(), N),
+      a("ash::act::a", P, N) {
+  if (store >= with_hprev) hprev = View3<S>("ash::act::hprev", s.rows(), P, N);
+  if (store >= with_hprev_and_A) A = View3<S>("ash::act::A", s.rows(), P, N);
 }
 
 template <class S>
-LayerCotangents<S>::LayerCotangents(index_t rows, const ModelDims& d, bool row_partials)
-    : gyhat("ash::cot::gyhat", rows, d.width),
-      gz("ash::cot::gz", rows, d.width),
-      gbeta("ash::cot::gbeta", rows, d.state),
-      ggamma("ash::cot::ggamma", rows, d.state),
-      yhat_rows("ash::cot::yhat_rows", rows, d.width),
+LayerCotangents<S>::LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials)
+    : gyhat("ash::cot::gyhat", rows, P),
+      gz("ash::cot::gz", rows, P),
+      gbeta("ash::cot::gbeta", rows, N),
+      ggamma("ash::cot::ggamma", rows, N),
+      yhat_rows("ash::cot::yhat_rows", rows, P),
       norm_part(Kokkos::view_alloc(std::string("ash::cot::norm_part"), Kokkos::WithoutInitializing),
-                impl::row_blocks(rows), d.width) {
+                impl::row_blocks(rows), P) {
   if (!row_partials) return;
-  alog_part = View3<S>("ash::cot::alog_part", impl::row_blocks(rows), d.width, d.state);
-  d_part = View2<S>("ash::cot::d_part", impl::row_blocks(rows), d.width);
-  bd_part = View2<S>("ash::cot::bd_part", impl::row_blocks(rows), d.width);
+  alog_part = View3<S>("ash::cot::alog_part", impl::row_blocks(rows), P, N);
+  d_part = View2<S>("ash::cot::d_part", impl::row_blocks(rows), P);
+  bd_part = View2<S>("ash::cot::bd_part", impl::row_blocks(rows), P);
 }
 
 namespace {
 
 constexpr index_t forward_chunk = 64;  // tokens per chunk of the forward scan when chunks are needed
 
-KOKKOS_INLINE_FUNCTION double softplus(double z) { return z > 20.0 ? z : kmath::log1p(kmath::exp(z)); }
-KOKKOS_INLINE_FUNCTION float softplus(float z) { return z > 20.0f ? z : kmath::log1p(kmath::exp(z)); }
+using impl::softplus;
 
 // Chunks of the forward scan. Chunks only add parallelism (each costs a
 // second pass over its tokens), so a sequence is one chunk when its channels
@@ -62,12 +61,13 @@ void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, 
   const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.n;
   const bool store_h = Hst.extent(0) > 0, store_A = Ast.extent(0) > 0;
   const bool carry = state_io.extent(0) > 0;
+  const bool has_in = y_in.extent(0) > 0;  // a Mamba's scan output has no residual in it
   Kokkos::parallel_for(
       "ash::layer_scan_forward", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
         for (index_t t = ch.start(c); t < ch.end(c); ++t) {
           const index_t m = b * T + t;
-          y_out(m, q) = y_in(m, q) + D(q) * L.yhat(m, q);
+          y_out(m, q) = (has_in ? y_in(m, q) : S(0)) + D(q) * L.yhat(m, q);
         }
         for (index_t n0 = 0; n0 < N; n0 += NT) {
           S h[NT], av[NT];
@@ -200,6 +200,11 @@ void vjp_state(const LayerActivations<S>& act, const View2<S>& gy, const Map map
       });
 }
 
+template <class S>
+void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
+                const View2<S>& gy, const BlockRows& rb, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
+                const View2<S>& gy_in, bool detach_input, const ExecSpace& exec);
+
 }  // namespace
 
 template <class S>
@@ -230,7 +235,14 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
 template <class S>
 void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
                     const View2<S>& y_out, const View2<S>& state_io, const ExecSpace& exec) {
-  const index_t T = s.T, Bt = s.batch, P = y_in.extent(1), N = p.W_B.extent(0);
+  selective_scan_forward(p.D, s, y_in, act, y_out, state_io, exec);
+}
+
+template <class S>
+void selective_scan_forward(const Unmanaged1<S>& D, const SeqShape& s, const View2<S>& y_in,
+                            const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io,
+                            const ExecSpace& exec) {
+  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.beta.extent(1);
   // The scan as a chunked parallel scan: h at every chunk end (chunk-local
   // scans, then a carry pass; skipped with one chunk), then every (sequence,
   // chunk, channel) replays its chunk from the boundary state.
@@ -246,7 +258,7 @@ void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& 
     impl::boundary_states(L, ch, Bt, Hb, pa, carry ? state_io : View2<S>(), exec);
   }
   const View2<S> io = carry ? state_io : View2<S>();
-  ASH_WITH_STATE_TILE(N, scan_replay<NT>(L, ch, Bt, Hb, io, p.D, y_in, y_out, act.hprev, act.A, exec));
+  ASH_WITH_STATE_TILE(N, scan_replay<NT>(L, ch, Bt, Hb, io, D, y_in, y_out, act.hprev, act.A, exec));
   if (carry && nc > 1)
     Kokkos::parallel_for(
         "ash::layer_state_out", Range(exec, 0, Bt * P * N), KOKKOS_LAMBDA(const index_t i) {
@@ -282,17 +294,27 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                              const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av,
                              const LayerCotangents<S>& cot, const LayerParams<S>& grad, const View2<S>& gy_in,
                              bool detach_input, const ExecSpace& exec) {
+  // The scan core's VJPs (checks the buffers), then the layer's dense ones.
+  selective_scan_backward_rows(p.D, s, act, gy, rb, mu, hprev, Av, cot, ScanParamGrads<S>{grad.A_log, grad.D, grad.b_delta},
+                               exec);
+  dense_vjps(p, s, y_in, act, gy, rb, cot, grad, gy_in, detach_input, exec);
+}
+
+template <class S>
+void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, const LayerActivations<S>& act,
+                                  const View2<S>& gy, const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                  const View3<S>& Av, const LayerCotangents<S>& cot, const ScanParamGrads<S>& grad,
+                                  const ExecSpace& exec) {
   const index_t N = act.beta.extent(1), R = s.batch * rb.W;
   const index_t nblk = impl::row_blocks(R);
-  require(rb.T == s.T, "ssm_layer_backward_rows: the row block is of another window length");
+  require(rb.T == s.T, "selective_scan_backward_rows: the row block is of another window length");
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
               index_t(cot.gyhat.extent(0)) >= R,
-          "ssm_layer_backward_rows: buffers smaller than the row block");
+          "selective_scan_backward_rows: buffers smaller than the row block");
   const BlockRows map = rb;
-  ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, p.D, map, R, mu, hprev, Av, cot, exec));
+  ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, D, map, R, mu, hprev, Av, cot, exec));
   ASH_WITH_LANE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
-  ssm_layer_backward_dense(p, s, y_in, act, gy, rb, cot, ParamPartials<S>{cot.alog_part, cot.d_part, cot.bd_part, nblk},
-                           grad, gy_in, detach_input, exec);
+  selective_scan_param_sums(act, ParamPartials<S>{cot.alog_part, cot.d_part, cot.bd_part, nblk}, grad, exec);
 }
 
 template <class S>
@@ -301,14 +323,18 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
                               const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
                               const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                               const ExecSpace& exec) {
-  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
-  const index_t W = rb.W, t0 = rb.t0, R = s.batch * W, nblk = parts.n;
-  require(rb.T == T, "ssm_layer_backward_dense: the row block is of another window length");
-  const BlockRows map = rb;
+  selective_scan_param_sums(act, parts, ScanParamGrads<S>{grad.A_log, grad.D, grad.b_delta}, exec);
+  dense_vjps(p, s, y_in, act, gy, rb, cot, grad, gy_in, detach_input, exec);
+}
+
+template <class S>
+void selective_scan_param_sums(const LayerActivations<S>& act, const ParamPartials<S>& parts,
+                               const ScanParamGrads<S>& grad, const ExecSpace& exec) {
+  const index_t P = act.a.extent(0), N = act.a.extent(1), nblk = parts.n;
   // Sums over row blocks, in a fixed order.
   auto gAlog = grad.A_log;
   auto gD = grad.D;
-  auto gbd = grad.b_delta;
+  auto gbd = grad.bias;
   auto a = act.a;
   auto alog_part = parts.alog;
   auto d_part = parts.d;
@@ -328,6 +354,19 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
           });
         }
       });
+}
+
+namespace {
+
+// The SSM-ResNet's dense VJPs over a row block (ssm_layer_backward_dense after the scan's parameter sums).
+template <class S>
+void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
+                const View2<S>& gy, const BlockRows& rb, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
+                const View2<S>& gy_in, bool detach_input, const ExecSpace& exec) {
+  const index_t T = s.T, P = act.yhat.extent(1);
+  const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
+  require(rb.T == T, "ssm_layer_backward_dense: the row block is of another window length");
+  const BlockRows map = rb;
 
   // Dense VJPs over the block's rows, one GEMM each: weight gradients over
   // tokens, their input VJPs into ∂L/∂ŷ, then the RMSNorm VJP gives the
@@ -369,6 +408,8 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
     impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, gyh_b, grad.norm, gy_in, true, cot.norm_part, exec, map);
 }
 
+}  // namespace
+
 #define ASH_INSTANTIATE(S)                                                                                         \
   template struct LayerActivations<S>;                                                                             \
   template struct LayerCotangents<S>;                                                                              \
@@ -388,7 +429,16 @@ void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const 
   template void ssm_layer_backward_dense<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,               \
                                             const LayerActivations<S>&, const View2<S>&, const BlockRows&,          \
                                             const LayerCotangents<S>&, const ParamPartials<S>&,                    \
-                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);
+                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
+  template void selective_scan_forward<S>(const Unmanaged1<S>&, const SeqShape&, const View2<S>&,                 \
+                                         const LayerActivations<S>&, const View2<S>&, const View2<S>&,             \
+                                         const ExecSpace&);                                                        \
+  template void selective_scan_backward_rows<S>(const Unmanaged1<S>&, const SeqShape&, const LayerActivations<S>&,  \
+                                                const View2<S>&, const BlockRows&, const View3<S>&, const View3<S>&, \
+                                                const View3<S>&, const LayerCotangents<S>&, const ScanParamGrads<S>&, \
+                                                const ExecSpace&);                                                 \
+  template void selective_scan_param_sums<S>(const LayerActivations<S>&, const ParamPartials<S>&,                   \
+                                             const ScanParamGrads<S>&, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

@@ -25,6 +25,11 @@
 
 namespace ash {
 
+namespace impl {
+KOKKOS_INLINE_FUNCTION double softplus(double z) { return z > 20.0 ? z : kmath::log1p(kmath::exp(z)); }
+KOKKOS_INLINE_FUNCTION float softplus(float z) { return z > 20.0f ? z : kmath::log1p(kmath::exp(z)); }
+}  // namespace impl
+
 struct SeqShape {
   index_t batch = 1;  // Bt
   index_t T = 1;      // tokens per window
@@ -49,7 +54,9 @@ struct LayerActivations {
   View3<S> A;      // A^t [M, P, N]      (optional)
 
   enum Store { projections_only = 0, with_hprev = 1, with_hprev_and_A = 2 };
-  LayerActivations(const SeqShape& s, const ModelDims& d, Store store);
+  LayerActivations(const SeqShape& s, const ModelDims& d, Store store) : LayerActivations(s, d.width, d.state, store) {}
+  // Over P scan channels (a Mamba's scan: P = E = expand·D).
+  LayerActivations(const SeqShape& s, index_t P, index_t N, Store store);
   LayerActivations() = default;
 };
 
@@ -90,6 +97,16 @@ template <class S>
 void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
                     const View2<S>& y_out, const View2<S>& state_io = View2<S>(), const ExecSpace& exec = ExecSpace());
 
+// The selective-scan core both architectures share (docs/design.md §1): over
+// the P channels of act (ŷ is the scan input: an SSM-ResNet's normed input, a
+// Mamba's u), y_out = y_in + D ⊙ ŷ + Σ_n γ_n h_·n with h^t = A^t ⊙ h^{t-1} +
+// Δ^t ŷ^t β^t (y_in empty: no residual term); h^{t-1} and A^t stored where act
+// has them; state_io as ssm_layer_forward's. ssm_layer_scan is this with p.D.
+template <class S>
+void selective_scan_forward(const Unmanaged1<S>& D, const SeqShape& s, const View2<S>& y_in,
+                            const LayerActivations<S>& act, const View2<S>& y_out,
+                            const View2<S>& state_io = View2<S>(), const ExecSpace& exec = ExecSpace());
+
 // The layer's state over each whole sequence as an affine map of the state
 // before it, h_end = prod ⊙ h_before + h_local (prod = Π_t A^t, h_local the
 // end state from zero; [Bt·P, N] each), from the projections in act. Context
@@ -114,7 +131,9 @@ struct LayerCotangents {
   View2<S> norm_part;  // RMSNorm's weight-gradient sums per row block [R/reduce_rows, P] (always)
   // row_partials = false leaves the three partial-sum views empty (E3's fused
   // kernels keep their own per chunk).
-  LayerCotangents(index_t rows, const ModelDims& d, bool row_partials = true);
+  LayerCotangents(index_t rows, const ModelDims& d, bool row_partials = true)
+      : LayerCotangents(rows, d.width, d.state, row_partials) {}
+  LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials = true);
 };
 
 // First-level partial sums of the A_log, D and bδ gradients over n blocks of
@@ -125,6 +144,31 @@ struct ParamPartials {
   View2<S> d, bd;
   index_t n = 0;
 };
+
+// Where the scan core's parameter gradients go: A_log, D and the bias inside
+// Δ = softplus(· + bias) (an SSM-ResNet's bδ, a Mamba's dt_bias).
+template <class S>
+struct ScanParamGrads {
+  Unmanaged2<S> A_log;
+  Unmanaged1<S> D, bias;
+};
+
+// The scan core's reverse mode on one row block (`rows`, as below), given μ,
+// h^{t-1} and A^t of its rows (ssm_layer_backward_rows' first half, shared by both
+// architectures): cot.gz = ∂L/∂(the pre-softplus Δ), cot.gyhat = ∂L/∂ŷ
+// through the scan alone (D ŷ and the input term u = Δ ŷ β), cot.gbeta,
+// cot.ggamma (=, per row), and the A_log, D and bias gradients added to grad.
+// gy is the cotangent of the scan output. mu is overwritten.
+template <class S>
+void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, const LayerActivations<S>& act,
+                                  const View2<S>& gy, const BlockRows& rows, const View3<S>& mu,
+                                  const View3<S>& hprev, const View3<S>& A, const LayerCotangents<S>& cot,
+                                  const ScanParamGrads<S>& grad, const ExecSpace& exec = ExecSpace());
+
+// The A_log, D and bias gradients from first-level partial sums (fixed order).
+template <class S>
+void selective_scan_param_sums(const LayerActivations<S>& act, const ParamPartials<S>& parts,
+                               const ScanParamGrads<S>& grad, const ExecSpace& exec = ExecSpace());
 
 // Reverse mode of layer k on one row block (`rows`: tokens [t0, t0+W) of every
 // sequence, buffer row r = b·W + (t - t0); rows.T is s.T), given the h-adjoint μ, h^{t-1}

@@ -218,6 +218,39 @@ struct Planner {
            storage_name(o.storage) + " storage, layer checkpoint " + std::to_string(o.layer_checkpoint);
   }
 
+  // A Mamba block's activations (MambaActivations): r, ŷ [D]; x, z, c, s, o, Δ, u [E];
+  // δ [R]; β, γ [N]; a [E, N]; with h^{t-1} and A [E, N] per row when E1 keeps them.
+  double mamba_acts(double rows, bool h_and_A) const {
+    const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
+    return (rows * (1 + P + 7 * E + R + 2 * N) + E * N + (h_and_A ? 2 * rows * E * N : 0.0)) * S;
+  }
+  // A Mamba (model.arch = "mamba"): E1 over the whole window (mamba_backprop);
+  // under an E3 setting (ash eval's sizing) the forward alone, one block at a time.
+  std::string mamba(Items& persistent, Phases& phases) const {
+    const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
+    const std::string layer_inputs = " layer inputs";
+    if (o.method != Method::backprop) {
+      persistent.push_back({"block activations (one block)", mamba_acts(M, false)});
+      phases.push_back({"head", {{"y and next y", 2 * M * P * S}, {"head chunk", head(M, hc, false)}}});
+      return "forward only (model.arch=mamba: E1 is its only gradient yet)";
+    }
+    persistent.push_back({std::to_string(K) + " blocks' activations (h, A, projections)", double(K) * mamba_acts(M, true)});
+    persistent.push_back({"g (dL/dy)", M * P * S});
+    phases.push_back(
+        {"head",
+         {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
+    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E
+    const double rb = std::ceil(M / double(impl::reduce_rows));
+    const double cot_e = (M * (3 * E + 2 * N) + rb * (E * N + 3 * E)) * S;
+    const std::int64_t C = std::min(o.chunk, Ti), nc = (Ti + C - 1) / C;
+    phases.push_back({"backward of the top block",
+                      {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
+                       {"mu + cotangents (whole window)", M * E * N * S + (M * (3 * E + R + P) + rb * P) * S + cot_e},
+                       {"E1 chunk carries", (nc > 1 ? 3 : 1) * B * double(nc) * E * N * S}}});
+    phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
+    return "backprop (model.arch=mamba)";
+  }
+
   // Whole windows: E3 keeps the layer inputs; E1 and E2 every layer's activations with h^{t-1} and A.
   std::string whole_window(Items& persistent, Phases& phases) const {
     const std::string layer_inputs = " layer inputs";
@@ -301,9 +334,10 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
   const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
   const bool seq_blocks = blockwise && Sq > 1;
-  plan.engine = seq_blocks  ? pl.sequence_blockwise(scalar_bytes, persistent, phases)
-                : blockwise ? pl.blockwise(scalar_bytes, persistent, phases)
-                            : pl.whole_window(persistent, phases);
+  plan.engine = cfg.model.mamba() ? pl.mamba(persistent, phases)
+                : seq_blocks        ? pl.sequence_blockwise(scalar_bytes, persistent, phases)
+                : blockwise         ? pl.blockwise(scalar_bytes, persistent, phases)
+                                    : pl.whole_window(persistent, phases);
   Peak peak;
   for (const auto& ph : phases) peak.consider(ph.first, persistent, ph.second);
   if (w == Workload::train) {
@@ -314,7 +348,8 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
     const double Mv = std::min(nv, B) * T;  // rows of one scored batch
     Items keep;
     if (cfg.grad.carry_state) keep.push_back({"carried state", pl.carried_state()});
-    Items val{{"validation activations (y, next y, projections)", 2 * Mv * P * S + pl.proj(Mv)},
+    Items val{{"validation activations (y, next y, projections)",
+               2 * Mv * P * S + (cfg.model.mamba() ? pl.mamba_acts(Mv, false) : pl.proj(Mv))},
               {"validation head chunk", pl.head(Mv, 1024, false)}};
     if (nv > B) val.push_back({"validation batch token ids", Mv * 4});
     peak.consider("validation forward", keep, val);

@@ -15,7 +15,9 @@ double learning_rate(const AdamWOptions& o, std::int64_t step) {
 
 bool decays(const std::string& name) {
   const std::string leaf = name.substr(name.rfind('/') + 1);
-  return leaf == "embedding" || leaf == "head" || leaf == "W_delta" || leaf == "W_B" || leaf == "W_C";
+  // A Mamba's matrices as mamba-ssm decays them (not A_log, D, biases, norms).
+  return leaf == "embedding" || leaf == "head" || leaf == "W_delta" || leaf == "W_B" || leaf == "W_C" ||
+         leaf == "in_proj" || leaf == "conv_weight" || leaf == "x_proj" || leaf == "dt_proj" || leaf == "out_proj";
 }
 
 template <class S>

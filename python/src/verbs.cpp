@@ -1,0 +1,250 @@
+// adjoint_sharding._core's verbs: the library forms of src/ash/app/ (what `ash
+// grad`, `eval`, `init`, `train`, `generate`, `plan` call) with Python's
+// arguments converted in and the results converted out. The GIL is released while
+// the library runs: it calls no Python (train's progress callback takes it back).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "convert.hpp"
+
+namespace ash_py {
+
+using namespace nb::literals;
+
+namespace {
+
+// Keyword options of grad(): the same keys `ash grad` sets.
+struct GradOptions {
+  std::int64_t seq_len = 0, batch = 1;
+  std::string engine = "adjoint-exact";
+  std::int64_t truncate = 0;
+  bool detach_inputs = false;
+  std::string storage;                           // "" : the checkpoint's run.storage
+  std::optional<std::int64_t> layer_checkpoint;  // none: the checkpoint's (any value is checked as --set)
+  std::optional<std::int64_t> token_block;
+  std::vector<std::string> sets;  // extra key=value assignments (--set)
+};
+
+template <class S>
+std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector<std::uint32_t>& tokens,
+                                      const ash::Config& cfg) {
+  ash::TokenSource source;
+  source.ids = &tokens;
+  const auto r = [&] {
+    nb::gil_scoped_release nogil;
+    return ash::grad_file<S>(ckpt, cfg, source);  // as `ash grad`, without its --out
+  }();
+  return {r.loss, paramset_to_dict(r.grad)};
+}
+
+std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens, const GradOptions& o,
+                                 const std::string& precision) {
+  const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
+  ash::Config cfg = ash::checkpoint_run_config(info.config, o.sets);
+  cfg.merge(nlohmann::json{{"grad", {{"engine", o.engine}}}}, "--engine");
+  cfg.set("data.seq_len=" + std::to_string(o.seq_len));
+  cfg.set("data.batch=" + std::to_string(o.batch));
+  cfg.set("grad.truncate=" + std::to_string(o.truncate));
+  if (o.detach_inputs) cfg.set("grad.detach_inputs=true");
+  if (!o.storage.empty()) cfg.set("run.storage=" + o.storage);
+  if (o.layer_checkpoint) cfg.set("grad.layer_checkpoint=" + std::to_string(*o.layer_checkpoint));
+  if (o.token_block) cfg.set("grad.token_block=" + std::to_string(*o.token_block));
+  const std::string prec = precision_or(precision, info.precision);
+  return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg) : grad_impl<double>(ckpt, ids_of(tokens), cfg);
+}
+
+// {config (JSON text), precision, step, data_cursor, params}
+nb::dict load(const std::string& path) {
+  ash::CheckpointInfo info = ash::inspect_checkpoint(path);
+  nb::dict out;
+  out["config"] = info.config.json().dump();
+  out["precision"] = info.precision;
+  out["step"] = info.step;
+  out["data_cursor"] = info.data_cursor;
+  if (info.precision == "float")
+    out["params"] = paramset_to_dict(ash::load_checkpoint<float>(path));
+  else
+    out["params"] = paramset_to_dict(ash::load_checkpoint<double>(path));
+  return out;
+}
+
+template <class S>
+void save_impl(const std::string& path, const ash::Config& cfg, const nb::dict& params, std::int64_t step) {
+  ash::ParamSet<S> ps(cfg.model());
+  dict_to_paramset(params, ps);
+  ash::save_checkpoint(path, cfg, ps, step);
+}
+
+// A configuration dict's JSON over the defaults, parsed and validated as `ash --config`.
+ash::Config config_from(const std::string& config_json) { return ash::train_config(nullptr, "", config_json, {}); }
+
+void save(const std::string& path, const std::string& config_json, const nb::dict& params,
+          const std::string& precision, std::int64_t step) {
+  const ash::Config cfg = config_from(config_json);
+  if (precision_or(precision, "") == "float")
+    save_impl<float>(path, cfg, params, step);
+  else
+    save_impl<double>(path, cfg, params, step);
+}
+
+nb::dict init_params(const std::string& config_json, const std::string& precision) {
+  const ash::Config cfg = config_from(config_json);
+  if (precision_or(precision, "") == "float") return paramset_to_dict(ash::init_params<float>(cfg));  // as `ash init`
+  return paramset_to_dict(ash::init_params<double>(cfg));
+}
+
+// Loss over consecutive windows of a token array (`ash eval`): (nats/token, bits/token, targets).
+template <class S>
+std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, const std::vector<std::uint32_t>& ids,
+                                                       const ash::Config& cfg) {
+  ash::TokenSource source;
+  source.ids = &ids;
+  const auto r = [&] {
+    nb::gil_scoped_release nogil;
+    return ash::eval_file<S>(ckpt, cfg, source);
+  }();
+  return {r.totals.nats / double(r.totals.targets), r.totals.bits_per_token(), std::int64_t(r.totals.targets)};
+}
+
+std::tuple<double, double, std::int64_t> evaluate(const std::string& ckpt, const Ids& tokens, std::int64_t seq_len,
+                                                  std::int64_t batch, const std::string& precision) {
+  const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
+  ash::Config cfg = ash::checkpoint_run_config(
+      info.config, {"data.seq_len=" + std::to_string(seq_len), "data.batch=" + std::to_string(batch)});
+  cfg.validate();
+  const std::string prec = precision_or(precision, info.precision);
+  const auto ids = ids_of(tokens);
+  return prec == "float" ? evaluate_impl<float>(ckpt, ids, cfg) : evaluate_impl<double>(ckpt, ids, cfg);
+}
+
+// A FILE* whose lines go to a Python callable (train's progress).
+struct LineSink {
+  nb::object callback;
+  std::string pending;
+  bool failed = false;
+  std::optional<nb::python_error> error;  // the callback's exception, re-raised after train
+};
+
+ssize_t sink_write(void* cookie, const char* buf, size_t size) {
+  auto* s = static_cast<LineSink*>(cookie);
+  s->pending.append(buf, size);
+  std::size_t nl;
+  while ((nl = s->pending.find('\n')) != std::string::npos) {
+    const std::string line = s->pending.substr(0, nl);
+    s->pending.erase(0, nl + 1);
+    if (s->failed || !s->callback.is_valid() || s->callback.is_none()) continue;
+    nb::gil_scoped_acquire gil;
+    try {
+      s->callback(line);
+    } catch (nb::python_error& e) {
+      s->failed = true;
+      s->error.emplace(e);
+    }
+  }
+  return ssize_t(size);
+}
+
+nb::dict train(const std::string& config_json, nb::object progress, const std::string& resume, std::int64_t until) {
+  ash::TrainRequest req;
+  req.config_json = config_json;
+  req.resume = resume;
+  req.until = until;
+  LineSink sink{progress};
+  cookie_io_functions_t fns{nullptr, sink_write, nullptr, nullptr};
+  std::FILE* log = fopencookie(&sink, "w", fns);
+  ash::require(log != nullptr, "train: cannot open the progress stream");
+  std::setvbuf(log, nullptr, _IOLBF, 0);
+  ash::TrainSummary s;
+  try {
+    nb::gil_scoped_release nogil;
+    s = ash::train_run(req, log, [](const std::string& path) { return ash::inspect_checkpoint(path); });
+  } catch (...) {
+    std::fclose(log);
+    throw;
+  }
+  std::fclose(log);
+  if (sink.error) throw nb::python_error(*sink.error);
+  nb::dict out;
+  out["first_step"] = s.first_step;
+  out["last_step"] = s.last_step;
+  out["last_loss"] = s.last_loss;
+  out["val_loss"] = s.val_loss;
+  out["val_bits"] = s.val_bits;
+  out["uniform_bits"] = s.uniform_bits;
+  out["unigram_bits"] = s.unigram_bits;
+  out["checkpoint"] = s.checkpoint;
+  out["peak_bytes"] = s.peak_bytes;
+  out["signal"] = s.signal;
+  return out;
+}
+
+std::vector<std::uint32_t> generate(const std::string& ckpt, const Ids& prompt_ids, std::int64_t n, double temperature,
+                                    std::uint64_t seed) {
+  const auto prompt = ids_of(prompt_ids);
+  ash::require(!prompt.empty(), "--prompt must not be empty");
+  ash::require(n >= 0 && n <= ash::max_generate_tokens,
+               "n must be in [0, 2^30] (ash generate --tokens), got " + std::to_string(n));
+  ash::GenerateOptions opts;
+  opts.tokens = n;
+  opts.temperature = temperature;
+  opts.seed = seed;
+  opts.documents = false;  // n tokens after the prompt, whatever the model's data.separator
+  nb::gil_scoped_release nogil;
+  return ash::generate_tokens(ckpt, prompt, opts, [](const std::string& path) {
+           return ash::inspect_checkpoint(path, ash::Verify::header);
+         }).ids;
+}
+
+nb::dict plan(const std::string& config_json, const std::string& workload, const std::string& precision) {
+  const auto r = ash::plan_run(config_from(config_json), workload, precision);
+  nb::dict items;
+  for (const auto& it : r.plan.items) items[it.name.c_str()] = it.bytes;
+  nb::dict out;
+  out["engine"] = r.plan.engine;
+  out["phase"] = r.plan.phase;
+  out["items"] = items;
+  out["total"] = r.plan.total();
+  out["capacity"] = r.capacity.bytes;
+  out["capacity_what"] = r.capacity.what;
+  out["table"] = r.plan.table("  ");
+  return out;
+}
+
+}  // namespace
+
+void bind_verbs(nb::module_& m) {
+  nb::class_<GradOptions>(m, "GradOptions")
+      .def(nb::init<>())
+      .def_rw("seq_len", &GradOptions::seq_len)
+      .def_rw("batch", &GradOptions::batch)
+      .def_rw("engine", &GradOptions::engine)
+      .def_rw("truncate", &GradOptions::truncate)
+      .def_rw("detach_inputs", &GradOptions::detach_inputs)
+      .def_rw("storage", &GradOptions::storage)
+      .def_rw("layer_checkpoint", &GradOptions::layer_checkpoint)
+      .def_rw("token_block", &GradOptions::token_block)
+      .def_rw("sets", &GradOptions::sets);
+  m.def("grad", &grad, "checkpoint"_a, "tokens"_a, "options"_a, "precision"_a);
+  m.def("load", &load, "path"_a);
+  m.def("save", &save, "path"_a, "config_json"_a, "params"_a, "precision"_a, "step"_a);
+  m.def("init_params", &init_params, "config_json"_a, "precision"_a);
+  m.def("evaluate", &evaluate, "checkpoint"_a, "tokens"_a, "seq_len"_a, "batch"_a, "precision"_a);
+  m.def("train", &train, "config_json"_a, "progress"_a.none(), "resume"_a, "until"_a);
+  m.def("generate", &generate, "checkpoint"_a, "prompt"_a, "n"_a, "temperature"_a, "seed"_a);
+  m.def("plan", &plan, "config_json"_a, "workload"_a, "precision"_a);
+  m.def("default_config", []() { return ash::Config::defaults().dump(); });
+}
+
+}  // namespace ash_py

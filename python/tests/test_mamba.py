@@ -1,0 +1,232 @@
+"""model.arch = "mamba" against transformers' own MambaForCausalLM (docs/design.md §1,
+§10): the loss and every parameter's gradient of E1 (grad.engine=backprop) to 1e-10
+relative, documents against per-document runs, the checkpoint layout and the
+initialisation, and the refusal of what a Mamba does not run yet.
+
+The oracle is transformers' pure-PyTorch slow path in float64 on the CPU. That path
+casts to float32 in places (A_log.float(), D.float(), dt_proj.bias.float(), B.float(),
+the scan input .float(), MambaRMSNorm's .to(torch.float32), residual_in_fp32, the
+logits' .float()); inside these tests, and only there, `torch.Tensor.float` is the
+identity, MambaRMSNorm.forward keeps the input's dtype and residual_in_fp32 is off,
+so every number stays in float64. Nothing else of the model is changed.
+"""
+import numpy as np
+import pytest
+
+import adjoint_sharding as ash
+from conftest import run_cli
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from transformers.models.mamba import modeling_mamba  # noqa: E402
+
+RTOL = 1e-10
+
+
+@pytest.fixture
+def float64_slow_path(monkeypatch):
+    """transformers' slow path with its float32 casts removed (see the module docstring)."""
+    def rms_norm_f64(self, hidden_states):
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+    monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: self)
+    monkeypatch.setattr(modeling_mamba.MambaRMSNorm, "forward", rms_norm_f64)
+    torch.manual_seed(0)
+
+
+def hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed):
+    cfg = transformers.MambaConfig(vocab_size=V, hidden_size=D, state_size=N, num_hidden_layers=K, expand=expand,
+                                   conv_kernel=Kc, time_step_rank=R, tie_word_embeddings=tied,
+                                   layer_norm_epsilon=eps, residual_in_fp32=False, use_cache=False,
+                                   use_mambapy=False)
+    torch.manual_seed(seed)
+    model = transformers.MambaForCausalLM(cfg).to(torch.float64).eval()
+    # Every parameter moved off its special value (D = 1, norms = 1, zero conv bias).
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_((0.3 if "embeddings" not in name else 0.5) * (2 * torch.rand(p.shape, generator=g,
+                                                                               dtype=p.dtype) - 1))
+    return model
+
+
+def to_ash(model, K, tied):
+    """The checkpoint tensors (docs/file_format.md) from transformers' state dict."""
+    sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    out = {"embedding": sd["backbone.embeddings.weight"], "final_norm": sd["backbone.norm_f.weight"]}
+    if not tied:
+        out["head"] = sd["lm_head.weight"]
+    for k in range(K):
+        h, o = f"backbone.layers.{k}.", f"layers/{k:03d}/"
+        out[o + "norm"] = sd[h + "norm.weight"]
+        out[o + "in_proj"] = sd[h + "mixer.in_proj.weight"]
+        out[o + "conv_weight"] = sd[h + "mixer.conv1d.weight"][:, 0, :]
+        out[o + "conv_bias"] = sd[h + "mixer.conv1d.bias"]
+        out[o + "x_proj"] = sd[h + "mixer.x_proj.weight"]
+        out[o + "dt_proj"] = sd[h + "mixer.dt_proj.weight"]
+        out[o + "dt_bias"] = sd[h + "mixer.dt_proj.bias"]
+        out[o + "A_log"] = sd[h + "mixer.A_log"]
+        out[o + "D"] = sd[h + "mixer.D"]
+        out[o + "out_proj"] = sd[h + "mixer.out_proj.weight"]
+    return out
+
+
+def hf_loss_grads(model, rows, K, tied):
+    """Loss (mean over every row's targets) and its gradient by torch autograd, keyed like ash's."""
+    model.zero_grad()
+    ids = torch.tensor(np.asarray(rows), dtype=torch.long)
+    logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.float64
+    V = logits.shape[-1]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    # the tied head is the embedding's parameter: its gradient holds both uses
+    return loss.item(), to_ash_grads(grads, K, tied)
+
+
+def to_ash_grads(g, K, tied):
+    out = {"embedding": g["backbone.embeddings.weight"], "final_norm": g["backbone.norm_f.weight"]}
+    if not tied:
+        out["head"] = g["lm_head.weight"]
+    for k in range(K):
+        h, o = f"backbone.layers.{k}.", f"layers/{k:03d}/"
+        for ours, theirs in [("norm", "norm.weight"), ("in_proj", "mixer.in_proj.weight"),
+                             ("conv_bias", "mixer.conv1d.bias"), ("x_proj", "mixer.x_proj.weight"),
+                             ("dt_proj", "mixer.dt_proj.weight"), ("dt_bias", "mixer.dt_proj.bias"),
+                             ("A_log", "mixer.A_log"), ("D", "mixer.D"), ("out_proj", "mixer.out_proj.weight")]:
+            out[o + ours] = g[h + theirs]
+        out[o + "conv_weight"] = g[h + "mixer.conv1d.weight"][:, 0, :]
+    return {k: v.detach().numpy() for k, v in out.items()}
+
+
+def ash_config(V, D, N, K, expand, Kc, R, tied, eps):
+    return {"model": {"arch": "mamba", "vocab": V, "width": D, "state": N, "layers": K, "expand": expand,
+                      "conv_kernel": Kc, "dt_rank": R, "tie_embeddings": tied, "norm_eps": eps},
+            "grad": {"engine": "backprop", "chunk": 3}}
+
+
+def assert_close(loss, grads, ref_loss, ref_grads):
+    assert abs(loss - ref_loss) <= RTOL * abs(ref_loss), (loss, ref_loss)
+    assert sorted(grads) == sorted(ref_grads)
+    for n, ref in ref_grads.items():
+        got = grads[n]
+        assert got.dtype == np.float64 and got.shape == ref.shape, n
+        err = np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-300)
+        assert err <= RTOL, (n, err)
+
+
+# (K, T, batch, conv kernel, dt_rank, tied): every K in 1..3, odd T, both batches,
+# conv kernels 2..4, dt ranks 1..3, tied and untied.
+CASES = [(1, 9, 1, 4, 1, True), (2, 7, 2, 2, 2, False), (3, 11, 2, 3, 3, True), (2, 13, 1, 4, 3, False),
+         (3, 5, 1, 2, 1, False)]
+
+
+@pytest.mark.parametrize("K,T,B,Kc,R,tied", CASES)
+def test_e1_matches_transformers(tmp_path, float64_slow_path, K, T, B, Kc, R, tied):
+    V, D, N, expand, eps = 13, 6, 4, 2, 1e-5
+    model = hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed=K * 100 + T)
+    path = tmp_path / "m.h5"
+    ash.save(path, to_ash(model, K, tied), ash_config(V, D, N, K, expand, Kc, R, tied, eps), "double")
+    rng = np.random.default_rng(T)
+    ids = rng.integers(0, V, B * T)
+    loss, grads = ash.grad(path, ids, seq_len=T, batch=B, engine="backprop")
+    ref_loss, ref_grads = hf_loss_grads(model, ids.reshape(B, T), K, tied)
+    assert_close(loss, grads, ref_loss, ref_grads)
+
+
+def test_cli_grad_and_eval_match_transformers(tmp_path, ash_cli, float64_slow_path):
+    """`ash grad` (E1) and `ash eval` on a Mamba checkpoint, expand 3, norm_eps 1e-3."""
+    import h5py
+    V, D, N, K, expand, Kc, R, tied, eps, T, B = 11, 5, 3, 2, 3, 3, 2, False, 1e-3, 9, 2
+    model = hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed=7)
+    path = tmp_path / "m.h5"
+    ash.save(path, to_ash(model, K, tied), ash_config(V, D, N, K, expand, Kc, R, tied, eps), "double")
+    ids = np.random.default_rng(1).integers(0, V, B * T).astype("<u4")
+    tokens = tmp_path / "t.u32"
+    ids.tofile(tokens)
+    out = tmp_path / "g.h5"
+    run_cli(ash_cli, "grad", "--checkpoint", path, "--tokens", tokens, "--set", f"data.seq_len={T}",
+            "--set", f"data.batch={B}", "--engine", "backprop", "--out", out)
+    ref_loss, ref_grads = hf_loss_grads(model, ids.reshape(B, T), K, tied)
+    with h5py.File(out) as f:
+        grads = {}
+        f["/grad"].visititems(lambda n, o: grads.__setitem__(n, o[...]) if isinstance(o, h5py.Dataset) else None)
+        assert_close(float(f["/loss"][()]), grads, ref_loss, ref_grads)
+    # the forward alone: Python's evaluate to 1e-10, `ash eval`'s printed 6 decimals
+    ev = ash.evaluate(path, ids, seq_len=T, batch=B)
+    assert abs(ev["loss"] - ref_loss) <= RTOL * ref_loss, (ev, ref_loss)
+    out = run_cli(ash_cli, "eval", "--checkpoint", path, "--tokens", tokens, "--set", f"data.seq_len={T}",
+                  "--set", f"data.batch={B}")
+    printed = float(out.split("loss ")[1].split(" nats")[0])
+    assert abs(printed - ref_loss) <= 1e-6, (out, ref_loss)
+
+
+def test_documents_match_per_document_runs(tmp_path, float64_slow_path):
+    """A window of three documents (each ends with token 3): the loss and gradient are the
+    target-weighted mean of each document's own, run alone through transformers (the scan
+    and the conv see nothing before a start)."""
+    V, D, N, K, expand, Kc, R, tied, eps = 9, 4, 3, 2, 2, 4, 2, True, 1e-5
+    model = hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed=3)
+    path = tmp_path / "m.h5"
+    ash.save(path, to_ash(model, K, tied), ash_config(V, D, N, K, expand, Kc, R, tied, eps), "double")
+    rng = np.random.default_rng(5)
+    body = [x for x in rng.integers(0, V, 40) if x != 3]
+    docs = [body[0:5] + [3], body[5:7] + [3], body[7:16]]  # lengths 6, 3, 9: one shorter than Kc
+    ids = np.array(sum(docs, []))
+    loss, grads = ash.grad(path, ids, seq_len=len(ids), batch=1, engine="backprop",
+                           set=["data.separator=\\u0003"])
+    ref_loss, ref_grads, total = 0.0, {}, 0
+    for d in docs:
+        n = len(d) - 1
+        l_i, g_i = hf_loss_grads(model, [d], K, tied)
+        ref_loss += n * l_i
+        for k, v in g_i.items():
+            ref_grads[k] = ref_grads.get(k, 0) + n * v
+        total += n
+    assert_close(loss, grads, ref_loss / total, {k: v / total for k, v in ref_grads.items()})
+
+
+def test_layout_and_initialisation():
+    """ash init's Mamba: transformers' tensor shapes, and its initialisation rules."""
+    V, D, N, K, expand, Kc = 50, 32, 8, 2, 2, 4
+    cfg = ash_config(V, D, N, K, expand, Kc, 0, False, 1e-5)
+    ck = ash.init(cfg, "double")
+    E, R = expand * D, 2  # dt_rank 0: ceil(32 / 16)
+    hf = transformers.MambaConfig(vocab_size=V, hidden_size=D, state_size=N, num_hidden_layers=K, expand=expand,
+                                  conv_kernel=Kc, tie_word_embeddings=False)
+    ref = {k: tuple(v.shape) for k, v in to_ash(transformers.MambaForCausalLM(hf), K, False).items()}
+    assert {k: v.shape for k, v in ck.items()} == ref
+    lay = "layers/001/"
+    assert np.array_equal(ck[lay + "A_log"], np.log(np.tile(np.arange(1, N + 1), (E, 1))))
+    assert np.all(ck[lay + "D"] == 1) and np.all(ck[lay + "norm"] == 1) and np.all(ck["final_norm"] == 1)
+    assert np.all(ck[lay + "conv_bias"] == 0)
+    dt = np.log1p(np.exp(ck[lay + "dt_bias"]))  # softplus(dt_bias) = Δ0 in [1e-3, 0.1]
+    assert dt.min() >= 1e-3 * (1 - 1e-9) and dt.max() <= 0.1 * (1 + 1e-9) and dt.max() / dt.min() > 10
+    assert np.abs(ck[lay + "dt_proj"]).max() <= R ** -0.5 and np.abs(ck[lay + "conv_weight"]).max() <= Kc ** -0.5
+    assert np.abs(ck[lay + "out_proj"]).max() <= E ** -0.5
+    for name in ("embedding", "head", lay + "in_proj", lay + "x_proj"):  # N(0, 0.1²)
+        assert abs(np.std(ck[name]) - 0.1) < 0.01, name
+    tied = ash.init(ash_config(V, D, N, K, expand, Kc, 0, True, 1e-5), "double")
+    assert "head" not in tied and np.array_equal(tied["embedding"], ck["embedding"])
+
+
+@pytest.mark.parametrize("kw,key", [
+    ({"engine": "adjoint-exact"}, "grad.engine=adjoint-exact"),
+    ({"engine": "adjoint"}, "grad.engine=adjoint"),
+    ({"engine": "backprop", "detach_inputs": True}, "grad.detach_inputs"),
+    ({"engine": "backprop", "token_block": 4}, "grad.token_block"),
+    ({"engine": "backprop", "storage": "bf16"}, "run.storage"),
+    ({"engine": "backprop", "layer_checkpoint": 2}, "grad.layer_checkpoint"),
+])
+def test_unsupported_is_refused(tmp_path, kw, key):
+    path = tmp_path / "m.h5"
+    ash.save(path, ash.init(ash_config(11, 4, 2, 2, 2, 4, 0, True, 1e-5), "double"))
+    with pytest.raises(ash.Error, match=key.replace(".", r"\.") + ".*model.arch=mamba"):
+        ash.grad(path, np.arange(20) % 11, seq_len=10, **kw)
+
+
+def test_ssm_resnet_refuses_mamba_keys():
+    with pytest.raises(ash.Error, match="model.arch=mamba only"):
+        ash.init({"model": {"expand": 3}})

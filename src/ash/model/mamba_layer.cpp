@@ -1,0 +1,212 @@
+#include "ash/model/mamba_layer.hpp"
+
+#include "ash/core/error.hpp"
+#include "ash/kernels/blas.hpp"
+#include "ash/kernels/chunked_scan.hpp"
+#include "ash/kernels/rms_norm.hpp"
+
+namespace ash {
+
+namespace {
+
+// SiLU(v) = v σ(v) and its derivative σ(v) (1 + v (1 - σ(v))).
+template <class S>
+KOKKOS_INLINE_FUNCTION S sigmoid(S v) {
+  return S(1) / (S(1) + kmath::exp(-v));
+}
+template <class S>
+KOKKOS_INLINE_FUNCTION S silu(S v) {
+  return v * sigmoid(v);
+}
+template <class S>
+KOKKOS_INLINE_FUNCTION S silu_grad(S v) {
+  const S sg = sigmoid(v);
+  return sg * (S(1) + v * (S(1) - sg));
+}
+
+}  // namespace
+
+template <class S>
+MambaActivations<S>::MambaActivations(const SeqShape& sh, const ModelDims& d,
+                                      typename LayerActivations<S>::Store store)
+    : rstd("ash::mamba::rstd", sh.rows()),
+      yhat("ash::mamba::yhat", sh.rows(), d.width),
+      x("ash::mamba::x", sh.rows(), d.inner()),
+      z("ash::mamba::z", sh.rows(), d.inner()),
+      c("ash::mamba::conv", sh.rows(), d.inner()),
+      dlow("ash::mamba::dlow", sh.rows(), d.rank()),
+      s("ash::mamba::scan_out", sh.rows(), d.inner()),
+      o("ash::mamba::gated", sh.rows(), d.inner()),
+      scan(sh, d.inner(), d.state, store) {}
+
+template <class S>
+MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d)
+    : gs("ash::mamba::cot::gs", rows, d.inner()),
+      gz("ash::mamba::cot::gz", rows, d.inner()),
+      gx("ash::mamba::cot::gx", rows, d.inner()),
+      gdlow("ash::mamba::cot::gdlow", rows, d.rank()),
+      gyhat("ash::mamba::cot::gyhat", rows, d.width),
+      norm_part(Kokkos::view_alloc(std::string("ash::mamba::cot::norm_part"), Kokkos::WithoutInitializing),
+                impl::row_blocks(rows), d.width),
+      scan(rows, d.inner(), d.state, true) {}
+
+template <class S>
+void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec) {
+  const index_t M = y_in.extent(0), E = d.inner(), T = s.T, Kc = d.conv_kernel;
+  require(M == s.rows() && index_t(act.x.extent(0)) == M, "mamba_layer_forward: activations of another size");
+  impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec, d.norm_eps);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_x, S(0), act.x);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_z, S(0), act.z);
+  // The causal depthwise conv, then SiLU: u is the scan's input. Taps walk
+  // back from the token itself and stop after a document's first token (the
+  // conv sees nothing before a start, as mamba-ssm's seq_idx) or the window's.
+  {
+    auto x = act.x;
+    auto c = act.c;
+    auto u = act.scan.yhat;
+    auto w = p.conv_weight;
+    auto bias = p.conv_bias;
+    const DocStarts docs = s.docs;
+    Kokkos::parallel_for(
+        "ash::mamba::conv_forward", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
+          const index_t b = m / T, t = m % T;
+          S acc = bias(e);
+          for (index_t k = 0; k < Kc && k <= t; ++k) {
+            acc += w(e, Kc - 1 - k) * x(m - k, e);
+            if (docs.at(b, t - k)) break;
+          }
+          c(m, e) = acc;
+          u(m, e) = silu(acc);
+        });
+  }
+  const auto& sc = act.scan;
+  impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_dt, S(0), act.dlow);
+  impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_B, S(0), sc.beta);
+  impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_C, S(0), sc.gamma);
+  impl::gemm<S>(exec, "N", "T", S(1), act.dlow, p.dt_proj, S(0), sc.delta);
+  impl::decay_rates(p.A_log, sc.a, exec);
+  {
+    auto delta = sc.delta;
+    auto bd = p.dt_bias;
+    Kokkos::parallel_for(
+        "ash::mamba::delta", Range2(exec, {0, 0}, {M, E}),
+        KOKKOS_LAMBDA(const index_t m, const index_t e) { delta(m, e) = impl::softplus(delta(m, e) + bd(e)); });
+  }
+  selective_scan_forward(p.D, s, View2<S>(), sc, act.s, View2<S>(), exec);
+  {
+    auto so = act.s;
+    auto z = act.z;
+    auto o = act.o;
+    Kokkos::parallel_for(
+        "ash::mamba::gate", Range2(exec, {0, 0}, {M, E}),
+        KOKKOS_LAMBDA(const index_t m, const index_t e) { o(m, e) = so(m, e) * silu(z(m, e)); });
+  }
+  Kokkos::deep_copy(exec, y_out, y_in);
+  impl::gemm<S>(exec, "N", "T", S(1), act.o, p.out_proj, S(1), y_out);
+}
+
+template <class S>
+void mamba_gate_backward(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                         const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad, const ExecSpace& exec) {
+  const index_t M = act.o.extent(0), E = act.o.extent(1);
+  impl::gemm<S>(exec, "T", "N", S(1), g, act.o, S(1), grad.out_proj);
+  impl::gemm<S>(exec, "N", "N", S(1), g, p.out_proj, S(0), cot.gs);  // ∂L/∂o for now
+  auto gs = cot.gs;
+  auto gz = cot.gz;
+  auto so = act.s;
+  auto z = act.z;
+  Kokkos::parallel_for(
+      "ash::mamba::gate_backward", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
+        const S go = gs(m, e), zv = z(m, e);
+        gz(m, e) = go * so(m, e) * silu_grad(zv);
+        gs(m, e) = go * silu(zv);
+      });
+}
+
+template <class S>
+void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                          const MambaActivations<S>& act, const View3<S>& mu, const MambaCotangents<S>& cot,
+                          const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
+  const index_t M = s.rows(), E = d.inner(), T = s.T, Bt = s.batch, Kc = d.conv_kernel;
+  const auto& sc = act.scan;
+  const auto& sg = cot.scan;
+  // The scan core: ∂L/∂(δ W_dt^T + b_dt), ∂L/∂u through the scan, ∂L/∂β, ∂L/∂γ; A_log, D, b_dt.
+  selective_scan_backward_rows(p.D, s, sc, cot.gs, BlockRows{T, T, 0}, mu, sc.hprev, sc.A, sg,
+                               ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+  impl::gemm<S>(exec, "T", "N", S(1), sg.gz, act.dlow, S(1), grad.dt_proj);
+  impl::gemm<S>(exec, "N", "N", S(1), sg.gz, p.dt_proj, S(0), cot.gdlow);
+  impl::gemm<S>(exec, "T", "N", S(1), cot.gdlow, sc.yhat, S(1), grad.x_dt);
+  impl::gemm<S>(exec, "T", "N", S(1), sg.gbeta, sc.yhat, S(1), grad.x_B);
+  impl::gemm<S>(exec, "T", "N", S(1), sg.ggamma, sc.yhat, S(1), grad.x_C);
+  auto gu = sg.gyhat;  // ∂L/∂u: the scan's part, then x_proj's three
+  impl::gemm<S>(exec, "N", "N", S(1), cot.gdlow, p.x_dt, S(1), gu);
+  impl::gemm<S>(exec, "N", "N", S(1), sg.gbeta, p.x_B, S(1), gu);
+  impl::gemm<S>(exec, "N", "N", S(1), sg.ggamma, p.x_C, S(1), gu);
+  auto gc = cot.gs;  // ∂L/∂c (∂L/∂s is spent)
+  auto c = act.c;
+  Kokkos::parallel_for(
+      "ash::mamba::silu_backward", Range2(exec, {0, 0}, {M, E}),
+      KOKKOS_LAMBDA(const index_t m, const index_t e) { gc(m, e) = gu(m, e) * silu_grad(c(m, e)); });
+  // The conv's VJPs: into x (each token feeds the next Kc - 1 outputs of its
+  // document), and into w_conv and b_conv, one thread per (channel, tap) summing
+  // every token in order (deterministic; tap Kc is the bias).
+  const DocStarts docs = s.docs;
+  auto w = p.conv_weight;
+  auto x = act.x;
+  auto gx = cot.gx;
+  Kokkos::parallel_for(
+      "ash::mamba::conv_backward_x", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
+        const index_t b = m / T, t = m % T;
+        S acc = 0;
+        for (index_t k = 0; k < Kc && t + k < T; ++k) {
+          if (k > 0 && docs.at(b, t + k)) break;
+          acc += w(e, Kc - 1 - k) * gc(m + k, e);
+        }
+        gx(m, e) = acc;
+      });
+  auto gw = grad.conv_weight;
+  auto gb = grad.conv_bias;
+  Kokkos::parallel_for(
+      "ash::mamba::conv_backward_w", Range(exec, 0, E * (Kc + 1)), KOKKOS_LAMBDA(const index_t i) {
+        const index_t e = i / (Kc + 1), j = i % (Kc + 1), k = Kc - 1 - j;  // tap j reads k tokens back
+        S acc = 0;
+        for (index_t b = 0; b < Bt; ++b) {
+          index_t first = 0;  // the first token of the document holding t
+          for (index_t t = 0; t < T; ++t) {
+            if (docs.at(b, t)) first = t;
+            const index_t m = b * T + t;
+            if (j == Kc)
+              acc += gc(m, e);
+            else if (t - k >= first)
+              acc += gc(m, e) * x(m - k, e);
+          }
+        }
+        if (j == Kc)
+          gb(e) += acc;
+        else
+          gw(e, j) += acc;
+      });
+  impl::gemm<S>(exec, "T", "N", S(1), cot.gx, act.yhat, S(1), grad.in_x);
+  impl::gemm<S>(exec, "T", "N", S(1), cot.gz, act.yhat, S(1), grad.in_z);
+  impl::gemm<S>(exec, "N", "N", S(1), cot.gx, p.in_x, S(0), cot.gyhat);
+  impl::gemm<S>(exec, "N", "N", S(1), cot.gz, p.in_z, S(1), cot.gyhat);
+  impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, cot.gyhat, grad.norm, g, true, cot.norm_part, exec);
+}
+
+#define ASH_INSTANTIATE(S)                                                                                        \
+  template struct MambaActivations<S>;                                                                            \
+  template struct MambaCotangents<S>;                                                                             \
+  template void mamba_layer_forward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,             \
+                                       const View2<S>&, const MambaActivations<S>&, const View2<S>&,              \
+                                       const ExecSpace&);                                                         \
+  template void mamba_gate_backward<S>(const MambaLayerParams<S>&, const MambaActivations<S>&, const View2<S>&,   \
+                                       const MambaCotangents<S>&, const MambaLayerParams<S>&, const ExecSpace&);  \
+  template void mamba_mixer_backward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,            \
+                                        const View2<S>&, const MambaActivations<S>&, const View3<S>&,             \
+                                        const MambaCotangents<S>&, const MambaLayerParams<S>&, const View2<S>&,   \
+                                        const ExecSpace&);
+ASH_INSTANTIATE(float)
+ASH_INSTANTIATE(double)
+
+}  // namespace ash

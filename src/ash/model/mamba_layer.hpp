@@ -1,0 +1,71 @@
+#pragma once
+// One Mamba block (model.arch = "mamba", docs/design.md §1): transformers'
+// MambaBlock (pre-norm RMSNorm, residual) around MambaMixer's slow path, on
+// the selective-scan core of ssm_layer.hpp over E = expand·D channels.
+//
+// Rows are tokens m = b·T + t, as in ssm_layer.hpp. Per layer, input y [M, D]:
+//   ŷ = RMSNorm(y; w, model.norm_eps)
+//   x = ŷ W_inx^T,  z = ŷ W_inz^T                          [M, E] each (in_proj's rows)
+//   c^t_e = b_conv,e + Σ_j w_conv[e, j] x^{t-(Kc-1)+j}_e    causal, depthwise; a tap
+//           before the sequence or before the document that holds t reads 0
+//   u = SiLU(c)                                             the scan input (act.scan.yhat)
+//   δ = u W_xΔ^T [M, R],  β = u W_xB^T,  γ = u W_xC^T       x_proj's row blocks
+//   Δ = softplus(δ W_dt^T + b_dt)                          [M, E]
+//   s = the scan core: h^t = A^t h^{t-1} + Δ u β, s = Σ_n γ h + D ⊙ u
+//   o = s ⊙ SiLU(z),  y_out = y + o W_out^T
+#include "ash/model/ssm_layer.hpp"
+
+namespace ash {
+
+// What the forward keeps of one Mamba block; the scan's part (Δ, u, β, γ, a,
+// and where asked h^{t-1} and A) is a LayerActivations over E channels.
+template <class S>
+struct MambaActivations {
+  View1<S> rstd;  // r [M]
+  View2<S> yhat;  // ŷ [M, D]
+  View2<S> x;     // in_proj's x [M, E]
+  View2<S> z;     // the gate before SiLU [M, E]
+  View2<S> c;     // the conv's output before SiLU [M, E]
+  View2<S> dlow;  // δ, Δ's low-rank input [M, R]
+  View2<S> s;     // the scan's output [M, E]
+  View2<S> o;     // s ⊙ SiLU(z) [M, E]
+  LayerActivations<S> scan;
+  MambaActivations(const SeqShape& sh, const ModelDims& d, typename LayerActivations<S>::Store store);
+  MambaActivations() = default;
+};
+
+// The block's forward: y_out = y_in + mixer(RMSNorm(y_in)) (y_out must not alias y_in).
+template <class S>
+void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec = ExecSpace());
+
+// Scratch of the block's reverse mode (whole window, M rows).
+template <class S>
+struct MambaCotangents {
+  View2<S> gs;     // ∂L/∂s [M, E]; later ∂L/∂c
+  View2<S> gz;     // ∂L/∂z [M, E]
+  View2<S> gx;     // ∂L/∂x [M, E]
+  View2<S> gdlow;  // ∂L/∂δ [M, R]
+  View2<S> gyhat;  // ∂L/∂ŷ [M, D]
+  View2<S> norm_part;  // RMSNorm's weight-gradient partial sums [row_blocks(M), D]
+  LayerCotangents<S> scan;  // the scan core's, over E channels
+  MambaCotangents(index_t rows, const ModelDims& d);
+};
+
+// Reverse mode, first half: from g = ∂L/∂y_out, W_out's gradient and the
+// cotangents of the gate's inputs: cot.gs = ∂L/∂s, cot.gz = ∂L/∂z. The caller
+// then forms the scan's h-adjoint μ from cot.gs (E1: the reverse scan).
+template <class S>
+void mamba_gate_backward(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                         const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad,
+                         const ExecSpace& exec = ExecSpace());
+
+// Reverse mode, second half, given μ ([M, E, N], overwritten) and the stored
+// h^{t-1} and A^t of act.scan: every other parameter's gradient added to grad,
+// and g += the VJP into y_in (the residual's identity is g itself).
+template <class S>
+void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                          const MambaActivations<S>& act, const View3<S>& mu, const MambaCotangents<S>& cot,
+                          const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec = ExecSpace());
+
+}  // namespace ash

@@ -1,0 +1,254 @@
+// model.arch = "mamba" (docs/design.md §1): E1 against central finite differences of
+// the forward loss (documents included), float against double, the checkpoint
+// round trip, the configuration rules and the refusals. transformers' own model is
+// the oracle of python/tests/test_mamba.py; this checks the same code without Python.
+#include "test_helpers.hpp"
+
+namespace ash::test {
+
+namespace {
+
+ModelDims mamba_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t R = 2) {
+  ModelDims d = tiny_dims(K, 11, 4, 3);
+  d.arch = Arch::mamba;
+  d.expand = 2;
+  d.conv_kernel = Kc;
+  d.dt_rank = R;
+  d.tie_embeddings = tied;
+  d.norm_eps = 1e-4;
+  return d;
+}
+
+Config mamba_config(const ModelDims& d) {
+  Config c = config_for(d);
+  c.set("model.arch=mamba");
+  c.set("model.expand=" + std::to_string(d.expand));
+  c.set("model.conv_kernel=" + std::to_string(d.conv_kernel));
+  c.set("model.dt_rank=" + std::to_string(d.dt_rank));
+  c.set(std::string("model.tie_embeddings=") + (d.tie_embeddings ? "true" : "false"));
+  c.set("model.norm_eps=" + std::to_string(d.norm_eps));
+  return c;
+}
+
+// Tokens with document starts at the given flat offsets.
+TokenView with_starts(const TokenView& x, const std::vector<index_t>& starts) {
+  Kokkos::View<index_t*, MemSpace> s("starts", starts.size());
+  auto h = Kokkos::create_mirror_view(s);
+  for (std::size_t i = 0; i < starts.size(); ++i) h(i) = starts[i];
+  Kokkos::deep_copy(s, h);
+  set_document_starts(x, s);
+  return x;
+}
+
+// random_model, with Δ moved from transformers' 1e-3..0.1 to O(1): the
+// gradients through Δ and A are then large enough for central differences to
+// resolve (at Δ ~ 0.01 some are ~1e-8, below the differences' noise).
+ParamSet<double> fd_model(const ModelDims& d, std::uint64_t seed) {
+  auto ps = random_model<double>(d, seed);
+  auto v = to_host(ps);
+  for (const auto& t : ps.tensors())
+    if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "dt_bias")
+      for (index_t i = 0; i < t.size(); ++i) v[t.offset + i] += 4.5;
+  from_host(ps, v);
+  return ps;
+}
+
+}  // namespace
+
+struct FDCase {
+  int K;
+  bool tied, docs;
+  std::int64_t Kc;
+};
+
+class MambaFD : public ::testing::TestWithParam<FDCase> {};
+
+TEST_P(MambaFD, EveryTensorMatchesCentralDifferences) {
+  const auto c = GetParam();
+  const auto d = mamba_dims(c.K, c.tied, c.Kc);
+  auto ps = fd_model(d, 40 + c.K);
+  auto x = random_tokens(2, 9, d.vocab, 50 + c.K);
+  // starts at token 3 of window 0 (a document shorter than the conv after it: 3..4) and 5, and 6 of window 1
+  if (c.docs) x = with_starts(x, {3, 5, 9 + 6});
+  // Richardson's extrapolation of central differences at h = 1e-3 and 5e-4 (error
+  // O(h⁴)): the gradients through Δ are ~1e-5 of the loss, which a plain central
+  // difference resolves to only ~1e-5 (noise at small h, h² at large).
+  const auto loss_of = [&](const ParamSet<double>& q) { return forward_loss(q, x); };
+  const auto f1 = finite_difference(ps, loss_of, 1e-3), f2 = finite_difference(ps, loss_of, 5e-4);
+  std::vector<double> fd(f1.size());
+  for (std::size_t i = 0; i < fd.size(); ++i) fd[i] = (4 * f2[i] - f1[i]) / 3;
+  for (index_t chunk : {64, 2}) {
+    ParamSet<double> grad(d);
+    EngineOptions o;
+    o.chunk = chunk;
+    const double loss = make_engine<double>(o)->compute(ps, x, grad);
+    EXPECT_NEAR(loss, forward_loss(ps, x), 1e-13 * loss);
+    const auto g = to_host(grad);
+    for (const auto& t : grad.tensors()) {
+      // 1e-5: dt_proj's gradient is ~1e-6 of the loss, at the differences' resolution
+      // (transformers' autograd checks it to 1e-10 in python/tests/test_mamba.py)
+      EXPECT_LE(rel_l2(g, fd, t.offset, t.size()), 1e-5) << t.name << " (chunk " << chunk << ")";
+      double norm = 0;
+      for (index_t i = 0; i < t.size(); ++i) norm += fd[t.offset + i] * fd[t.offset + i];
+      EXPECT_GT(norm, 0.0) << t.name << " has an all-zero gradient: the check would be vacuous";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MambaFD,
+                         ::testing::Values(FDCase{1, true, false, 4}, FDCase{2, false, false, 3},
+                                           FDCase{2, true, true, 4}, FDCase{3, false, true, 2}));
+
+// A document's numbers are those of the document alone: the conv and the scan see
+// nothing before a start (the loss of a window of two documents is the
+// target-weighted mean of each one's).
+TEST(Mamba, DocumentsAreIndependent) {
+  const auto d = mamba_dims(2, true, 4);
+  auto ps = random_model<double>(d, 3);
+  const auto ids = random_token_ids(12, d.vocab, 4);
+  auto x = with_starts(make_windows(ids, 1, 12, d.vocab), {7});
+  const std::vector<std::uint32_t> a(ids.begin(), ids.begin() + 7), b(ids.begin() + 7, ids.end());
+  const double la = forward_loss(ps, make_windows(a, 1, 7, d.vocab));
+  const double lb = forward_loss(ps, make_windows(b, 1, 5, d.vocab));
+  EXPECT_NEAR(forward_loss(ps, x), (6 * la + 4 * lb) / 10, 1e-13);
+}
+
+template <class S>
+class MambaTyped : public ::testing::Test {};
+TYPED_TEST_SUITE(MambaTyped, Scalars);
+
+TYPED_TEST(MambaTyped, AgreesWithDouble) {
+  using S = TypeParam;
+  const auto d = mamba_dims(2, false);
+  auto ref = random_model<double>(d, 5);
+  const auto x = random_tokens(2, 21, d.vocab, 6);
+  double lref = 0, l = 0;
+  const auto b = grad_of(EngineOptions{}, ref, x, &lref);
+  const auto a = grad_of(EngineOptions{}, cast_model<S>(ref), x, &l);
+  EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
+  expect_close(a, b, d, Tol<S>::grad_vs_double);
+}
+
+TEST(Mamba, LayoutAndTiedHead) {
+  for (bool tied : {true, false}) {
+    const auto d = mamba_dims(2, tied, 4, 0);
+    ParamSet<float> ps(d);
+    EXPECT_EQ(ps.size(), checked_parameter_count(d));
+    EXPECT_EQ(d.rank(), 1);  // ceil(4 / 16)
+    EXPECT_EQ(ps.tensor("layers/001/in_proj").shape, (std::vector<std::int64_t>{16, 4}));
+    EXPECT_EQ(ps.tensor("layers/001/x_proj").shape, (std::vector<std::int64_t>{1 + 6, 8}));
+    EXPECT_EQ(ps.tensor("layers/001/conv_weight").shape, (std::vector<std::int64_t>{8, 4}));
+    EXPECT_EQ(ps.tensor("layers/000/out_proj").shape, (std::vector<std::int64_t>{4, 8}));
+    const auto g = ps.global();
+    EXPECT_EQ(g.head.data() == g.embedding.data(), tied);
+    EXPECT_EQ(g.norm_eps, d.norm_eps);
+    const auto l = ps.mamba_layer(1);  // in_proj's z rows follow its x rows; x_proj's B after Δ, C after B
+    EXPECT_EQ(l.in_z.data(), l.in_x.data() + 8 * 4);
+    EXPECT_EQ(l.x_B.data(), l.x_dt.data() + 1 * 8);
+    EXPECT_EQ(l.x_C.data(), l.x_B.data() + 3 * 8);
+    expect_error([&] { (void)ps.layer(0); }, "model.arch=mamba");
+  }
+}
+
+TEST(Mamba, CheckpointRoundTrip) {
+  for (bool tied : {true, false}) {
+    const auto d = mamba_dims(2, tied);
+    auto ps = random_model<double>(d, 9);
+    const auto path = tmp_path(tied ? "tied.h5" : "untied.h5");
+    save_checkpoint(path, mamba_config(d), ps);
+    CheckpointInfo info;
+    const auto back = load_checkpoint<double>(path, &info);
+    EXPECT_TRUE(info.dims == d);
+    EXPECT_EQ(to_host(back), to_host(ps));
+    const auto in = inspect_checkpoint(path, Verify::all);
+    EXPECT_TRUE(in.dims.mamba());
+    bool has_head = false;
+    for (const auto& ds : in.datasets) has_head = has_head || ds.path == "/params/head";
+    EXPECT_EQ(has_head, !tied);
+  }
+}
+
+TEST(Mamba, Configuration) {
+  Config ssm;
+  EXPECT_FALSE(ssm.stored_json()["model"].contains("arch"));  // an SSM-ResNet's files are as before
+  EXPECT_FALSE(ssm.stored_json()["model"].contains("expand"));
+  EXPECT_TRUE(ssm.json()["model"].contains("arch"));
+  Config m;
+  m.set("model.arch=mamba");
+  EXPECT_EQ(m.stored_json()["model"]["arch"], "mamba");
+  EXPECT_TRUE(m.stored_json()["model"].contains("norm_eps"));
+  EXPECT_TRUE(m.settings().model.mamba());
+  for (const char* k : {"model.expand=3", "model.conv_kernel=2", "model.dt_rank=1", "model.tie_embeddings=false",
+                        "model.norm_eps=1e-6"}) {
+    Config c;
+    c.set(k);
+    expect_error([&] { c.validate(); }, "apply to model.arch=mamba only");
+  }
+  Config bad;
+  bad.set("model.arch=transformer");
+  expect_error([&] { bad.validate(); }, "model.arch must be ssm-resnet or mamba");
+  for (const char* k : {"model.expand=0", "model.conv_kernel=0", "model.dt_rank=-1", "model.norm_eps=0"}) {
+    Config c = m;
+    c.set(k);
+    expect_error([&] { c.validate(); }, std::string(k).substr(0, std::string(k).find('=')));
+  }
+  // The engines and levers a Mamba does not have yet, each named.
+  for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
+           {"grad.engine=adjoint-exact", "grad.engine=adjoint-exact"},
+           {"grad.detach_inputs=true", "grad.detach_inputs=true"},
+           {"grad.truncate=4", "grad.truncate"},
+           {"run.storage=bf16", "run.storage=bf16"},
+           {"grad.layer_checkpoint=2", "grad.layer_checkpoint"},
+           {"grad.token_block=8", "grad.token_block"},
+           {"dist.layer_ranks=2", "dist.* (several MPI ranks)"}}) {
+    Config c = m;
+    c.set(set);
+    if (set.rfind("dist", 0) == 0) c.set("model.layers=2");
+    expect_error([&] { require_mamba_supported(c.settings()); }, key + " is not available for model.arch=mamba");
+  }
+}
+
+// The planner's Mamba E1 (ash plan, check_memory) against the measured Kokkos peak, within 10 %.
+TEST(Mamba, PlanMatchesMeasuredPeak) {
+  for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
+    Config c = mamba_config(mamba_dims(2, false, 4, 0));
+    for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
+                                                        "data.batch=2", "grad.chunk=32", T})
+      c.set(s);
+    const Settings st = c.settings();
+    const std::string sp = MemSpace::name();
+    const auto base = MemoryTracker::current(sp);
+    MemoryTracker::reset_peak();
+    {
+      ParamSet<double> ps(st.model);
+      initialize(ps, 1);
+      ParamSet<double> g(st.model);
+      const auto x = random_tokens(st.data.batch, st.data.seq_len, st.model.vocab, 5);
+      make_engine<double>(st.grad)->compute(ps, x, g);
+      Kokkos::fence();
+    }
+    const double measured = double(MemoryTracker::peak(sp) - base);
+    const double planned = plan_memory(st, Workload::grad, 8).total();
+    std::printf("  plan/measured %.3f (%s)\n", planned / measured, T);
+    EXPECT_LE(std::fabs(planned - measured), 0.10 * measured) << T << ": planned " << planned << ", measured " << measured;
+  }
+}
+
+TEST(Mamba, EnginesRefuse) {
+  const auto d = mamba_dims(1, true);
+  auto ps = random_model<double>(d, 1);
+  const auto x = random_tokens(1, 8, d.vocab, 2);
+  ParamSet<double> grad(d);
+  expect_error([&] { make_engine<double>(engine_options("adjoint-exact"))->compute(ps, x, grad); },
+               "grad.engine=adjoint-exact is not available for model.arch=mamba");
+  expect_error([&] { make_engine<double>(engine_options("adjoint"))->compute(ps, x, grad); },
+               "grad.engine=adjoint is not available for model.arch=mamba");
+  EngineOptions lever = engine_options("adjoint-exact");
+  lever.token_block = 4;
+  expect_error([&] { make_engine<double>(lever)->compute(ps, x, grad); }, "model.arch=mamba");
+  std::vector<View2<double>> state(1, View2<double>("s", 8, 3));
+  expect_error([&] { forward_loss(ps, x, 0, state, x, 0); }, "model.arch=mamba");
+  expect_error([&] { Generator<double> g(ps); }, "model.arch=mamba");
+}
+
+}  // namespace ash::test
