@@ -7,10 +7,11 @@
 #                  shapes of 2^40 elements: fuzz/shape_seed.py), and
 #                  OUT_DIR/checkpoint.h5, the valid checkpoint they edit (written by `ash init`)
 # OUT_DIR/output/  what fuzz_output plants at the output, the lock and temporary names
+# OUT_DIR/safetensors/  safetensors files (valid in each dtype, and near misses)
 set -euo pipefail
 out=$1
 ash=$2
-mkdir -p "$out/config" "$out/tokens" "$out/checkpoint" "$out/output"
+mkdir -p "$out/config" "$out/tokens" "$out/checkpoint" "$out/output" "$out/safetensors"
 for seed in '\000\000\000' '\002\000\000' '\000\002\000' '\006\006\004\005' '\003\005\005\003' '\001\004\006\002'; do
   printf "$seed" > "$out/output/seed$(ls "$out/output" | wc -l)"
 done
@@ -39,3 +40,32 @@ done
 for rank in 1 2; do
   python3 "$(dirname "${BASH_SOURCE[0]}")/shape_seed.py" "$out/checkpoint.h5" "$rank" "$out/checkpoint/shape$rank"
 done
+# safetensors files as the `safetensors` package writes them (fuzz_safetensors reads
+# the input as a whole file): every dtype, metadata, an empty tensor; then near misses.
+python3 - "$out/safetensors" <<'PY'
+import json, struct, sys
+def st(tensors, meta=None, pad=True, extra=b""):
+    header, data = {}, b""
+    if meta is not None:
+        header["__metadata__"] = meta
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data + extra
+seeds = {
+    "all": st([("a", "F64", [2], struct.pack("<2d", 1.5, -0.0)), ("b", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+               ("c", "BF16", [1], b"\x80\x3f"), ("d", "F16", [3], b"\x00\x3c\x00\x7c\x01\x00"),
+               ("e", "F32", [0, 4], b"")], {"format": "pt"}),
+    "empty": st([]),
+    "nan": st([("n", "F32", [2], struct.pack("<2I", 0x7f800001, 0xffc00000)), ("h", "F16", [1], b"\x01\x7c")]),
+    "overlap": st([("a", "F32", [1], b"1234"), ("b", "F32", [1], b"5678")]).replace(b"[4,8]", b"[0,4]"),
+    "trailing": st([("a", "F32", [1], b"1234")], extra=b"zz"),
+    "dtype": st([("a", "I64", [1], b"12345678")]),
+    "shape": st([("a", "F32", [1099511627776], b"1234")]),
+}
+for name, data in seeds.items():
+    open(f"{sys.argv[1]}/{name}", "wb").write(data)
+PY

@@ -29,6 +29,7 @@ set(ASH_LIBRARY_SOURCES
   ash/io/hdf5_rows.cpp
   ash/io/atomic_write.cpp
   ash/io/checkpoint.cpp
+  ash/io/safetensors.cpp
   ash/io/dataset.cpp
   ash/io/run_lock.cpp
   ash/model/generator.cpp
@@ -45,6 +46,7 @@ set(ASH_LIBRARY_SOURCES
   ash/app/generate_text.cpp
   ash/app/plan_run.cpp
   ash/app/train_run.cpp
+  ash/app/hf_mamba.cpp
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES

@@ -1,0 +1,332 @@
+#include "ash/app/hf_mamba.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "ash/core/config.hpp"
+#include "ash/core/error.hpp"
+#include "ash/core/sizes.hpp"
+
+namespace fs = std::filesystem;
+
+namespace ash {
+
+namespace {
+
+std::string dumped(const nlohmann::json& v) { return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+
+// A positive integer key of `j` (or `fallback` when absent and fallback > 0).
+std::int64_t positive_int(const nlohmann::json& j, const char* key, std::int64_t fallback, const std::string& origin) {
+  if (!j.contains(key)) {
+    require(fallback > 0, origin + " has no \"" + key + "\"");
+    return fallback;
+  }
+  const auto& v = j.at(key);
+  // (a parsed 16 is unsigned in nlohmann, a 16 set from C++ a signed integer)
+  const bool ok = v.is_number_unsigned() ? v.get<std::uint64_t>() >= 1 && v.get<std::uint64_t>() <= std::uint64_t(INT64_MAX)
+                                         : v.is_number_integer() && v.get<std::int64_t>() >= 1;
+  require(ok, origin + ": \"" + key + "\" is " + dumped(v) + ", not a positive integer");
+  return v.get<std::int64_t>();
+}
+
+bool bool_key(const nlohmann::json& j, const char* key, bool fallback, const std::string& origin) {
+  if (!j.contains(key)) return fallback;
+  require(j.at(key).is_boolean(), origin + ": \"" + key + "\" is " + dumped(j.at(key)) + ", not true or false");
+  return j.at(key).get<bool>();
+}
+
+double eps_key(const nlohmann::json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key)) return 1e-5;
+  const auto& v = j.at(key);
+  require(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
+          origin + ": \"" + key + "\" is " + dumped(v) + ", not a positive number");
+  return v.get<double>();
+}
+
+// MambaConfig's keys (transformers 5.x) and PretrainedConfig's common ones that
+// a saved config.json holds: accepted without a note when they change nothing we
+// compute. Anything else is accepted too, and listed as ignored.
+const std::set<std::string>& known_hf_keys() {
+  static const std::set<std::string> k = {
+      "architectures", "model_type", "hidden_size", "state_size", "num_hidden_layers", "vocab_size", "expand",
+      "conv_kernel", "time_step_rank", "tie_word_embeddings", "layer_norm_epsilon", "use_bias", "use_conv_bias",
+      "hidden_act", "intermediate_size", "residual_in_fp32", "pad_token_id", "bos_token_id", "eos_token_id",
+      "initializer_range", "time_step_scale", "time_step_min", "time_step_max", "time_step_init_scheme",
+      "time_step_floor", "rescale_prenorm_residual", "use_cache", "use_mambapy", "use_associative_scan", "dtype",
+      "torch_dtype", "transformers_version", "_name_or_path", "rms_norm", "fused_add_norm"};
+  return k;
+}
+
+std::string layer_prefix(std::int64_t k) {  // as model/params.cpp names a layer's group
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "layers/%03lld/", static_cast<long long>(k));
+  return buf;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+std::string read_small_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  require(!ec && size <= max_config_bytes,
+          what + " is " + std::to_string(size) + " bytes; at most " + std::to_string(max_config_bytes) + " are read");
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), "cannot open " + what);
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& e) {
+    throw Error("error while reading " + what + ": " + e.code().message());
+  }
+  require(text.size() <= max_config_bytes, what + " grew while being read");
+  return text;
+}
+
+// Every tensor name of the configuration, in order (globals, then layer by
+// layer), handed to f; f may throw to stop.
+template <class F>
+void for_each_name(const MambaDims& d, F&& f) {
+  for (const auto& n : hf_mamba_global_names(d)) f(n);
+  for (std::int64_t k = 0; k < d.layers; ++k)
+    for (const auto& n : hf_mamba_layer_names(d, k)) f(n);
+}
+
+std::int64_t count_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (const auto s : shape) n *= s;  // checked by mamba_dims
+  return n;
+}
+
+const char* torch_dtype(TensorDtype t) {
+  switch (t) {
+    case TensorDtype::f64: return "float64";
+    case TensorDtype::f32: return "float32";
+    case TensorDtype::bf16: return "bfloat16";
+    case TensorDtype::f16: return "float16";
+  }
+  return "float32";
+}
+
+}  // namespace
+
+nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::string& origin,
+                                      std::vector<std::string>* ignored) {
+  require(hf.is_object(), origin + " is not a JSON object");
+  if (hf.contains("model_type"))
+    require(hf["model_type"] == "mamba", origin + ": model_type " + dumped(hf["model_type"]) +
+                                             " is not \"mamba\" (only transformers' MambaForCausalLM is read)");
+  if (hf.contains("architectures"))
+    require(hf["architectures"] == nlohmann::json::array({"MambaForCausalLM"}),
+            origin + ": architectures " + dumped(hf["architectures"]) + " is not [\"MambaForCausalLM\"]");
+  // What we do not implement, refused by name rather than read as something else.
+  require(!bool_key(hf, "use_bias", false, origin), origin + ": use_bias = true (biases of in_proj and out_proj) is not supported");
+  require(bool_key(hf, "use_conv_bias", true, origin), origin + ": use_conv_bias = false is not supported (the conv1d has a bias)");
+  require(bool_key(hf, "rms_norm", true, origin), origin + ": rms_norm = false (mamba-ssm's LayerNorm) is not supported");
+  (void)bool_key(hf, "residual_in_fp32", true, origin);  // a precision of transformers' residual: ours is the compute type
+  if (hf.contains("hidden_act"))
+    require(hf["hidden_act"] == "silu", origin + ": hidden_act " + dumped(hf["hidden_act"]) + " is not supported (only \"silu\")");
+
+  nlohmann::json m;
+  m["arch"] = "mamba";
+  m["width"] = positive_int(hf, "hidden_size", 0, origin);
+  m["state"] = positive_int(hf, "state_size", 0, origin);
+  m["layers"] = positive_int(hf, "num_hidden_layers", 0, origin);
+  m["vocab"] = positive_int(hf, "vocab_size", 0, origin);
+  m["expand"] = positive_int(hf, "expand", 2, origin);
+  m["conv_kernel"] = positive_int(hf, "conv_kernel", 4, origin);
+  if (!hf.contains("time_step_rank") || hf["time_step_rank"] == "auto")
+    m["dt_rank"] = 0;
+  else
+    m["dt_rank"] = positive_int(hf, "time_step_rank", 0, origin);
+  m["tie_embeddings"] = bool_key(hf, "tie_word_embeddings", true, origin);
+  m["norm_eps"] = eps_key(hf, "layer_norm_epsilon", origin);
+  nlohmann::json out;
+  out["model"] = m;
+  const MambaDims d = mamba_dims(out, origin);  // sizes and products checked
+  if (hf.contains("intermediate_size")) {
+    const std::int64_t e = positive_int(hf, "intermediate_size", 0, origin);
+    require(e == d.inner(), origin + ": intermediate_size " + std::to_string(e) + " is not expand × hidden_size = " +
+                                std::to_string(d.inner()) + " (transformers recomputes it so; such a model is not supported)");
+  }
+  if (ignored)
+    for (auto it = hf.begin(); it != hf.end(); ++it)
+      if (!known_hf_keys().count(it.key())) ignored->push_back(it.key());
+  return out;
+}
+
+MambaDims mamba_dims(const nlohmann::json& ash_config, const std::string& origin) {
+  require(ash_config.is_object() && ash_config.contains("model") && ash_config["model"].is_object(),
+          origin + ": no \"model\" object");
+  const auto& m = ash_config["model"];
+  const std::string o = origin + ": model";
+  if (m.contains("arch"))
+    require(m["arch"] == "mamba", origin + ": model.arch " + dumped(m["arch"]) + " is not \"mamba\"");
+  MambaDims d;
+  d.width = positive_int(m, "width", 0, o);
+  d.state = positive_int(m, "state", 0, o);
+  d.layers = positive_int(m, "layers", 0, o);
+  d.vocab = positive_int(m, "vocab", 0, o);
+  d.expand = positive_int(m, "expand", 2, o);
+  d.conv_kernel = positive_int(m, "conv_kernel", 4, o);
+  if (m.contains("dt_rank") && m["dt_rank"] != 0) d.dt_rank = positive_int(m, "dt_rank", 0, o);
+  d.tie_embeddings = bool_key(m, "tie_embeddings", true, o);
+  d.norm_eps = eps_key(m, "norm_eps", o);
+  require(d.layers <= max_layers, origin + ": model.layers " + std::to_string(d.layers) + " is above " +
+                                      std::to_string(max_layers));
+  require(d.vocab <= std::int64_t(INT32_MAX), origin + ": model.vocab " + std::to_string(d.vocab) + " is above 2^31 - 1");
+  // Every size the tensors take, checked once here so the shapes below multiply freely.
+  const std::string s = origin + ": the tensor sizes";
+  const std::int64_t e = checked_mul(d.expand, d.width, s), r = d.rank();
+  const std::int64_t xr = checked_add(r, checked_mul(2, d.state, s), s);
+  for (const auto& p : {std::pair<std::int64_t, std::int64_t>{d.vocab, d.width}, {checked_mul(2, e, s), d.width},
+                        {e, d.conv_kernel}, {xr, e}, {e, r}, {e, d.state}, {d.width, e}})
+    (void)checked_mul(p.first, p.second, s);
+  return d;
+}
+
+nlohmann::json ash_config_to_hf_mamba(const nlohmann::json& ash_config, TensorDtype dtype) {
+  const MambaDims d = mamba_dims(ash_config, "configuration");
+  nlohmann::json j;  // an object's keys are sorted: json.dumps(sort_keys=True) as transformers writes
+  j["architectures"] = {"MambaForCausalLM"};
+  j["model_type"] = "mamba";
+  j["hidden_size"] = d.width;
+  j["state_size"] = d.state;
+  j["num_hidden_layers"] = d.layers;
+  j["vocab_size"] = d.vocab;
+  j["expand"] = d.expand;
+  j["intermediate_size"] = d.inner();
+  j["conv_kernel"] = d.conv_kernel;
+  if (d.dt_rank > 0)
+    j["time_step_rank"] = d.dt_rank;
+  else
+    j["time_step_rank"] = "auto";  // transformers resolves it to ceil(D/16) as we do
+  j["tie_word_embeddings"] = d.tie_embeddings;
+  j["layer_norm_epsilon"] = d.norm_eps;
+  j["hidden_act"] = "silu";
+  j["use_bias"] = false;
+  j["use_conv_bias"] = true;
+  j["residual_in_fp32"] = dtype != TensorDtype::f64;
+  j["dtype"] = torch_dtype(dtype);
+  // MambaConfig's defaults for what we do not configure (initialisation, generation).
+  j["pad_token_id"] = 0;
+  j["bos_token_id"] = 0;
+  j["eos_token_id"] = 0;
+  j["initializer_range"] = 0.1;
+  j["rescale_prenorm_residual"] = false;
+  j["time_step_floor"] = 1e-4;
+  j["time_step_init_scheme"] = "random";
+  j["time_step_max"] = 0.1;
+  j["time_step_min"] = 0.001;
+  j["time_step_scale"] = 1.0;
+  j["use_cache"] = true;
+  j["use_mambapy"] = false;
+  j["use_associative_scan"] = true;
+  return j;
+}
+
+std::vector<HfName> hf_mamba_global_names(const MambaDims& d) {
+  std::vector<HfName> n = {{"backbone.embeddings.weight", "embedding", {d.vocab, d.width}, {d.vocab, d.width}},
+                           {"backbone.norm_f.weight", "final_norm", {d.width}, {d.width}}};
+  if (!d.tie_embeddings) n.push_back({"lm_head.weight", "head", {d.vocab, d.width}, {d.vocab, d.width}});
+  return n;
+}
+
+std::vector<HfName> hf_mamba_layer_names(const MambaDims& d, std::int64_t layer) {
+  const std::string h = "backbone.layers." + std::to_string(layer) + ".", a = layer_prefix(layer);
+  const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), K = d.conv_kernel;
+  return {
+      {h + "norm.weight", a + "norm", {D}, {D}},
+      {h + "mixer.in_proj.weight", a + "in_proj", {2 * E, D}, {2 * E, D}},
+      {h + "mixer.conv1d.weight", a + "conv_weight", {E, 1, K}, {E, K}},
+      {h + "mixer.conv1d.bias", a + "conv_bias", {E}, {E}},
+      {h + "mixer.x_proj.weight", a + "x_proj", {R + 2 * N, E}, {R + 2 * N, E}},
+      {h + "mixer.dt_proj.weight", a + "dt_proj", {E, R}, {E, R}},
+      {h + "mixer.dt_proj.bias", a + "dt_bias", {E}, {E}},
+      {h + "mixer.A_log", a + "A_log", {E, N}, {E, N}},
+      {h + "mixer.D", a + "D", {E}, {E}},
+      {h + "mixer.out_proj.weight", a + "out_proj", {D, E}, {D, E}},
+  };
+}
+
+HfMambaModel read_hf_mamba(const std::string& dir) {
+  HfMambaModel out;
+  const std::string cpath = file_in_folder(dir, "config.json", "config");
+  const std::string corigin = "'" + cpath + "'";
+  out.config = hf_mamba_config_to_ash(parse_json_strict(read_small_file(cpath, corigin), corigin), corigin,
+                                      &out.ignored);
+  const MambaDims d = mamba_dims(out.config, corigin);
+  const SafetensorsSet set = SafetensorsSet::folder(dir);
+  const std::string where = "Mamba folder '" + dir + "'";
+
+  // Names and shapes first, values after: nothing is read from a folder that fails.
+  std::set<std::string> expected;
+  std::vector<HfName> names;
+  for_each_name(d, [&](const HfName& n) {
+    require(set.contains(n.hf), where + ": tensor '" + n.hf + "' (" + n.ash + ") is missing; config.json implies " +
+                                    std::to_string(d.layers) + " layers" +
+                                    (d.tie_embeddings ? "" : " and an untied lm_head"));
+    const auto& e = set.at(n.hf);
+    require(e.shape == n.hf_shape, where + ": tensor '" + n.hf + "' has shape " + shape_text(e.shape) +
+                                       "; config.json implies " + shape_text(n.hf_shape));
+    expected.insert(n.hf);
+    names.push_back(n);
+  });
+  for (const auto& name : set.names()) {
+    if (expected.count(name)) continue;
+    if (name == "lm_head.weight" && d.tie_embeddings) {  // a tied copy some savers keep: only if it is one
+      const auto& e = set.at(name);
+      require(e.shape == std::vector<std::int64_t>{d.vocab, d.width} &&
+                  set.read<double>(name) == set.read<double>("backbone.embeddings.weight"),
+              where + ": tensor 'lm_head.weight' differs from backbone.embeddings.weight, but config.json ties them "
+                      "(tie_word_embeddings = true)");
+      continue;
+    }
+    throw Error(where + ": unexpected tensor '" + name + "' (not part of the MambaForCausalLM config.json describes)");
+  }
+  for (const auto& n : names) {
+    HfTensor t;
+    t.shape = n.ash_shape;
+    t.dtype = set.at(n.hf).dtype;
+    t.values = set.read<double>(n.hf);
+    out.tensors.emplace(n.ash, std::move(t));
+  }
+  return out;
+}
+
+void write_hf_mamba(const std::string& dir, const nlohmann::json& ash_config, const HfTensors& tensors,
+                    TensorDtype dtype) {
+  const MambaDims d = mamba_dims(ash_config, "configuration");
+  const std::string where = "writing Mamba folder '" + dir + "'";
+  std::vector<TensorToWrite> list;
+  for_each_name(d, [&](const HfName& n) {
+    const auto it = tensors.find(n.ash);
+    require(it != tensors.end(), where + ": tensor '" + n.ash + "' is missing");
+    require(it->second.shape == n.ash_shape, where + ": tensor '" + n.ash + "' has shape " + shape_text(it->second.shape) +
+                                                 "; the configuration implies " + shape_text(n.ash_shape));
+    require(it->second.values.size() == std::size_t(count_of(n.ash_shape)),
+            where + ": tensor '" + n.ash + "' holds " + std::to_string(it->second.values.size()) + " values, its shape " +
+                std::to_string(count_of(n.ash_shape)));
+    list.emplace_back(n.hf, dtype, n.hf_shape, it->second.values);
+  });
+  if (list.size() != tensors.size()) {
+    std::set<std::string> used;
+    for_each_name(d, [&](const HfName& n) { used.insert(n.ash); });
+    for (const auto& t : tensors)
+      require(used.count(t.first), where + ": tensor '" + t.first + "' is not part of this configuration");
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  require(!ec && fs::is_directory(dir), "cannot create folder '" + dir + "': " + ec.message());
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), list, torch_metadata());
+  write_file_atomically((fs::path(dir) / "config.json").string(), ash_config_to_hf_mamba(ash_config, dtype).dump(2) + "\n");
+}
+
+}  // namespace ash

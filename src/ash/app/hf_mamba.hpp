@@ -1,0 +1,95 @@
+#pragma once
+// A Hugging Face `MambaForCausalLM` folder (config.json + model.safetensors, or a
+// sharded model.safetensors.index.json) in our names and keys, and back (issue 34:
+// `ash import-hf` / `ash export-hf`, docs/file_format.md "Hugging Face Mamba
+// folders"). Independent of the model code: the configuration is a JSON fragment
+// of our keys ({"model": {"arch": "mamba", "width": D, ...}}) that Config::merge
+// takes, the tensors are plain arrays by their /params names ("layers/000/in_proj").
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ash/io/safetensors.hpp"
+
+namespace ash {
+
+// One tensor in our layout: shape (row-major [out, in], as transformers'), values.
+struct HfTensor {
+  std::vector<std::int64_t> shape;
+  std::vector<double> values;
+  TensorDtype dtype = TensorDtype::f32;  // as read from the file (reading); ignored when writing
+};
+using HfTensors = std::map<std::string, HfTensor>;  // by our name: "embedding", "layers/000/in_proj", ...
+
+// The sizes a Mamba configuration implies.
+struct MambaDims {
+  std::int64_t width = 0, state = 0, layers = 0, vocab = 0, expand = 2, conv_kernel = 4;
+  std::int64_t dt_rank = 0;  // as configured: 0 = ceil(width / 16)
+  bool tie_embeddings = true;
+  double norm_eps = 1e-5;
+  std::int64_t inner() const { return expand * width; }  // E (checked when the dims are made)
+  std::int64_t rank() const { return dt_rank > 0 ? dt_rank : width / 16 + (width % 16 != 0); }  // R
+};
+
+// Our keys from a parsed config.json (`origin` names it in messages): MambaConfig's
+// hidden_size, state_size, num_hidden_layers, vocab_size (required) and expand,
+// conv_kernel, time_step_rank ("auto" -> 0), tie_word_embeddings,
+// layer_norm_epsilon (transformers' defaults when absent) become model.width,
+// .state, .layers, .vocab, .expand, .conv_kernel, .dt_rank, .tie_embeddings,
+// .norm_eps and model.arch = "mamba". Refused (ash::Error naming the key): a
+// model_type other than "mamba", architectures other than ["MambaForCausalLM"],
+// use_bias = true, use_conv_bias = false, hidden_act other than "silu",
+// intermediate_size != expand × hidden_size, rms_norm = false (mamba-ssm's
+// LayerNorm), a size that is not a positive integer. Keys that change nothing we
+// compute (initialisation, generation, bookkeeping, residual_in_fp32) are accepted
+// and, when `ignored` is given, those transformers does not define are listed there.
+nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::string& origin,
+                                      std::vector<std::string>* ignored = nullptr);
+// The dims of a fragment of our keys (its "model" object; keys absent take the
+// defaults of issue 34; model.arch, when present, must be "mamba"; other model.*
+// keys such as model.seed are not read). Every size checked (positive; E, R + 2N
+// and the tensor sizes fit in 64 bits).
+MambaDims mamba_dims(const nlohmann::json& ash_config, const std::string& origin);
+// config.json for a folder transformers loads as MambaForCausalLM, with `dtype`
+// its torch dtype ("float32", "float64", ...): MambaConfig's keys, sorted, its
+// defaults for what we do not configure; residual_in_fp32 false for F64 (the
+// residual stays in double, as ours) and true otherwise (transformers' default).
+nlohmann::json ash_config_to_hf_mamba(const nlohmann::json& ash_config, TensorDtype dtype);
+
+// Our name of each transformers tensor name and back, with the shape the dims
+// imply (conv1d.weight is [E, 1, Kc] there and [E, Kc] here).
+struct HfName {
+  std::string hf, ash;
+  std::vector<std::int64_t> hf_shape, ash_shape;
+};
+// The tensors of layer `layer` ("backbone.layers.{i}.*" <-> "layers/NNN/*").
+std::vector<HfName> hf_mamba_layer_names(const MambaDims& d, std::int64_t layer);
+// The tensors outside the layers: embedding, final_norm, and head when untied.
+std::vector<HfName> hf_mamba_global_names(const MambaDims& d);
+
+struct HfMambaModel {
+  nlohmann::json config;             // our keys: {"model": {...}}
+  HfTensors tensors;                 // by our name, in double
+  std::vector<std::string> ignored;  // config.json keys that transformers does not define
+};
+
+// Reads a MambaForCausalLM folder: config.json, then model.safetensors or the
+// index and its shards (F64, F32, BF16, F16; SafetensorsSet's file rules). Every
+// tensor the configuration implies present with its shape; any other tensor is
+// refused by name, except lm_head.weight of a tied model equal to the embedding
+// bit for bit (older savers kept it). ash::Error naming the folder and the tensor.
+HfMambaModel read_hf_mamba(const std::string& dir);
+
+// Writes a folder that MambaForCausalLM.from_pretrained(dir) loads: config.json
+// (ash_config_to_hf_mamba) and model.safetensors in `dtype`, with transformers'
+// names, shapes and metadata ({"format": "pt"}); each file written atomically, the
+// folder created when missing. `tensors` holds exactly the tensors of the
+// configuration (by our name, our shapes); anything missing, extra, or of another
+// shape or value count is an ash::Error naming it, before anything is written.
+void write_hf_mamba(const std::string& dir, const nlohmann::json& ash_config, const HfTensors& tensors,
+                    TensorDtype dtype = TensorDtype::f32);
+
+}  // namespace ash
