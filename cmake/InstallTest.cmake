@@ -17,6 +17,18 @@ function(step)
 endfunction()
 
 step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+# HDF5 and xxHash are private dependencies: no installed header may include them
+# (ash::io's headers, io/hdf5_*.hpp and io/atomic_write.hpp, stay in the build tree).
+file(GLOB_RECURSE installed_headers "${prefix}/include/ash/*.hpp")
+if(NOT installed_headers)
+  message(FATAL_ERROR "install test: no headers under ${prefix}/include/ash")
+endif()
+foreach(h ${installed_headers})
+  file(STRINGS "${h}" private_includes REGEX "#[ \t]*include[ \t]*[<\"](hdf5|xxhash)\\.h[>\"]")
+  if(private_includes)
+    message(FATAL_ERROR "install test: ${h} is installed but includes a private dependency: ${private_includes}")
+  endif()
+endforeach()
 # The prefix list goes through an initial-cache file: a ';' on a command line splits arguments.
 string(REPLACE "|" ";" prefix_path "${prefix};${PREFIX_PATH}")
 file(WRITE "${WORK_DIR}/init.cmake" "set(CMAKE_PREFIX_PATH \"${prefix_path}\" CACHE STRING \"\")\n")

@@ -171,8 +171,8 @@ void BM_vjp_rows(benchmark::State& st) {
     Kokkos::deep_copy(mu, mu0);
     Kokkos::deep_copy(g, su.g);
     st.ResumeTiming();
-    ash::ssm_layer_backward_rows(su.params.layer(0), su.s, su.y, su.act, g, ash::RowBlock{0, W}, mu, su.act.hprev,
-                                 su.act.A, cot, su.grad.layer(0), g, false);
+    ash::ssm_layer_backward_rows(su.params.layer(0), su.s, su.y, su.act, g, ash::BlockRows{W, su.s.T, 0}, mu,
+                                 su.act.hprev, su.act.A, cot, su.grad.layer(0), g, false);
     Kokkos::fence();
   }
   set_counters(st, double(W), double(W) * (14.0 * P * N + 12.0 * P * P + 12.0 * P * N),

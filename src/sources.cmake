@@ -25,7 +25,10 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/adjoint_exact.cpp
   ash/grad/workspace.cpp
   ash/io/tokens.cpp
-  ash/io/hdf5.cpp
+  ash/io/hdf5_objects.cpp
+  ash/io/hdf5_digest.cpp
+  ash/io/hdf5_rows.cpp
+  ash/io/atomic_write.cpp
   ash/io/checkpoint.cpp
   ash/io/safetensors.cpp
   ash/io/dataset.cpp
@@ -48,7 +51,9 @@ set(ASH_LIBRARY_SOURCES
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES
-  ash/distributed/comm.cpp
+  ash/distributed/layout.cpp
+  ash/distributed/collectives.cpp
+  ash/distributed/session.cpp
   ash/distributed/distributed_engine.cpp
   ash/distributed/sequence_blockwise.cpp
   ash/distributed/sharded_io.cpp

@@ -36,7 +36,7 @@ std::vector<double> brute_force_window(const ParamSet<double>& ps, const TokenVi
           }
     Kokkos::deep_copy(mu, muh);
     const LayerCotangents<double> cot(s.rows(), d);
-    ssm_layer_backward_rows(ps.layer(k), s, tape.ys[k], act, tape.g, RowBlock{0, T}, mu, act.hprev, act.A, cot,
+    ssm_layer_backward_rows(ps.layer(k), s, tape.ys[k], act, tape.g, BlockRows{T, T, 0}, mu, act.hprev, act.A, cot,
                             grad.layer(k), tape.g, true);
   }
   embedding_backward(x, tape.g, gg.embedding);

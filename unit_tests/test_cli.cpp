@@ -76,7 +76,7 @@ TEST_F(Cli, InitInspectGradMatchTheLibrary) {
                 " --engine adjoint-exact --detach-inputs --truncate 6 --chunk 4 --out " + o3).code, 0);
   EXPECT_LE(rel_l2(to_host(load_gradients(o3, info.dims)), to_host(load_gradients(o2, info.dims))), 1e-10);
   EXPECT_FAILS_WITH(run("grad --checkpoint " + ckpt + " --tokens " + text +
-                        " --engine adjoint-exact --truncate 6 --out " + o3), "needs --detach-inputs");
+                        " --engine adjoint-exact --truncate 6 --out " + o3), "needs grad.detach_inputs");
 }
 
 // ash eval: the mean loss over every target of the file, windows of T from
@@ -215,7 +215,7 @@ TEST_F(Cli, BadTokensAndSizes) {
   ASSERT_EQ(run("init --set model.vocab=17 --set data.seq_len=8 --out " + small).code, 0);
   EXPECT_FAILS_WITH(run("grad --checkpoint " + small + " --tokens " + text + " --out " + out), ">= vocab 17");
   EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --engine sgd"), "grad.engine");
-  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --truncate 4"), "--truncate");
+  EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --truncate 4"), "grad.truncate");
   EXPECT_FAILS_WITH(run(g + "--tokens " + text + " --chunk 0"), "grad.chunk");
   EXPECT_NE(run("grad --checkpoint " + ckpt).code, 0);  // missing required options (CLI11)
   EXPECT_FALSE(std::ifstream(out).good()) << "no gradient file after failures";

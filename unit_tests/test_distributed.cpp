@@ -3,7 +3,9 @@
 // world and compares with one process computing the same thing alone.
 #include <mpi.h>
 
+#include "ash/distributed/collectives.hpp"
 #include "ash/distributed/distributed_engine.hpp"
+#include "ash/distributed/session.hpp"
 #include "ash/distributed/sharded_io.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/plan/memory_plan.hpp"

@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "ash/ash.hpp"
-#include "ash/io/hdf5.hpp"  // the library's own digest code, for reseal()
+#include "ash/io/hdf5_digest.hpp"  // the library's own digest code, for reseal()
+#include "ash/io/hdf5_rows.hpp"
 
 namespace ash::test {
 

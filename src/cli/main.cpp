@@ -28,7 +28,8 @@
 #include "ash/ash.hpp"
 #include "ash/distributed/run_context.hpp"
 #ifdef ASH_HAVE_MPI
-#include "ash/distributed/comm.hpp"
+#include "ash/distributed/collectives.hpp"
+#include "ash/distributed/session.hpp"
 #endif
 
 namespace {

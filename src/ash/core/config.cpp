@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/sizes.hpp"
 
@@ -321,10 +322,7 @@ DataOptions Config::data_options() const {
                                std::to_string(da.seq_len) + ")");
   require(da.batch >= 1, "data.batch must be >= 1 (got " + std::to_string(da.batch) + ")");
   require(da.valid_fraction >= 0.0 && da.valid_fraction < 1.0, "data.valid_fraction must be in [0, 1)");
-  require(index_t(da.separator.size()) <= da.seq_len,
-          "data.separator is " + std::to_string(da.separator.size()) + " bytes, longer than a window (data.seq_len = " +
-              std::to_string(da.seq_len) + "): no window could hold a document boundary");
-  require(!da.pack || !da.separator.empty(), "data.pack needs data.separator: packing places whole documents");
+  check_separator(da.separator.size(), da.seq_len, da.pack);
   return da;
 }
 
@@ -337,10 +335,7 @@ EngineOptions Config::engine_options(const ModelDims& d, const DataOptions& da) 
   g.head_chunk = get<std::int64_t>("grad.head_chunk");
   g.token_block = get<std::int64_t>("grad.token_block");
   g.carry_state = da.carry_state;
-  require(g.truncate >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
-  require(g.chunk >= 1, "grad.chunk must be >= 1");
-  require(g.wave >= 0, "grad.wave must be >= 1, or 0 / \"auto\" for the backend's default");
-  require(g.head_chunk >= 0, "grad.head_chunk must be >= 1, or 0 / \"auto\" for the backend's default");
+  check_grad_numbers(g);
   g.method = parse_method(get<std::string>("grad.engine"));
   g.storage = parse_storage(get<std::string>("run.storage"));
   g.matmul = parse_matmul(get<std::string>("run.matmul"));

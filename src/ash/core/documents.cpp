@@ -61,6 +61,13 @@ void separator_starts(const std::vector<std::uint32_t>& tokens, const std::vecto
   }
 }
 
+void check_separator(std::size_t separator_bytes, std::int64_t T, bool pack) {
+  require(std::int64_t(separator_bytes) <= T,
+          "data.separator is " + std::to_string(separator_bytes) + " bytes, longer than a window (data.seq_len = " +
+              std::to_string(T) + "): no window could hold a document boundary");
+  require(!pack || separator_bytes > 0, "data.pack needs data.separator: packing places whole documents");
+}
+
 std::vector<std::uint32_t> separator_tokens(const std::string& sep) {
   std::vector<std::uint32_t> out;
   out.reserve(sep.size());

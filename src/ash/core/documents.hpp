@@ -64,4 +64,10 @@ void separator_starts(const std::vector<std::uint32_t>& tokens, const std::vecto
 // or wider ids; a separator names byte values 0..255 through \u00XX).
 std::vector<std::uint32_t> separator_tokens(const std::string& sep);
 
+// data.separator's rules against windows of T tokens (data.seq_len), stated once
+// for the configuration and for TokenDataset::set_documents: at most T bytes
+// (one byte token each; a longer one fits in no window), and present when
+// data.pack is on. Throws ash::Error naming the keys.
+void check_separator(std::size_t separator_bytes, std::int64_t T, bool pack);
+
 }  // namespace ash

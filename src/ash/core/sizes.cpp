@@ -113,6 +113,13 @@ void check_size_products(const ModelDims& d, std::int64_t batch, std::int64_t se
   checked_mul(kept, 8, "activation bytes");
 }
 
+void check_grad_numbers(const EngineOptions& g) {
+  require(g.truncate >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
+  require(g.chunk >= 1, "grad.chunk must be >= 1");
+  require(g.wave >= 0, "grad.wave must be >= 1, or 0 / \"auto\" for the backend's default");
+  require(g.head_chunk >= 0, "grad.head_chunk must be >= 1, or 0 / \"auto\" for the backend's default");
+}
+
 std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers) {
   require(m >= 0, "grad.layer_checkpoint must be >= 1, or 0 / \"auto\" for about sqrt(model.layers)");
   if (m > 0) return m;

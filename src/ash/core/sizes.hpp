@@ -34,6 +34,11 @@ constexpr std::int64_t max_ranks = (std::int64_t(1) << 31) - 1;
 // ash::Error naming `origin` ("model.vocab" for a configuration).
 void check_model_dims(const ModelDims& d);
 
+// The rules of grad.truncate, grad.chunk, grad.wave and grad.head_chunk, stated
+// once: for the configuration (Config::settings) and for EngineOptions built in
+// code (make_layer_adjoint). Throws ash::Error naming the key.
+void check_grad_numbers(const EngineOptions& g);
+
 // grad.layer_checkpoint as m >= 1: 0 ("auto") gives round(sqrt(K)).
 std::int64_t resolve_layer_checkpoint(std::int64_t m, std::int64_t layers);
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/distributed/collectives.hpp"
 #include "ash/distributed/window_halo.hpp"
 #include "ash/kernels/matmul.hpp"
 
@@ -40,8 +41,8 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
   require(grid.layout().S == 1 || opts.exact_adjoint(),
-          "dist.seq_ranks > 1 runs adjoint-exact (exact, --detach-inputs, or a window T-bar with --detach-inputs): "
-          "E1 and E2 keep whole windows");
+          "dist.seq_ranks > 1 runs adjoint-exact (exact, grad.detach_inputs, or a window grad.truncate with "
+          "grad.detach_inputs): E1 and E2 keep whole windows");
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set);
   // on sequence ranks with a lever, each range in token blocks.

@@ -29,7 +29,7 @@
 #include <memory>
 #include <vector>
 
-#include "ash/distributed/comm.hpp"
+#include "ash/distributed/layout.hpp"
 #include "ash/distributed/pipeline_stats.hpp"
 #include "ash/distributed/sequence_blockwise.hpp"
 #include "ash/grad/blockwise_engine.hpp"

@@ -6,6 +6,7 @@
 #include "ash/core/memory.hpp"
 #include "ash/model/forward.hpp"
 #ifdef ASH_HAVE_MPI
+#include "ash/distributed/collectives.hpp"
 #include "ash/distributed/distributed_engine.hpp"
 #include "ash/distributed/sharded_io.hpp"
 #endif

@@ -21,7 +21,7 @@
 #include <functional>
 #include <vector>
 
-#include "ash/distributed/comm.hpp"
+#include "ash/distributed/layout.hpp"
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/kernels/half_storage.hpp"

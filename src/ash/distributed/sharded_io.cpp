@@ -1,6 +1,7 @@
 #include "ash/distributed/sharded_io.hpp"
 
 #include "ash/core/error.hpp"
+#include "ash/distributed/collectives.hpp"
 
 namespace ash::dist {
 

@@ -8,7 +8,7 @@
 // Reading needs no communication: every rank reads its own tensors.
 #include <string>
 
-#include "ash/distributed/comm.hpp"
+#include "ash/distributed/layout.hpp"
 #include "ash/io/checkpoint.hpp"
 
 namespace ash::dist {

@@ -9,7 +9,8 @@
 #include <string>
 
 #include "ash/core/error.hpp"
-#include "ash/distributed/comm.hpp"
+#include "ash/distributed/collectives.hpp"
+#include "ash/distributed/layout.hpp"
 #include "ash/kernels/blocks.hpp"
 
 namespace ash::dist {

@@ -125,7 +125,7 @@ void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S
   const auto& act = store.kept(k);
   constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
   impl::window_adjoint(on_host ? impl::WindowForm::host : impl::WindowForm::device, s, act, g, Tbar, mu, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu, act.hprev, act.A, work_.cotangents(),
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A, work_.cotangents(),
                           grad, g, /*detach_input=*/true, this->exec_);
 }
 

@@ -136,7 +136,8 @@ WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh) {
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
-          "adjoint-exact: a window (--truncate) needs --detach-inputs; a window on the exact gradient is undefined");
+          "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs; a window on the exact gradient is "
+          "undefined");
   require(opts.chunk >= 1 && opts.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
 }
 
@@ -175,7 +176,7 @@ template <class S>
 void AdjointExactLayer<S>::backward_window_range(const LayerParams<S>& p, const SeqShape& s_ext, const View2<S>& y_ext,
                                                  const View2<S>& g_ext, const View2<S>& h0, index_t own_T,
                                                  const LayerParams<S>& grad) {
-  require(opts_.detach_inputs, "adjoint-exact: a window (--truncate) needs --detach-inputs");
+  require(opts_.detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
   require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
   run(p, s_ext, y_ext, project_block(p, s_ext, y_ext), g_ext, h0, nullptr, grad, own_T);
 }
@@ -217,7 +218,7 @@ void AdjointExactLayer<S>::carry_map(const LayerActivations<S>& act, const SeqSh
 template <class S>
 void AdjointExactLayer<S>::block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
                                            const View2<S>& g_blk, const View3<S>& M, const View3<S>& v) {
-  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  require(opts_.truncate == 0, "adjoint-exact: a window (grad.truncate) cannot run on token ranges split over ranks");
   carry_map(project_block(p, sb, y_blk), sb, g_blk, M, v);
 }
 
@@ -226,7 +227,7 @@ void AdjointExactLayer<S>::backward_range(const LayerParams<S>& p, int k, Activa
                                           const View2<S>& g, const View2<S>& h0,
                                           const typename BlockAdjoint<S>::Exchange& exchange,
                                           const LayerParams<S>& grad) {
-  require(opts_.truncate == 0, "adjoint-exact: a window (--truncate) cannot run on token ranges split over ranks");
+  require(opts_.truncate == 0, "adjoint-exact: a window (grad.truncate) cannot run on token ranges split over ranks");
   const auto& s = store.shape();
   const auto& act = store.activations(p, k, this->exec_);
   const index_t Bt = s.batch, P = p.W_delta.extent(0), N = p.W_B.extent(0);
@@ -296,7 +297,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
       ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww, fs,
                                                            out, exec));
       const ParamPartials<S> parts{out.alog_part, out.d_part, out.bd_part, Bt * ((Ww + C - 1) / C)};
-      ssm_layer_backward_dense(layer, s, y, act, g, RowBlock{w0, Ww}, cot, parts, grad, g, opts_.detach_inputs, exec);
+      ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs, exec);
     }
   } else {
     const View3<S> hbuf = w.view3(buf::wave_hprev), Abuf = w.view3(buf::wave_A), mubuf = w.view3(buf::wave_mu);
@@ -322,7 +323,7 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
       }
       // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
       // only rows of this wave or later ones, and the carries were taken first.
-      ssm_layer_backward_rows(layer, s, y, act, g, RowBlock{w0, Ww}, mubuf, hbuf, Abuf, cot, grad, g,
+      ssm_layer_backward_rows(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, mubuf, hbuf, Abuf, cot, grad, g,
                               opts_.detach_inputs, exec);
     }
   }

@@ -109,7 +109,7 @@ void impl::e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, co
 
 template <class S>
 BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : opts_(opts) {
-  require(opts.truncate == 0, "engine 'backprop' has no window: --truncate applies to adjoint engines only");
+  require(opts.truncate == 0, "engine 'backprop' has no window: grad.truncate applies to adjoint engines only");
 }
 
 template <class S>
@@ -120,7 +120,7 @@ void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<
   const auto& act = store.kept(k);
   const View3<S> mu = work_.view3("ash::e1::mu");
   reverse_scan(s, act, g, mu, opts_.chunk, work_, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, RowBlock{0, s.T}, mu, act.hprev, act.A, work_.cotangents(),
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A, work_.cotangents(),
                           grad, g, opts_.detach_inputs, this->exec_);
 }
 

@@ -1,6 +1,7 @@
 #include "ash/grad/engine.hpp"
 
 #include "ash/core/error.hpp"
+#include "ash/core/sizes.hpp"
 #include "ash/grad/adjoint.hpp"
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
@@ -13,9 +14,7 @@ namespace ash {
 
 template <class S>
 std::unique_ptr<LayerAdjoint<S>> make_layer_adjoint(const EngineOptions& opts) {
-  require(opts.truncate >= 0, "grad.truncate must be >= 0 (0 means the full window T)");
-  require(opts.chunk >= 1, "grad.chunk must be >= 1");
-  require(opts.wave >= 0 && opts.head_chunk >= 0, "grad.wave and grad.head_chunk must be >= 0 (0: auto)");
+  check_grad_numbers(opts);
   switch (opts.method) {
     case Method::backprop: return std::make_unique<BackpropLayer<S>>(opts);
     case Method::adjoint: return std::make_unique<AdjointLayer<S>>(opts);

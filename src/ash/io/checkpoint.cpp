@@ -6,11 +6,14 @@
 
 #include "ash/core/error.hpp"
 #include "ash/core/sizes.hpp"
-#include "ash/io/hdf5.hpp"
+#include "ash/io/atomic_write.hpp"
+#include "ash/io/hdf5_digest.hpp"
+#include "ash/io/hdf5_objects.hpp"
+#include "ash/io/hdf5_rows.hpp"
 
 namespace ash {
 
-using namespace io;  // the HDF5 plumbing (hdf5.hpp); this file is the schema
+using namespace io;  // the HDF5 plumbing (io/hdf5_*.hpp, io/atomic_write.hpp); this file is the schema
 
 namespace {
 

@@ -2,8 +2,9 @@
 
 #include <cmath>
 
+#include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
-#include "ash/io/hdf5.hpp"
+#include "ash/io/hdf5_digest.hpp"
 
 namespace ash {
 
@@ -83,10 +84,7 @@ TokenDataset TokenDataset::from_file(const std::string& path, index_t vocab, ind
 }
 
 void TokenDataset::set_documents(const std::vector<std::uint32_t>& separator, bool pack) {
-  require(!pack || !separator.empty(), "data.pack needs data.separator: packing places whole documents");
-  require(index_t(separator.size()) <= T_, "data.separator is " + std::to_string(separator.size()) +
-                                               " tokens, longer than a window (data.seq_len = " + std::to_string(T_) +
-                                               ")");
+  check_separator(separator.size(), T_, pack);
   starts_.clear();
   n_train_ = n_train_raw_;
   packed_ = false;

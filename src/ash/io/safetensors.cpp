@@ -19,7 +19,7 @@
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/sizes.hpp"
-#include "ash/io/hdf5.hpp"  // temporary_suffix_chars: the one alphabet of temporary names
+#include "ash/io/atomic_write.hpp"  // temporary_suffix_chars: the one alphabet of temporary names
 #include "ash/kernels/half_storage.hpp"
 
 namespace fs = std::filesystem;
@@ -405,7 +405,7 @@ std::string random_suffix() {
   return s;
 }
 
-// io/hdf5's write_atomically for a byte stream: "<path>.tmp.XXXXXX" created with
+// io/atomic_write's write_atomically for a byte stream: "<path>.tmp.XXXXXX" created with
 // O_EXCL | O_NOFOLLOW (nothing planted at a name is written through), written,
 // fsynced and renamed over `path`; removed on any failure, so `path` is unchanged.
 class AtomicFile {

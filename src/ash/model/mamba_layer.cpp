@@ -132,7 +132,7 @@ void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, cons
   const auto& sc = act.scan;
   const auto& sg = cot.scan;
   // The scan core: ∂L/∂(δ W_dt^T + b_dt), ∂L/∂u through the scan, ∂L/∂β, ∂L/∂γ; A_log, D, b_dt.
-  selective_scan_backward_rows(p.D, s, sc, cot.gs, RowBlock{0, T}, mu, sc.hprev, sc.A, sg,
+  selective_scan_backward_rows(p.D, s, sc, cot.gs, BlockRows{T, T, 0}, mu, sc.hprev, sc.A, sg,
                                ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
   impl::gemm<S>(exec, "T", "N", S(1), sg.gz, act.dlow, S(1), grad.dt_proj);
   impl::gemm<S>(exec, "N", "N", S(1), sg.gz, p.dt_proj, S(0), cot.gdlow);

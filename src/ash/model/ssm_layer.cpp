@@ -202,7 +202,7 @@ void vjp_state(const LayerActivations<S>& act, const View2<S>& gy, const Map map
 
 template <class S>
 void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
-                const View2<S>& gy, const RowBlock& rb, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
+                const View2<S>& gy, const BlockRows& rb, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
                 const View2<S>& gy_in, bool detach_input, const ExecSpace& exec);
 
 }  // namespace
@@ -290,7 +290,7 @@ void ssm_layer_state_map(const LayerParams<S>& p, const SeqShape& s, const Layer
 
 template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                             const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
+                             const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rb,
                              const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av,
                              const LayerCotangents<S>& cot, const LayerParams<S>& grad, const View2<S>& gy_in,
                              bool detach_input, const ExecSpace& exec) {
@@ -302,16 +302,16 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
 
 template <class S>
 void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, const LayerActivations<S>& act,
-                                  const View2<S>& gy, const RowBlock& rb, const View3<S>& mu, const View3<S>& hprev,
+                                  const View2<S>& gy, const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                   const View3<S>& Av, const LayerCotangents<S>& cot, const ScanParamGrads<S>& grad,
                                   const ExecSpace& exec) {
-  const index_t T = s.T, N = act.beta.extent(1);
-  const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
+  const index_t N = act.beta.extent(1), R = s.batch * rb.W;
   const index_t nblk = impl::row_blocks(R);
+  require(rb.T == s.T, "selective_scan_backward_rows: the row block is of another window length");
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
               index_t(cot.gyhat.extent(0)) >= R,
           "selective_scan_backward_rows: buffers smaller than the row block");
-  const BlockRows map{W, T, t0};
+  const BlockRows map = rb;
   ASH_WITH_STATE_TILE(N, vjp_channel<NT>(act, gy, D, map, R, mu, hprev, Av, cot, exec));
   ASH_WITH_LANE_TILE(N, vjp_state<NT>(act, gy, map, R, mu, hprev, Av, cot, exec));
   selective_scan_param_sums(act, ParamPartials<S>{cot.alog_part, cot.d_part, cot.bd_part, nblk}, grad, exec);
@@ -319,7 +319,7 @@ void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, con
 
 template <class S>
 void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rb,
+                              const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rb,
                               const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
                               const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                               const ExecSpace& exec) {
@@ -361,11 +361,12 @@ namespace {
 // The SSM-ResNet's dense VJPs over a row block (ssm_layer_backward_dense after the scan's parameter sums).
 template <class S>
 void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
-                const View2<S>& gy, const RowBlock& rb, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
+                const View2<S>& gy, const BlockRows& rb, const LayerCotangents<S>& cot, const LayerParams<S>& grad,
                 const View2<S>& gy_in, bool detach_input, const ExecSpace& exec) {
   const index_t T = s.T, P = act.yhat.extent(1);
   const index_t W = rb.W, t0 = rb.t0, R = s.batch * W;
-  const BlockRows map{W, T, t0};
+  require(rb.T == T, "ssm_layer_backward_dense: the row block is of another window length");
+  const BlockRows map = rb;
 
   // Dense VJPs over the block's rows, one GEMM each: weight gradients over
   // tokens, their input VJPs into ∂L/∂ŷ, then the RMSNorm VJP gives the
@@ -421,19 +422,19 @@ void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in
   template void ssm_layer_state_map<S>(const LayerParams<S>&, const SeqShape&, const LayerActivations<S>&,          \
                                        const View2<S>&, const View2<S>&, const ExecSpace&);                         \
   template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
-                                           const LayerActivations<S>&, const View2<S>&, const RowBlock&,           \
+                                           const LayerActivations<S>&, const View2<S>&, const BlockRows&,           \
                                            const View3<S>&, const View3<S>&, const View3<S>&,                      \
                                            const LayerCotangents<S>&,                                              \
                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
   template void ssm_layer_backward_dense<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,               \
-                                            const LayerActivations<S>&, const View2<S>&, const RowBlock&,          \
+                                            const LayerActivations<S>&, const View2<S>&, const BlockRows&,          \
                                             const LayerCotangents<S>&, const ParamPartials<S>&,                    \
                                             const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
   template void selective_scan_forward<S>(const Unmanaged1<S>&, const SeqShape&, const View2<S>&,                 \
                                          const LayerActivations<S>&, const View2<S>&, const View2<S>&,             \
                                          const ExecSpace&);                                                        \
   template void selective_scan_backward_rows<S>(const Unmanaged1<S>&, const SeqShape&, const LayerActivations<S>&,  \
-                                                const View2<S>&, const RowBlock&, const View3<S>&, const View3<S>&, \
+                                                const View2<S>&, const BlockRows&, const View3<S>&, const View3<S>&, \
                                                 const View3<S>&, const LayerCotangents<S>&, const ScanParamGrads<S>&, \
                                                 const ExecSpace&);                                                 \
   template void selective_scan_param_sums<S>(const LayerActivations<S>&, const ParamPartials<S>&,                   \

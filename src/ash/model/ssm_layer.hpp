@@ -20,6 +20,7 @@
 // runs the per-token and dense VJPs on any block of token rows.
 #include "ash/core/documents.hpp"
 #include "ash/core/types.hpp"
+#include "ash/kernels/blocks.hpp"
 #include "ash/model/params.hpp"
 
 namespace ash {
@@ -144,13 +145,6 @@ struct ParamPartials {
   index_t n = 0;
 };
 
-// Token rows handled by one ssm_layer_backward_rows call: tokens t in
-// [t0, t0+W) of every sequence; buffer row r = b·W + (t - t0).
-struct RowBlock {
-  index_t t0 = 0;
-  index_t W = 0;
-};
-
 // Where the scan core's parameter gradients go: A_log, D and the bias inside
 // Δ = softplus(· + bias) (an SSM-ResNet's bδ, a Mamba's dt_bias).
 template <class S>
@@ -159,15 +153,15 @@ struct ScanParamGrads {
   Unmanaged1<S> D, bias;
 };
 
-// The scan core's reverse mode on one row block, given μ, h^{t-1} and A^t of
-// its rows (ssm_layer_backward_rows' first half, shared by both
+// The scan core's reverse mode on one row block (`rows`, as below), given μ,
+// h^{t-1} and A^t of its rows (ssm_layer_backward_rows' first half, shared by both
 // architectures): cot.gz = ∂L/∂(the pre-softplus Δ), cot.gyhat = ∂L/∂ŷ
 // through the scan alone (D ŷ and the input term u = Δ ŷ β), cot.gbeta,
 // cot.ggamma (=, per row), and the A_log, D and bias gradients added to grad.
 // gy is the cotangent of the scan output. mu is overwritten.
 template <class S>
 void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, const LayerActivations<S>& act,
-                                  const View2<S>& gy, const RowBlock& rows, const View3<S>& mu,
+                                  const View2<S>& gy, const BlockRows& rows, const View3<S>& mu,
                                   const View3<S>& hprev, const View3<S>& A, const LayerCotangents<S>& cot,
                                   const ScanParamGrads<S>& grad, const ExecSpace& exec = ExecSpace());
 
@@ -176,16 +170,17 @@ template <class S>
 void selective_scan_param_sums(const LayerActivations<S>& act, const ParamPartials<S>& parts,
                                const ScanParamGrads<S>& grad, const ExecSpace& exec = ExecSpace());
 
-// Reverse mode of layer k on one row block, given the h-adjoint μ, h^{t-1}
+// Reverse mode of layer k on one row block (`rows`: tokens [t0, t0+W) of every
+// sequence, buffer row r = b·W + (t - t0); rows.T is s.T), given the h-adjoint μ, h^{t-1}
 // and A^t of its rows (no exp is evaluated here):
 // the VJPs of step i (cotangent μ^i) and of output i (cotangent gy^i) w.r.t.
 // θ_k (added to grad) and the layer input: gy_in = gy + RMSNorm VJP on these
 // rows (gy alone when detach_input: stop-gradient on the layer input). Weight
 // gradients are GEMMs over the block's tokens. mu, hprev, A are [Bt·W, P, N]
-// in RowBlock order; mu is overwritten (scratch once consumed). gy_in may be gy.
+// in that row order; mu is overwritten (scratch once consumed). gy_in may be gy.
 template <class S>
 void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                             const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
+                             const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rows,
                              const View3<S>& mu, const View3<S>& hprev, const View3<S>& A,
                              const LayerCotangents<S>& cot,
                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
@@ -197,7 +192,7 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
 // `parts`, adds the A_log, D, bδ sums and the dense and RMSNorm VJPs.
 template <class S>
 void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
-                              const LayerActivations<S>& act, const View2<S>& gy, const RowBlock& rows,
+                              const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rows,
                               const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
                               const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
                               const ExecSpace& exec = ExecSpace());

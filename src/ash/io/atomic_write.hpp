@@ -1,0 +1,22 @@
+#pragma once
+// The atomic whole-file write of every HDF5 file ash writes (docs/file_format.md)
+// and the temporary-name rules it follows. Internal (see hdf5_objects.hpp).
+#include <hdf5.h>
+
+#include <functional>
+#include <string>
+
+namespace ash::io {
+
+// The characters of a temporary file's random suffix ("<path>.tmp." and six of
+// them): write_atomically draws from them, the trainer's clean-up matches them.
+inline constexpr char temporary_suffix_chars[] = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+// Builds the file in memory (HDF5's core driver, 1.10 format), `body` filling
+// it, then writes its image to a new "<path>.tmp.XXXXXX" (six random
+// characters, created with O_EXCL | O_NOFOLLOW), fsyncs and renames it over
+// `path` (a symbolic link there is replaced, not followed). On any failure the
+// temporary file is removed and `path` is untouched.
+void write_atomically(const std::string& path, const std::function<void(hid_t)>& body);
+
+}  // namespace ash::io
