@@ -58,17 +58,29 @@ if(KokkosKernels_VERSION AND Kokkos_VERSION AND NOT KokkosKernels_VERSION VERSIO
   endif()
 endif()
 
+# The backends this Kokkos was built with (ASH_KOKKOS_BACKENDS, upper case as Kokkos
+# spells them: Kokkos_DEVICES in 3.4 and 4.x, else the Kokkos_ENABLE_* variables) and
+# the one the library runs on (ASH_KOKKOS_DEFAULT_BACKEND): ash::ExecSpace is Kokkos'
+# default execution space, which Kokkos picks at its build in this order
+# (Kokkos_Macros.hpp). The tests run per backend from these (unit_tests/CMakeLists.txt).
+set(ASH_KOKKOS_BACKENDS "${Kokkos_DEVICES}")
+if(NOT ASH_KOKKOS_BACKENDS)
+  foreach(_b SERIAL OPENMP THREADS PTHREAD HPX CUDA HIP SYCL OPENACC OPENMPTARGET)
+    if(Kokkos_ENABLE_${_b})
+      list(APPEND ASH_KOKKOS_BACKENDS ${_b})
+    endif()
+  endforeach()
+endif()
+set(ASH_KOKKOS_DEFAULT_BACKEND "")
+foreach(_b CUDA HIP SYCL OPENACC OPENMPTARGET OPENMP THREADS PTHREAD HPX SERIAL)
+  if(NOT ASH_KOKKOS_DEFAULT_BACKEND AND _b IN_LIST ASH_KOKKOS_BACKENDS)
+    set(ASH_KOKKOS_DEFAULT_BACKEND ${_b})
+  endif()
+endforeach()
+
 if(NOT ASH_KOKKOS_REPORTED)
   set(ASH_KOKKOS_REPORTED TRUE)
-  set(_ash_devs "${Kokkos_DEVICES}")
-  if(NOT _ash_devs)
-    foreach(_b SERIAL OPENMP THREADS CUDA HIP SYCL)
-      if(Kokkos_ENABLE_${_b})
-        list(APPEND _ash_devs ${_b})
-      endif()
-    endforeach()
-  endif()
   message(STATUS "AdjointSharding: Kokkos ${Kokkos_VERSION} from ${Kokkos_DIR}")
-  message(STATUS "AdjointSharding: Kokkos backends: ${_ash_devs}")
+  message(STATUS "AdjointSharding: Kokkos backends: ${ASH_KOKKOS_BACKENDS} (the library runs on ${ASH_KOKKOS_DEFAULT_BACKEND})")
   message(STATUS "AdjointSharding: Kokkos Kernels ${KokkosKernels_VERSION}${Trilinos_VERSION} (${ASH_KOKKOSKERNELS_FLAVOUR}) from ${KokkosKernels_DIR}")
 endif()
