@@ -18,7 +18,7 @@ from . import _core
 from ._core import Error
 
 __all__ = ["Error", "grad", "load", "save", "init", "evaluate", "train", "generate", "plan", "default_config",
-           "backend"]
+           "import_hf", "export_hf", "backend"]
 
 backend = _core.backend  # the Kokkos execution space the library was built for ("Serial", "OpenMP", ...)
 
@@ -160,3 +160,22 @@ def plan(config, workload="train", precision=None):
     """The memory planner (`ash plan`): dict with items (bytes per component), total, capacity
     of this machine's memory space, engine, phase and the printed table."""
     return _core.plan(_config_json(config), str(workload), _precision(precision))
+
+
+def import_hf(hf_dir, out, precision="double"):
+    """`ash import-hf`: a Hugging Face MambaForCausalLM folder (config.json and model.safetensors,
+    or its index and shards) written as the checkpoint `out` in precision "float" or "double".
+    Returns a dict: config (the stored configuration), source_dtypes ("F32", ...), ignored
+    (config.json keys transformers does not define) and parameters."""
+    precision = _precision(precision) or "double"
+    r = _core.import_hf(str(hf_dir), str(out), precision)
+    r["config"] = _json.loads(r["config"])
+    return r
+
+
+def export_hf(checkpoint_path, hf_dir, dtype=None):
+    """`ash export-hf`: a model.arch = "mamba" checkpoint written as config.json and
+    model.safetensors in `hf_dir` (created when missing), which
+    transformers.MambaForCausalLM.from_pretrained(hf_dir) loads. dtype: "float" (F32) or
+    "double" (F64); None writes the checkpoint's precision. Returns {dtype, parameters}."""
+    return _core.export_hf(str(checkpoint_path), str(hf_dir), _precision(dtype))
