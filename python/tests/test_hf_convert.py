@@ -129,6 +129,10 @@ def test_exported_init_model_loads_in_transformers(tmp_path, ash_cli, float64_sl
     out = tmp_path / "hf"
     printed = run_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", out)
     assert ("F64" if precision == "double" else "F32") in printed
+    back = tmp_path / "back.h5"  # and imported again: the same parameters, bit for bit
+    run_cli(ash_cli, "import-hf", "--from", out, "--out", back, "--precision", precision)
+    a, b = ash.load(ck), ash.load(back)
+    assert sorted(a) == sorted(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
     model = f64(transformers.MambaForCausalLM.from_pretrained(out))
     ids = np.random.default_rng(8).integers(0, V, B * T).astype("<u4")
     x = torch.tensor(ids.reshape(B, T), dtype=torch.long)
