@@ -235,3 +235,14 @@ def test_hostile_folders_exit_2(tmp_path, ash_cli, case, mutate, needle):
     assert not out.exists()
     with pytest.raises(ash.Error, match=needle.replace(".", r"\.")):
         ash.import_hf(src, out)
+
+
+def test_unknown_config_keys_are_a_note(tmp_path, ash_cli):
+    src = saved(hf_model(11, 5, 3, 1, 2, 2, 1, True, 1e-5, seed=6), tmp_path / "src", torch.float32)
+    c = json.loads((src / "config.json").read_text())
+    c["my_own_key"] = 3
+    (src / "config.json").write_text(json.dumps(c))
+    out = run_cli(ash_cli, "import-hf", "--from", src, "--out", tmp_path / "m.h5")
+    note = [line for line in out.splitlines() if line.startswith("note:")]
+    assert len(note) == 1 and "my_own_key" in note[0], out
+    assert ash.import_hf(src, tmp_path / "m2.h5")["ignored"] == ["my_own_key"]
