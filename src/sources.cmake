@@ -48,6 +48,7 @@ set(ASH_LIBRARY_SOURCES
   ash/app/plan_run.cpp
   ash/app/train_run.cpp
   ash/app/hf_mamba.cpp
+  ash/app/hf_convert.cpp
 )
 # Built only with ASH_ENABLE_MPI: these include <mpi.h>.
 set(ASH_MPI_SOURCES

@@ -263,7 +263,7 @@ TEST(CliStart, HelpIsAshsOwn) {
 }
 
 TEST(CliStart, UnknownVerbIsNamed) {
-  for (const std::string args : {"import-hf", "import-hf --checkpoint model.h5", "Train --resume x.h5"}) {
+  for (const std::string args : {"convert", "convert --checkpoint model.h5", "Train --resume x.h5"}) {
     const auto r = run(args);
     const std::string verb = args.substr(0, args.find(' '));
     EXPECT_EQ(r.code, 2) << "ash " << args << ":\n" << r.out;

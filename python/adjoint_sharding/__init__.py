@@ -18,7 +18,7 @@ from . import _core
 from ._core import Error
 
 __all__ = ["Error", "grad", "load", "save", "init", "evaluate", "train", "generate", "plan", "default_config",
-           "backend"]
+           "import_hf", "export_hf", "backend"]
 
 backend = _core.backend  # the Kokkos execution space the library was built for ("Serial", "OpenMP", ...)
 
@@ -55,28 +55,60 @@ def _config_json(config):
     return _json.dumps(config)
 
 
-def grad(checkpoint_path, tokens, *, seq_len, batch=1, engine="adjoint-exact", truncate=0, detach_inputs=False,
-         precision=None, storage=None, layer_checkpoint=None, token_block=None, set=()):
+def _windows(ids, seq_len, batch):
+    """A 2-D (B, L) array of token ids as the flat tokens of B windows of L tokens, checked
+    against seq_len and batch where they are given."""
+    a = _np.asarray(ids)
+    if a.ndim != 2:
+        raise Error(f"ids must be a 2-D array (batch, seq_len) of token ids, got {a.ndim} dimension(s) "
+                    f"{tuple(a.shape)}")
+    B, L = (int(n) for n in a.shape)
+    for name, given, shape in (("seq_len", seq_len, L), ("batch", batch, B)):
+        if given is not None and int(given) != shape:
+            raise Error(f"{name}={int(given)} does not match ids of shape {tuple(a.shape)} ({name} {shape})")
+    return _tokens(a.reshape(-1), "ids"), L, B
+
+
+def grad(checkpoint_path, tokens=None, *, ids=None, seq_len=None, batch=None, engine="adjoint-exact", truncate=0,
+         detach_inputs=False, precision=None, storage=None, layer_checkpoint=None, token_block=None, set=()):
     """(loss, grads): what `ash grad` computes for the first `batch` windows of `seq_len` tokens.
 
-    tokens: 1-D integer or uint8 array (or bytes). grads: dict keyed by the gradient
-    file's paths under /grad ("embedding", "final_norm", "head", "layers/000/W_delta", ...)
-    with numpy arrays in the compute precision (precision=None: the checkpoint's).
+    tokens: 1-D integer or uint8 array (or bytes), cut into windows as `ash grad` does
+    (seq_len required, batch 1 unless given). Or ids: a 2-D integer array (B, L), row b one
+    window, with transformers' loss convention: row b predicts ids[b, 1:] from ids[b, :-1],
+    the loss is the mean over all B·(L−1) targets (model(input_ids=ids, labels=ids).loss);
+    seq_len and batch come from the shape (if given they must match it), and the
+    checkpoint's data.separator is not applied (rows are whole sequences; set= may set it).
+    grads: dict keyed by the gradient file's paths under /grad ("embedding", "final_norm",
+    "head", "layers/000/W_delta" or a Mamba's "layers/000/in_proj", ...) with numpy arrays
+    in the compute precision (precision=None: the checkpoint's).
     storage ("float", "bf16", "fp16"; run.storage), layer_checkpoint (grad.layer_checkpoint)
     and token_block (grad.token_block) are the memory levers of docs/design.md §8 (None: the
     checkpoint's configuration); `set` is a list of "key=value" like `ash grad --set`.
     """
+    sets = [str(s) for s in set]
+    if ids is not None:
+        if tokens is not None:
+            raise Error("grad takes tokens (1-D) or ids (2-D, batch x seq_len), not both")
+        flat, seq_len, batch = _windows(ids, seq_len, batch)
+        sets = ["data.separator="] + sets  # transformers' convention: every row's targets count
+    else:
+        if tokens is None:
+            raise Error("grad needs tokens (1-D, with seq_len) or ids (2-D, batch x seq_len)")
+        if seq_len is None:
+            raise Error("grad with tokens needs seq_len (the window length); ids (2-D) gives it by its shape")
+        flat = _tokens(tokens)
     o = _core.GradOptions()
     o.seq_len = int(seq_len)
-    o.batch = int(batch)
+    o.batch = 1 if batch is None else int(batch)
     o.engine = str(engine)
     o.truncate = int(truncate)
     o.detach_inputs = bool(detach_inputs)
     o.storage = "" if storage is None else str(storage)
     o.layer_checkpoint = None if layer_checkpoint is None else int(layer_checkpoint)
     o.token_block = None if token_block is None else int(token_block)
-    o.sets = [str(s) for s in set]
-    return _core.grad(str(checkpoint_path), _tokens(tokens), o, _precision(precision))
+    o.sets = sets
+    return _core.grad(str(checkpoint_path), flat, o, _precision(precision))
 
 
 class Checkpoint(dict):
@@ -160,3 +192,22 @@ def plan(config, workload="train", precision=None):
     """The memory planner (`ash plan`): dict with items (bytes per component), total, capacity
     of this machine's memory space, engine, phase and the printed table."""
     return _core.plan(_config_json(config), str(workload), _precision(precision))
+
+
+def import_hf(hf_dir, out, precision="double"):
+    """`ash import-hf`: a Hugging Face MambaForCausalLM folder (config.json and model.safetensors,
+    or its index and shards) written as the checkpoint `out` in precision "float" or "double".
+    Returns a dict: config (the stored configuration), source_dtypes ("F32", ...), ignored
+    (config.json keys transformers does not define) and parameters."""
+    precision = _precision(precision) or "double"
+    r = _core.import_hf(str(hf_dir), str(out), precision)
+    r["config"] = _json.loads(r["config"])
+    return r
+
+
+def export_hf(checkpoint_path, hf_dir, dtype=None):
+    """`ash export-hf`: a model.arch = "mamba" checkpoint written as config.json and
+    model.safetensors in `hf_dir` (created when missing), which
+    transformers.MambaForCausalLM.from_pretrained(hf_dir) loads. dtype: "float" (F32) or
+    "double" (F64); None writes the checkpoint's precision. Returns {dtype, parameters}."""
+    return _core.export_hf(str(checkpoint_path), str(hf_dir), _precision(dtype))

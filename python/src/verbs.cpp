@@ -1,5 +1,5 @@
 // adjoint_sharding._core's verbs: the library forms of src/ash/app/ (what `ash
-// grad`, `eval`, `init`, `train`, `generate`, `plan` call) with Python's
+// grad`, `eval`, `init`, `train`, `generate`, `plan`, `import-hf`, `export-hf` call) with Python's
 // arguments converted in and the results converted out. The GIL is released while
 // the library runs: it calls no Python (train's progress callback takes it back).
 #include <nanobind/nanobind.h>
@@ -222,6 +222,32 @@ nb::dict plan(const std::string& config_json, const std::string& workload, const
   return out;
 }
 
+// `ash import-hf`: {config (JSON text), source_dtypes, ignored, parameters}.
+nb::dict import_hf(const std::string& dir, const std::string& out, const std::string& precision) {
+  const auto r = [&] {
+    nb::gil_scoped_release nogil;
+    return ash::import_hf(dir, out, precision);
+  }();
+  nb::dict d;
+  d["config"] = r.config.json().dump();
+  d["source_dtypes"] = r.source_dtypes;
+  d["ignored"] = r.ignored;
+  d["parameters"] = r.parameters;
+  return d;
+}
+
+// `ash export-hf`: {dtype, parameters}.
+nb::dict export_hf(const std::string& ckpt, const std::string& dir, const std::string& dtype) {
+  const auto r = [&] {
+    nb::gil_scoped_release nogil;
+    return ash::export_hf(ckpt, dir, dtype);
+  }();
+  nb::dict d;
+  d["dtype"] = r.dtype;
+  d["parameters"] = r.parameters;
+  return d;
+}
+
 }  // namespace
 
 void bind_verbs(nb::module_& m) {
@@ -244,6 +270,8 @@ void bind_verbs(nb::module_& m) {
   m.def("train", &train, "config_json"_a, "progress"_a.none(), "resume"_a, "until"_a);
   m.def("generate", &generate, "checkpoint"_a, "prompt"_a, "n"_a, "temperature"_a, "seed"_a);
   m.def("plan", &plan, "config_json"_a, "workload"_a, "precision"_a);
+  m.def("import_hf", &import_hf, "dir"_a, "out"_a, "precision"_a);
+  m.def("export_hf", &export_hf, "checkpoint"_a, "dir"_a, "dtype"_a);
   m.def("default_config", []() { return ash::Config::defaults().dump(); });
 }
 

@@ -4,6 +4,7 @@
 #include "ash/app/eval_file.hpp"
 #include "ash/app/generate_text.hpp"
 #include "ash/app/grad_file.hpp"
+#include "ash/app/hf_convert.hpp"
 #include "ash/app/hf_mamba.hpp"
 #include "ash/app/init_model.hpp"
 #include "ash/app/plan_run.hpp"

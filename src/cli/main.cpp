@@ -1,4 +1,5 @@
-// The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, plan, generate, inspect.
+// The `ash` command-line tool (docs/design.md §4): init, train, grad, eval, plan, generate, inspect,
+// import-hf, export-hf.
 // It parses, starts MPI and Kokkos, calls the verbs' library forms (src/ash/app/) and prints.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
@@ -21,6 +22,7 @@
 #include "ash/app/eval_file.hpp"
 #include "ash/app/generate_text.hpp"
 #include "ash/app/grad_file.hpp"
+#include "ash/app/hf_convert.hpp"
 #include "ash/app/init_model.hpp"
 #include "ash/app/plan_run.hpp"
 #include "ash/app/run_checks.hpp"
@@ -279,6 +281,33 @@ void run_inspect(const std::string& path, bool verify) {
   if (info.finite_values >= 0) std::printf("all %lld values finite\n", (long long)info.finite_values);
 }
 
+// A Hugging Face MambaForCausalLM folder as a checkpoint (ash::import_hf).
+void run_import_hf(const std::string& dir, const std::string& out, const std::string& precision,
+                   std::uint64_t max_memory) {
+  const auto r = ash::import_hf(dir, out, precision, max_memory);
+  const auto d = r.config.model();
+  std::printf("read %s: MambaForCausalLM, %s tensors, V=%lld D=%lld N=%lld layers %lld\n", dir.c_str(),
+              r.source_dtypes.c_str(), (long long)d.vocab, (long long)d.width, (long long)d.state,
+              (long long)d.layers);
+  std::printf("%s", mamba_line(d).c_str());
+  if (!r.ignored.empty()) {
+    std::string keys;
+    for (const auto& k : r.ignored) keys += (keys.empty() ? "" : ", ") + k;
+    std::printf("note: config.json keys transformers does not define, ignored: %s\n", keys.c_str());
+  }
+  std::printf("wrote %s: %lld parameters (%s), step 0\n", out.c_str(), (long long)r.parameters, precision.c_str());
+}
+
+// A Mamba checkpoint as a folder transformers loads (ash::export_hf).
+void run_export_hf(const std::string& ckpt, const std::string& dir, const std::string& dtype) {
+  const auto r = ash::export_hf(ckpt, dir, dtype, [](const std::string& path) { return inspect(path); });
+  std::printf("wrote %s: config.json and model.safetensors (%s), MambaForCausalLM with V=%lld D=%lld N=%lld "
+              "layers %lld, %lld parameters\n",
+              dir.c_str(), r.dtype.c_str(), (long long)r.dims.vocab, (long long)r.dims.width, (long long)r.dims.state,
+              (long long)r.dims.layers, (long long)r.parameters);
+  std::printf("%s", mamba_line(r.dims).c_str());
+}
+
 // Numeric options are checked on their text, before CLI11 converts them (its
 // conversion wraps 2^64 and saturates, and would print absurd bounds).
 CLI::Validator integer_in(long long lo, long long hi) {
@@ -321,7 +350,7 @@ constexpr long long min_int64 = std::numeric_limits<long long>::min(), max_int64
 // Every verb's options, filled by the parser (docs/cli.md).
 struct Verbs {
   CLI::App *init = nullptr, *grad = nullptr, *train = nullptr, *generate = nullptr, *eval = nullptr,
-           *plan = nullptr, *inspect = nullptr;
+           *plan = nullptr, *inspect = nullptr, *import_hf = nullptr, *export_hf = nullptr;
   Common init_common;
   std::string init_out, init_precision = "double";
   GradArgs g;
@@ -340,6 +369,9 @@ struct Verbs {
   std::string plan_workload = "train", plan_precision;
   std::string inspect_path;
   bool inspect_no_verify = false;
+  std::string hf_from, hf_import_out, hf_precision = "double";
+  std::uint64_t hf_max_memory = 0;
+  std::string hf_checkpoint, hf_export_out, hf_dtype;  // hf_dtype "": the checkpoint's precision
 };
 
 // The verbs that write or differentiate a model.
@@ -418,6 +450,23 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
 
 }
 
+// The verbs that convert Hugging Face MambaForCausalLM folders (issue 34).
+void add_hf_verbs(CLI::App& app, Verbs& v) {
+  v.import_hf = app.add_subcommand("import-hf", "write a checkpoint from a Hugging Face MambaForCausalLM folder");
+  v.import_hf->add_option("--from", v.hf_from, "folder: config.json and model.safetensors (or its index)")->required();
+  v.import_hf->add_option("--out", v.hf_import_out, "checkpoint to write (.h5)")->required();
+  v.import_hf->add_option("--precision", v.hf_precision, "stored parameter type (default double)")
+      ->check(CLI::IsMember({"float", "double"}));
+  v.import_hf->add_option("--max-memory", v.hf_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
+      ->check(unsigned_integer());
+
+  v.export_hf = app.add_subcommand("export-hf", "write a Mamba checkpoint as a folder MambaForCausalLM loads");
+  v.export_hf->add_option("--checkpoint", v.hf_checkpoint, "model checkpoint (.h5, model.arch = mamba)")->required();
+  v.export_hf->add_option("--out", v.hf_export_out, "folder to write config.json and model.safetensors in")->required();
+  v.export_hf->add_option("--dtype", v.hf_dtype, "tensor type written (default: the checkpoint's precision)")
+      ->check(CLI::IsMember({"float", "double"}));
+}
+
 // Runs the verb the command line chose; its exit code.
 int run_verb(const Verbs& v) {
   if (*v.init) {
@@ -449,6 +498,10 @@ int run_verb(const Verbs& v) {
     return run_plan(v.plan_common, v.plan_workload, v.plan_precision);  // "": run.precision
   } else if (*v.inspect) {
     run_inspect(v.inspect_path, !v.inspect_no_verify);
+  } else if (*v.import_hf) {
+    run_import_hf(v.hf_from, v.hf_import_out, v.hf_precision, v.hf_max_memory);
+  } else if (*v.export_hf) {
+    run_export_hf(v.hf_checkpoint, v.hf_export_out, v.hf_dtype);
   }
   return 0;
 }
@@ -589,6 +642,7 @@ int main(int argc, char* argv[]) {
   Verbs v;
   add_model_verbs(app, v);
   add_reading_verbs(app, v);
+  add_hf_verbs(app, v);
   try {
     app.parse(int(args.ash.size()), args.ash.data());
   } catch (const CLI::ParseError& e) {

@@ -16,7 +16,7 @@ struct GenerateOptions {
   std::uint64_t seed = 1;        // the sampler's seed
   std::uint64_t max_memory = 0;  // check_memory's limit (0: the machine's)
   // A model trained on documents (data.separator): the prompt's documents each
-  // start from h = 0, and the sample ends with the separator (the document's end:
+  // start from h = 0 (a Mamba's conv state too), and the sample ends with the separator (the document's end:
   // what follows one was never a target in training). ash generate; not Python's.
   bool documents = true;
 };

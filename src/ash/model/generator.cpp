@@ -9,8 +9,12 @@ namespace ash {
 template <class S>
 Generator<S>::Generator(const ParamSet<S>& params) : params_(params) {
   const auto& d = params.dims();
-  require(!d.mamba(), "generation (ash generate) is not available for model.arch=mamba yet");
-  for (int k = 0; k < d.layers; ++k) state_.emplace_back("ash::gen::state", d.width, d.state);
+  for (int k = 0; k < d.layers; ++k) {
+    if (d.mamba())
+      mamba_state_.emplace_back(1, d);
+    else
+      state_.emplace_back("ash::gen::state", d.width, d.state);
+  }
 }
 
 template <class S>
@@ -28,10 +32,18 @@ void Generator<S>::feed(const std::vector<std::uint32_t>& tokens, const std::vec
   const SeqShape s = SeqShape::of(x);
   View2<S> y("ash::gen::y", T, d.width), y_next("ash::gen::y_next", T, d.width);
   embedding_forward(params_.global().embedding, x, y);
-  const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
-  for (int k = 0; k < d.layers; ++k) {
-    ssm_layer_forward(params_.layer(k), s, y, act, y_next, state_[k]);
-    std::swap(y, y_next);
+  if (d.mamba()) {
+    const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+    for (int k = 0; k < d.layers; ++k) {
+      mamba_layer_forward(params_.mamba_layer(k), d, s, y, act, y_next, mamba_state_[std::size_t(k)]);
+      std::swap(y, y_next);
+    }
+  } else {
+    const LayerActivations<S> act(s, d, LayerActivations<S>::projections_only);
+    for (int k = 0; k < d.layers; ++k) {
+      ssm_layer_forward(params_.layer(k), s, y, act, y_next, state_[k]);
+      std::swap(y, y_next);
+    }
   }
   auto last = Kokkos::subview(y, Kokkos::make_pair(T - 1, T), Kokkos::ALL());
   View2<S> last_row("ash::gen::last", 1, d.width);

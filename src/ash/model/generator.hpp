@@ -1,12 +1,16 @@
 #pragma once
 // Recurrent sampling: the SSM carries a fixed-size state h [K, P, N], so each
 // new token costs O(K·(P² + P·N) + V·P), independent of how many came before.
+// A Mamba (model.arch = "mamba") carries per block its conv state (the last
+// Kc−1 conv inputs, [E, Kc−1]) and its scan state h [E, N] (transformers' and
+// mamba-ssm's step): O(K·(D·E + E·(R + N + Kc)) + V·D) per token.
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "ash/model/head.hpp"
+#include "ash/model/mamba_layer.hpp"
 
 namespace ash {
 
@@ -19,7 +23,8 @@ class Generator {
   explicit Generator(const ParamSet<S>& params);
   // Feeds tokens (the prompt) through the model in one pass, carrying the state;
   // starts (null, or one flag per token): document starts, where the state
-  // restarts from zero as in training (data.separator, docs/design.md §1).
+  // restarts from zero as in training (data.separator, docs/design.md §1; a
+  // Mamba's conv state too: its conv sees nothing before a start).
   void feed(const std::vector<std::uint32_t>& tokens, const std::vector<std::uint8_t>* starts = nullptr);
   // Samples the next token from softmax(logits / temperature) (argmax when
   // temperature <= 0), feeds it, and returns it.
@@ -29,7 +34,8 @@ class Generator {
 
  private:
   const ParamSet<S>& params_;
-  std::vector<View2<S>> state_;  // per layer [P, N]
+  std::vector<View2<S>> state_;  // per layer [P, N] (an SSM-ResNet)
+  std::vector<MambaState<S>> mamba_state_;  // per block (a Mamba)
   std::vector<double> logits_;
 };
 

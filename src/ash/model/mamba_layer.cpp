@@ -51,34 +51,72 @@ MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d)
       scan(rows, d.inner(), d.state, true) {}
 
 template <class S>
-void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
-                         const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec) {
+MambaState<S>::MambaState(index_t batch, const ModelDims& d)
+    : conv("ash::mamba::conv_state", batch * d.inner(), d.conv_kernel - 1),
+      ssm("ash::mamba::ssm_state", batch * d.inner(), d.state) {}
+
+namespace {
+
+// mamba_layer_forward, with a carried state or (null) without.
+template <class S>
+void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                  const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>* state,
+                  const ExecSpace& exec) {
   const index_t M = y_in.extent(0), E = d.inner(), T = s.T, Kc = d.conv_kernel;
   require(M == s.rows() && index_t(act.x.extent(0)) == M, "mamba_layer_forward: activations of another size");
+  const bool carry = state != nullptr;
+  require(!carry || (index_t(state->conv.extent(0)) == s.batch * E && index_t(state->conv.extent(1)) == Kc - 1 &&
+                     index_t(state->ssm.extent(0)) == s.batch * E && index_t(state->ssm.extent(1)) == d.state),
+          "mamba_layer_forward: a carried state of another size");
   impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec, d.norm_eps);
   impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_x, S(0), act.x);
   impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_z, S(0), act.z);
   // The causal depthwise conv, then SiLU: u is the scan's input. Taps walk
   // back from the token itself and stop after a document's first token (the
-  // conv sees nothing before a start, as mamba-ssm's seq_idx) or the window's.
+  // conv sees nothing before a start, as mamba-ssm's seq_idx) or the window's;
+  // with a carried state, the taps before the window's first token read it.
   {
     auto x = act.x;
     auto c = act.c;
     auto u = act.scan.yhat;
     auto w = p.conv_weight;
     auto bias = p.conv_bias;
+    const View2<S> cs = carry ? state->conv : View2<S>();
     const DocStarts docs = s.docs;
     Kokkos::parallel_for(
         "ash::mamba::conv_forward", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
           const index_t b = m / T, t = m % T;
           S acc = bias(e);
-          for (index_t k = 0; k < Kc && k <= t; ++k) {
+          for (index_t k = 0; k < Kc; ++k) {
+            if (k > t) {  // before the window: the state's column of the token k - t before it
+              if (!carry) break;
+              acc += w(e, Kc - 1 - k) * cs(b * E + e, Kc - 1 - (k - t));
+              continue;
+            }
             acc += w(e, Kc - 1 - k) * x(m - k, e);
             if (docs.at(b, t - k)) break;
           }
           c(m, e) = acc;
           u(m, e) = silu(acc);
         });
+    // The conv state after the window: x of its last Kc-1 tokens (older ones from
+    // the state, ascending so a column is read before it is overwritten), 0 for a
+    // token before the last document start.
+    if (carry && Kc > 1)
+      Kokkos::parallel_for(
+          "ash::mamba::conv_state", Range(exec, 0, s.batch * E), KOKKOS_LAMBDA(const index_t i) {
+            const index_t b = i / E, e = i % E, first = T - (Kc - 1);  // the token of column 0
+            index_t start = -Kc;  // the last start after column 0's token (none: before every column)
+            for (index_t t = T - 1; t > first && t >= 0; --t)
+              if (docs.at(b, t)) {
+                start = t;
+                break;
+              }
+            for (index_t j = 0; j < Kc - 1; ++j) {
+              const index_t t = first + j;
+              cs(i, j) = t < start ? S(0) : t >= 0 ? x(b * T + t, e) : cs(i, j + T);
+            }
+          });
   }
   const auto& sc = act.scan;
   impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_dt, S(0), act.dlow);
@@ -93,7 +131,7 @@ void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const
         "ash::mamba::delta", Range2(exec, {0, 0}, {M, E}),
         KOKKOS_LAMBDA(const index_t m, const index_t e) { delta(m, e) = impl::softplus(delta(m, e) + bd(e)); });
   }
-  selective_scan_forward(p.D, s, View2<S>(), sc, act.s, View2<S>(), exec);
+  selective_scan_forward(p.D, s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   {
     auto so = act.s;
     auto z = act.z;
@@ -104,6 +142,21 @@ void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const
   }
   Kokkos::deep_copy(exec, y_out, y_in);
   impl::gemm<S>(exec, "N", "T", S(1), act.o, p.out_proj, S(1), y_out);
+}
+
+}  // namespace
+
+template <class S>
+void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, y_out, static_cast<const MambaState<S>*>(nullptr), exec);
+}
+
+template <class S>
+void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>& state,
+                         const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, y_out, &state, exec);
 }
 
 template <class S>
@@ -197,9 +250,13 @@ void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, cons
 #define ASH_INSTANTIATE(S)                                                                                        \
   template struct MambaActivations<S>;                                                                            \
   template struct MambaCotangents<S>;                                                                             \
+  template struct MambaState<S>;                                                                                  \
   template void mamba_layer_forward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,             \
                                        const View2<S>&, const MambaActivations<S>&, const View2<S>&,              \
                                        const ExecSpace&);                                                         \
+  template void mamba_layer_forward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,             \
+                                       const View2<S>&, const MambaActivations<S>&, const View2<S>&,              \
+                                       const MambaState<S>&, const ExecSpace&);                                   \
   template void mamba_gate_backward<S>(const MambaLayerParams<S>&, const MambaActivations<S>&, const View2<S>&,   \
                                        const MambaCotangents<S>&, const MambaLayerParams<S>&, const ExecSpace&);  \
   template void mamba_mixer_backward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,            \

@@ -39,6 +39,30 @@ template <class S>
 void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                          const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec = ExecSpace());
 
+// What one block carries from one call to the next (recurrent generation,
+// transformers' and mamba-ssm's step): per sequence b and channel e, row b·E + e
+// of each view. Zero (the constructor's) is the state before any token.
+template <class S>
+struct MambaState {
+  // x of the Kc−1 tokens before the next one, oldest first (column Kc−2 is the
+  // last token); a column whose token is before the last document start is 0,
+  // so the conv of the next token sees nothing of an earlier document.
+  View2<S> conv;  // [Bt·E, Kc−1]
+  View2<S> ssm;   // h after the last token [Bt·E, N]
+  MambaState(index_t batch, const ModelDims& d);
+  MambaState() = default;
+};
+
+// The same forward with a carried state: the conv's taps before the window's
+// first token read state.conv, the scan starts from state.ssm (both dropped at a
+// document start, as the window's own tokens are), and on return state holds what
+// follows the window's last token. Token by token this is the recurrent step;
+// over a window it gives the same numbers as that window inside a longer one.
+template <class S>
+void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>& state,
+                         const ExecSpace& exec = ExecSpace());
+
 // Scratch of the block's reverse mode (whole window, M rows).
 template <class S>
 struct MambaCotangents {

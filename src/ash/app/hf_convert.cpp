@@ -1,0 +1,104 @@
+#include "ash/app/hf_convert.hpp"
+
+#include <filesystem>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "ash/app/hf_mamba.hpp"
+#include "ash/core/error.hpp"
+#include "ash/io/checkpoint.hpp"
+#include "ash/io/run_lock.hpp"
+#include "ash/plan/memory_plan.hpp"
+
+namespace ash {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The folder's files a checkpoint or a folder file may not replace.
+std::vector<std::pair<std::string, std::string>> folder_files(const std::string& dir, const std::string& flag) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const char* name : {"config.json", "model.safetensors", "model.safetensors.index.json"})
+    files.emplace_back(flag, (fs::path(dir) / name).string());
+  return files;
+}
+
+template <class S>
+std::int64_t write_imported(const HfMambaModel& m, const Config& cfg, const std::string& out,
+                            std::uint64_t max_memory) {
+  check_memory(cfg, Workload::init, sizeof(S), max_memory);
+  ParamSet<S> params(cfg.model());
+  auto host = Kokkos::create_mirror_view(params.data());
+  for (const auto& t : params.tensors()) {
+    // read_hf_mamba returns exactly the tensors this configuration's layout holds
+    // (test_safetensors checks the two agree); a disagreement is a bug, not a user error.
+    const auto it = m.tensors.find(t.name);
+    if (it == m.tensors.end() || it->second.shape != t.shape)
+      throw std::logic_error("import-hf: the folder mapping and the parameter layout disagree on '" + t.name + "'");
+    for (index_t i = 0; i < t.size(); ++i) host(t.offset + i) = S(it->second.values[std::size_t(i)]);
+  }
+  Kokkos::deep_copy(params.data(), host);
+  const auto lock = RunLock::for_output(out);  // a run directory: not while its train runs
+  save_checkpoint(out, cfg, params);
+  return params.size();
+}
+
+}  // namespace
+
+HfImport import_hf(const std::string& dir, const std::string& out, const std::string& precision,
+                   std::uint64_t max_memory) {
+  require(precision == "float" || precision == "double",
+          "--precision must be float or double (got '" + precision + "')");
+  require_distinct_output(out, folder_files(dir, "a file of --from"));
+  HfMambaModel m = read_hf_mamba(dir);
+  HfImport r;
+  r.config.merge(m.config, "'" + (fs::path(dir) / "config.json").string() + "'");
+  r.config.set("run.precision=" + precision);
+  r.config.validate();
+  std::set<std::string> dtypes;
+  for (const auto& t : m.tensors) dtypes.insert(dtype_name(t.second.dtype));
+  for (const auto& d : dtypes) r.source_dtypes += (r.source_dtypes.empty() ? "" : ", ") + d;
+  r.ignored = m.ignored;
+  r.parameters = precision == "float" ? write_imported<float>(m, r.config, out, max_memory)
+                                      : write_imported<double>(m, r.config, out, max_memory);
+  return r;
+}
+
+HfExport export_hf(const std::string& checkpoint, const std::string& dir, const std::string& dtype,
+                   const CheckpointReader& read) {
+  require(dtype.empty() || dtype == "float" || dtype == "double",
+          "--dtype must be float or double (got '" + dtype + "')");
+  for (const auto& [flag, path] : folder_files(dir, "")) {
+    (void)flag;
+    require(!same_file(path, checkpoint), "--out '" + dir + "' holds --checkpoint '" + checkpoint +
+                                              "' as " + fs::path(path).filename().string() + ", which export-hf writes");
+  }
+  const CheckpointInfo head = read ? read(checkpoint) : inspect_checkpoint(checkpoint);
+  require(head.dims.mamba(), "'" + checkpoint + "' is a model.arch = " + arch_name(head.dims.arch) +
+                                 " checkpoint: export-hf writes only a model.arch = mamba model (as a Hugging Face "
+                                 "MambaForCausalLM folder)");
+  require_complete(checkpoint, head);
+  HfExport r;
+  r.dims = head.dims;
+  const std::string prec = dtype.empty() ? head.precision : dtype;
+  const TensorDtype out_dtype = prec == "double" ? TensorDtype::f64 : TensorDtype::f32;
+  r.dtype = dtype_name(out_dtype);
+  // In double: a float checkpoint converts exactly, and F32 written from it is its bits.
+  CheckpointInfo info;
+  const auto params = load_checkpoint<double>(checkpoint, &info);
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), params.data());
+  HfTensors tensors;
+  for (const auto& t : params.tensors()) {
+    HfTensor h;
+    h.shape = t.shape;
+    h.values.assign(host.data() + t.offset, host.data() + t.offset + t.size());
+    tensors.emplace(t.name, std::move(h));
+  }
+  r.parameters = params.size();
+  const auto lock = RunLock::for_output((fs::path(dir) / "model.safetensors").string());
+  write_hf_mamba(dir, info.config.json(), tensors, out_dtype);
+  return r;
+}
+
+}  // namespace ash
