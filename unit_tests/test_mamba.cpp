@@ -179,6 +179,10 @@ struct E3Case {
   bool docs;
 };
 
+void PrintTo(const E3Case& c, std::ostream* os) {
+  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "");
+}
+
 class MambaE3 : public ::testing::TestWithParam<E3Case> {};
 
 TEST_P(MambaE3, EqualsBackprop) {
@@ -207,7 +211,12 @@ TEST_P(MambaE3, EqualsBackprop) {
 INSTANTIATE_TEST_SUITE_P(Cases, MambaE3,
                          ::testing::Values(E3Case{1, 1, 9, 4, false}, E3Case{2, 2, 11, 3, true},
                                            E3Case{3, 2, 7, 2, false}, E3Case{2, 1, 13, 4, true},
-                                           E3Case{3, 1, 9, 3, true}));
+                                           E3Case{3, 1, 9, 3, true}),
+                         [](const ::testing::TestParamInfo<E3Case>& i) {  // a stable name (not the struct's bytes)
+                           const E3Case& c = i.param;
+                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
+                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                         });
 
 TEST(Mamba, Configuration) {
   Config ssm;
