@@ -1,5 +1,5 @@
 """model.arch = "mamba" against transformers' own MambaForCausalLM (docs/design.md §1,
-§10): the loss and every parameter's gradient of E1 (grad.engine=backprop) to 1e-10
+§10): the loss and every parameter's gradient of E1 (grad.engine=backprop) and E3 (adjoint-exact) to 1e-10
 relative, documents against per-document runs, the checkpoint layout and the
 initialisation, and the refusal of what a Mamba does not run yet.
 
@@ -136,6 +136,20 @@ def test_e1_matches_transformers(tmp_path, float64_slow_path, K, T, B, Kc, R, ti
     assert_close(loss, grads, ref_loss, ref_grads)
 
 
+@pytest.mark.parametrize("K,T,B,Kc,R,tied,chunk,wave", [(3, 11, 2, 3, 2, False, 2, 4), (2, 9, 1, 4, 1, True, 3, 0)])
+def test_e3_matches_transformers(tmp_path, float64_slow_path, K, T, B, Kc, R, tied, chunk, wave):
+    """E3 (grad.engine=adjoint-exact, exact) on a Mamba: chunks and waves that split the window."""
+    V, D, N, expand, eps = 13, 6, 4, 2, 1e-5
+    model = hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed=K * 100 + T + 7)
+    path = tmp_path / "m.h5"
+    ash.save(path, to_ash(model, K, tied), ash_config(V, D, N, K, expand, Kc, R, tied, eps), "double")
+    ids = np.random.default_rng(T + 1).integers(0, V, B * T)
+    loss, grads = ash.grad(path, ids, seq_len=T, batch=B, engine="adjoint-exact",
+                           set=[f"grad.chunk={chunk}", f"grad.wave={wave}"])
+    ref_loss, ref_grads = hf_loss_grads(model, ids.reshape(B, T), K, tied)
+    assert_close(loss, grads, ref_loss, ref_grads)
+
+
 def test_cli_grad_and_eval_match_transformers(tmp_path, ash_cli, float64_slow_path):
     """`ash grad` (E1) and `ash eval` on a Mamba checkpoint, expand 3, norm_eps 1e-3."""
     import h5py
@@ -213,9 +227,10 @@ def test_layout_and_initialisation():
 
 
 @pytest.mark.parametrize("kw,key", [
-    ({"engine": "adjoint-exact"}, "grad.engine=adjoint-exact"),
     ({"engine": "adjoint"}, "grad.engine=adjoint"),
     ({"engine": "backprop", "detach_inputs": True}, "grad.detach_inputs"),
+    ({"engine": "adjoint-exact", "detach_inputs": True}, "grad.detach_inputs"),
+    ({"engine": "adjoint-exact", "token_block": 4}, "grad.token_block"),
     ({"engine": "backprop", "token_block": 4}, "grad.token_block"),
     ({"engine": "backprop", "storage": "bf16"}, "run.storage"),
     ({"engine": "backprop", "layer_checkpoint": 2}, "grad.layer_checkpoint"),

@@ -133,6 +133,93 @@ WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh) {
   return w;
 }
 
+namespace impl {
+
+// E3's wave form over the tokens [0, own) of every sequence, once h (Hb or
+// hrun) and μ at chunk starts (Ms, exact mode) are known: per wave of W
+// tokens h^{t-1}, A^t and μ (μ_T̄ with a window Tbar > 0) in the workspace's
+// wave buffers, then on_wave for its rows. Shared by AdjointExactLayer::run
+// and adjoint_exact_scan_waves (a Mamba's scan).
+template <class S>
+void e3_waves(const ScanView<S>& L, const Chunks chunks, index_t Bt, const View3<S>& Hb, const View2<S>& hrun,
+              const View2<S>& h0, const View3<S>& Ms, const ExactCarry<S>& cin, index_t Tbar, index_t own, index_t W,
+              const Workspace<S>& w, const ScanWaveFn<S>& on_wave, const ExecSpace& exec) {
+  const index_t T = L.T, P = L.a.extent(0), N = L.a.extent(1);
+  const bool window = Tbar > 0, chunked_h = Hb.extent(0) > 0;
+  const View3<S> hbuf = w.view3(buf::wave_hprev), Abuf = w.view3(buf::wave_A), mubuf = w.view3(buf::wave_mu);
+  for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
+    const index_t Ww = (w0 + W < T) ? W : T - w0;
+    if (chunked_h) {
+      ASH_WITH_LANE_TILE(
+          N, impl::wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
+    } else {
+      ASH_WITH_LANE_TILE(N, impl::wave_scans_sequential<NT>(L, chunks, Bt, hrun, h0, Ms, cin, !window, w0, Ww, hbuf,
+                                                            Abuf, mubuf, exec));
+    }
+    if (window) impl::wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
+    if (w0 + Ww > own) {  // halo rows: μ and g are zero there, so they add nothing (the VJPs are linear in both)
+      const index_t h0t = own - w0, nh = w0 + Ww - own;
+      const View2<S> gg = L.gy;
+      Kokkos::parallel_for(
+          "ash::e3::mask_halo", Range(exec, 0, Bt * nh * P), KOKKOS_LAMBDA(const index_t i) {
+            const index_t b = i / (nh * P), t = h0t + (i / P) % nh, q = i % P;
+            gg(b * T + w0 + t, q) = S(0);
+            for (index_t n = 0; n < N; ++n) mubuf(b * Ww + t, q, n) = S(0);
+          });
+    }
+    // The VJPs of this wave's rows (an SSM-ResNet's g_k becomes g_{k-1} in
+    // place): the scans above read only rows of this wave or later ones, and
+    // the carries were taken first.
+    on_wave(BlockRows{Ww, T, w0}, mubuf, hbuf, Abuf, w.cotangents());
+  }
+}
+
+}  // namespace impl
+
+namespace {
+EngineOptions scan_wave_options(const EngineOptions& opts) {
+  EngineOptions o = opts;
+  o.e3_fused = false;
+  o.detach_inputs = false;
+  o.truncate = 0;
+  return o;
+}
+}  // namespace
+
+WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh) {
+  return adjoint_exact_workspace(scan_wave_options(opts), sh);
+}
+
+template <class S>
+void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
+                              const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
+                              const ExecSpace& exec) {
+  const EngineOptions opts = scan_wave_options(opts_in);
+  require(opts.chunk >= 1 && opts.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
+  const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
+  const index_t C = opts.chunk < T ? opts.chunk : T;
+  const Chunks chunks(C, T);
+  const index_t W = e3_wave_length(opts, T, Bt * P * N);
+  const bool chunked_h = opts.e3_chunked_h;
+  work.plan(adjoint_exact_workspace(opts, LayerShape{Bt, T, P, N, sizeof(S)}));
+  const View3<S> Hb = chunked_h ? work.view3(buf::h_boundary) : View3<S>();
+  const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);
+  const View3<S> G = work.view3(buf::chunk_products), Ms = work.view3(buf::mu_chunk_start);
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
+  const ExactCarry<S> none;
+  const View2<S> h0;
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec);
+  impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, none, exec);
+  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, none, 0, T, W, work, on_wave, exec);
+}
+
+template void adjoint_exact_scan_waves<float>(const EngineOptions&, Workspace<float>&, const SeqShape&,
+                                              const LayerActivations<float>&, const View2<float>&,
+                                              const ScanWaveFn<float>&, const ExecSpace&);
+template void adjoint_exact_scan_waves<double>(const EngineOptions&, Workspace<double>&, const SeqShape&,
+                                               const LayerActivations<double>&, const View2<double>&,
+                                               const ScanWaveFn<double>&, const ExecSpace&);
+
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
   require(opts.truncate == 0 || opts.detach_inputs,
@@ -300,32 +387,11 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
       ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs, exec);
     }
   } else {
-    const View3<S> hbuf = w.view3(buf::wave_hprev), Abuf = w.view3(buf::wave_A), mubuf = w.view3(buf::wave_mu);
-    for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
-      const index_t Ww = (w0 + W < T) ? W : T - w0;
-      if (chunked_h) {
-        ASH_WITH_LANE_TILE(
-            N, impl::wave_scans<NT>(L, chunks, Bt, Hb, h0, Ms, cin, !window, w0, Ww, hbuf, Abuf, mubuf, exec));
-      } else {
-        ASH_WITH_LANE_TILE(N, impl::wave_scans_sequential<NT>(L, chunks, Bt, hrun, h0, Ms, cin, !window, w0, Ww, hbuf,
-                                                              Abuf, mubuf, exec));
-      }
-      if (window) impl::wave_mu_window(L, Tbar, Bt, P, N, w0, Ww, mubuf, exec);
-      if (w0 + Ww > own) {  // halo rows: μ and g are zero there, so they add nothing (the VJPs are linear in both)
-        const index_t h0t = own - w0, nh = w0 + Ww - own;
-        const View2<S> gg = g;
-        Kokkos::parallel_for(
-            "ash::e3::mask_halo", Range(exec, 0, Bt * nh * P), KOKKOS_LAMBDA(const index_t i) {
-              const index_t b = i / (nh * P), t = h0t + (i / P) % nh, q = i % P;
-              gg(b * T + w0 + t, q) = S(0);
-              for (index_t n = 0; n < N; ++n) mubuf(b * Ww + t, q, n) = S(0);
-            });
-      }
-      // g_k of this wave's rows becomes g_{k-1} in place; the scans above read
-      // only rows of this wave or later ones, and the carries were taken first.
-      ssm_layer_backward_rows(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, mubuf, hbuf, Abuf, cot, grad, g,
-                              opts_.detach_inputs, exec);
-    }
+    const ScanWaveFn<S> rows = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev, const View3<S>& A,
+                                   const LayerCotangents<S>& c) {
+      ssm_layer_backward_rows(layer, s, y, act, g, rb, mu, hprev, A, c, grad, g, opts_.detach_inputs, exec);
+    };
+    impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, cin, window ? Tbar : 0, own, W, w, rows, exec);
   }
   if (!carry) return;
   if (index_t(carry->mu.extent(0)) != Bt) {  // the first block of a layer

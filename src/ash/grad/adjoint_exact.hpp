@@ -46,6 +46,25 @@ WorkspaceSpec adjoint_exact_block_workspace(const LayerShape& sh);
 // caller through the pass.
 WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh);
 
+// E3's scan part on its own, over P = act.a.extent(0) channels (a Mamba's
+// scan: P = E): exact, whole window, no carry, in the wave form whatever
+// grad.e3_fused says (the fused form forms an SSM-ResNet block's VJPs
+// itself). From the scan's Δ, u (act.yhat), β, γ, decay rates a and the
+// cotangent gy = ∂L/∂s of its output: h at chunk ends (or the running h) and
+// μ at chunk starts, then per wave of W tokens h^{t-1}, A^t and μ of its
+// rows, handed in order to on_wave with the wave's rows and the workspace's
+// cotangents for them (Bt·W rows). Buffers: adjoint_exact_scan_workspace,
+// planned into `work`.
+template <class S>
+using ScanWaveFn = std::function<void(const BlockRows& rows, const View3<S>& mu, const View3<S>& hprev,
+                                      const View3<S>& A, const LayerCotangents<S>& cot)>;
+template <class S>
+void adjoint_exact_scan_waves(const EngineOptions& opts, Workspace<S>& work, const SeqShape& s,
+                              const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
+                              const ExecSpace& exec = ExecSpace());
+// Its buffers: adjoint_exact_workspace's in the wave form, exact.
+WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh);
+
 template <class S>
 class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
  public:

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "ash/core/error.hpp"
+#include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/kernels/matmul.hpp"
 #include "ash/model/embedding.hpp"
@@ -11,6 +12,83 @@
 
 namespace ash {
 
+namespace impl {
+
+// A wave's scan cotangents (row b·W + t - t0) into the window's (row b·T + t),
+// for the dense VJPs after the scan. (A named function: nvcc takes no
+// KOKKOS_LAMBDA inside a lambda.)
+template <class S>
+void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangents<S>& wave,
+                     const LayerCotangents<S>& all, const ExecSpace& exec) {
+  const index_t W = rb.W, t0 = rb.t0, T = s.T, E = all.gz.extent(1), N = all.gbeta.extent(1);
+  const View2<S> gz = all.gz, gu = all.gyhat, gb = all.gbeta, gc = all.ggamma;
+  const View2<S> wz = wave.gz, wu = wave.gyhat, wb = wave.gbeta, wg = wave.ggamma;
+  Kokkos::parallel_for(
+      "ash::mamba::e3::wave_rows", Range(exec, 0, s.batch * W), KOKKOS_LAMBDA(const index_t r) {
+        const index_t m = (r / W) * T + t0 + r % W;
+        for (index_t e = 0; e < E; ++e) {
+          gz(m, e) = wz(r, e);
+          gu(m, e) = wu(r, e);
+        }
+        for (index_t n = 0; n < N; ++n) {
+          gb(m, n) = wb(r, n);
+          gc(m, n) = wg(r, n);
+        }
+      });
+}
+
+}  // namespace impl
+
+namespace {
+
+// E3 for a Mamba (docs/design.md §2): the forward keeps each block's input
+// y_{k-1} only; the reverse pass recomputes one block's projections from it
+// (one MambaActivations, projections only, reused by every block), and E3's
+// scan machinery forms μ, h^{t-1} and A^t wave by wave for the scan's VJP,
+// so no [M, E, N] buffer of the whole window exists.
+template <class S>
+double mamba_adjoint_exact(const EngineOptions& opts, const ParamSet<S>& params, const TokenView& x,
+                           const ParamSet<S>& grad, const ExecSpace& exec) {
+  const auto& d = params.dims();
+  const SeqShape s = SeqShape::of(x);
+  const int K = int(d.layers);
+  grad.fill_zero();
+  const auto gglobal = grad.global();
+  std::vector<View2<S>> ys;  // y_0 .. y_K
+  for (int k = 0; k <= K; ++k) ys.emplace_back(std::string(k == 0 ? "ash::mamba::y_in" : "ash::mamba::y"), s.rows(), d.width);
+  const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+  embedding_forward(params.global().embedding, x, ys[0], exec);
+  for (int k = 0; k < K; ++k) mamba_layer_forward(params.mamba_layer(k), d, s, ys[k], act, ys[k + 1], exec);
+  const View2<S> g("ash::g", s.rows(), d.width);
+  const double loss = head_loss<S>(params.global(), x, ys[K], g, &gglobal, opts.head_chunk, 0, exec);
+  const View2<S> y_out = ys[K];  // y_K's buffer takes each recomputed block's output (unread)
+  ys[K] = View2<S>();
+  {
+    const MambaCotangents<S> cot(s.rows(), d, false);
+    Workspace<S> work;
+    for (int k = K - 1; k >= 0; --k) {
+      const auto p = params.mamba_layer(k);
+      const auto gk = grad.mamba_layer(k);
+      mamba_layer_forward(p, d, s, ys[k], act, y_out, exec);  // block k's projections again
+      mamba_gate_backward(p, act, g, cot, gk, exec);
+      const auto& sg = cot.scan;
+      const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                        const View3<S>& A, const LayerCotangents<S>& wc) {
+        selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                     ScanParamGrads<S>{gk.A_log, gk.D, gk.dt_bias}, exec);
+        impl::mamba_wave_rows(s, rb, wc, sg, exec);
+      };
+      adjoint_exact_scan_waves(opts, work, s, act.scan, cot.gs, on_wave, exec);
+      mamba_mixer_backward_dense(p, d, s, ys[k], act, cot, gk, g, exec);
+      ys[k] = View2<S>();
+    }
+  }
+  embedding_backward(x, g, gglobal.embedding, exec);
+  return loss;
+}
+
+}  // namespace
+
 template <class S>
 double mamba_backprop(const EngineOptions& opts, const ParamSet<S>& params, const TokenView& x,
                       const ParamSet<S>& grad, const ExecSpace& exec) {
@@ -18,14 +96,16 @@ double mamba_backprop(const EngineOptions& opts, const ParamSet<S>& params, cons
   require(d.mamba() && grad.dims() == d, "mamba_backprop: needs a Mamba model and a gradient of its layout");
   require(params.range().is_all(d) && grad.range().is_all(d), "mamba_backprop: needs the whole model");
   const auto no = [](const std::string& what) {
-    return what + " is not available for model.arch=mamba yet (only grad.engine=backprop over the whole window "
-                  "in one process)";
+    return what + " is not available for model.arch=mamba yet (only grad.engine=backprop or adjoint-exact over "
+                  "the whole window in one process)";
   };
-  require(opts.method == Method::backprop, no("grad.engine=" + method_name(opts.method)));
+  require(opts.method == Method::backprop || opts.method == Method::adjoint_exact,
+          no("grad.engine=" + method_name(opts.method)));
   require(!opts.detach_inputs, no("grad.detach_inputs=true"));
   require(opts.truncate == 0, no("grad.truncate"));
   require(!opts.low_memory(), no("run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state"));
   const MatmulScope matmul(opts.matmul, sizeof(S));
+  if (opts.method == Method::adjoint_exact) return mamba_adjoint_exact(opts, params, x, grad, exec);
   const SeqShape s = SeqShape::of(x);
   const int K = int(d.layers);
   grad.fill_zero();

@@ -40,7 +40,7 @@ MambaActivations<S>::MambaActivations(const SeqShape& sh, const ModelDims& d,
       scan(sh, d.inner(), d.state, store) {}
 
 template <class S>
-MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d)
+MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_partials)
     : gs("ash::mamba::cot::gs", rows, d.inner()),
       gz("ash::mamba::cot::gz", rows, d.inner()),
       gx("ash::mamba::cot::gx", rows, d.inner()),
@@ -48,7 +48,7 @@ MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d)
       gyhat("ash::mamba::cot::gyhat", rows, d.width),
       norm_part(Kokkos::view_alloc(std::string("ash::mamba::cot::norm_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), d.width),
-      scan(rows, d.inner(), d.state, true) {}
+      scan(rows, d.inner(), d.state, scan_partials) {}
 
 template <class S>
 MambaState<S>::MambaState(index_t batch, const ModelDims& d)
@@ -181,12 +181,19 @@ template <class S>
 void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                           const MambaActivations<S>& act, const View3<S>& mu, const MambaCotangents<S>& cot,
                           const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
+  // The scan core: ∂L/∂(δ W_dt^T + b_dt), ∂L/∂u through the scan, ∂L/∂β, ∂L/∂γ; A_log, D, b_dt.
+  selective_scan_backward_rows(p.D, s, act.scan, cot.gs, BlockRows{s.T, s.T, 0}, mu, act.scan.hprev, act.scan.A, cot.scan,
+                               ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+  mamba_mixer_backward_dense(p, d, s, y_in, act, cot, grad, g, exec);
+}
+
+template <class S>
+void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
   const index_t M = s.rows(), E = d.inner(), T = s.T, Bt = s.batch, Kc = d.conv_kernel;
   const auto& sc = act.scan;
   const auto& sg = cot.scan;
-  // The scan core: ∂L/∂(δ W_dt^T + b_dt), ∂L/∂u through the scan, ∂L/∂β, ∂L/∂γ; A_log, D, b_dt.
-  selective_scan_backward_rows(p.D, s, sc, cot.gs, BlockRows{T, T, 0}, mu, sc.hprev, sc.A, sg,
-                               ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
   impl::gemm<S>(exec, "T", "N", S(1), sg.gz, act.dlow, S(1), grad.dt_proj);
   impl::gemm<S>(exec, "N", "N", S(1), sg.gz, p.dt_proj, S(0), cot.gdlow);
   impl::gemm<S>(exec, "T", "N", S(1), cot.gdlow, sc.yhat, S(1), grad.x_dt);
@@ -262,7 +269,10 @@ void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, cons
   template void mamba_mixer_backward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,            \
                                         const View2<S>&, const MambaActivations<S>&, const View3<S>&,             \
                                         const MambaCotangents<S>&, const MambaLayerParams<S>&, const View2<S>&,   \
-                                        const ExecSpace&);
+                                        const ExecSpace&);                                                        \
+  template void mamba_mixer_backward_dense<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,      \
+                                              const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
+                                              const MambaLayerParams<S>&, const View2<S>&, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

@@ -73,7 +73,9 @@ struct MambaCotangents {
   View2<S> gyhat;  // ∂L/∂ŷ [M, D]
   View2<S> norm_part;  // RMSNorm's weight-gradient partial sums [row_blocks(M), D]
   LayerCotangents<S> scan;  // the scan core's, over E channels
-  MambaCotangents(index_t rows, const ModelDims& d);
+  // scan_partials = false leaves the scan's row-block partial sums empty (E3
+  // runs the scan's VJP per wave, into its own wave cotangents).
+  MambaCotangents(index_t rows, const ModelDims& d, bool scan_partials = true);
 };
 
 // Reverse mode, first half: from g = ∂L/∂y_out, W_out's gradient and the
@@ -91,5 +93,15 @@ template <class S>
 void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                           const MambaActivations<S>& act, const View3<S>& mu, const MambaCotangents<S>& cot,
                           const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec = ExecSpace());
+
+// mamba_mixer_backward after the scan core: given the scan's cotangents of
+// every row in cot.scan (gz, gyhat = ∂L/∂u through the scan, gbeta, ggamma;
+// E3 forms them wave by wave), dt_proj's, x_proj's, the conv's, in_proj's and
+// the norm's gradients added to grad, and g += the VJP into y_in.
+template <class S>
+void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const View2<S>& g,
+                                const ExecSpace& exec = ExecSpace());
 
 }  // namespace ash

@@ -197,15 +197,34 @@ struct Planner {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     return (rows * (1 + P + 7 * E + R + 2 * N) + E * N + (h_and_A ? 2 * rows * E * N : 0.0)) * S;
   }
-  // A Mamba (model.arch = "mamba"): E1 over the whole window (mamba_backprop);
-  // under an E3 setting (ash eval's sizing) the forward alone, one block at a time.
+  // A Mamba (model.arch = "mamba"): E1 or E3 over the whole window (mamba_backprop);
+  // under E2 (ash eval's sizing) the forward alone, one block at a time.
   std::string mamba(Items& persistent, Phases& phases) const {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     const std::string layer_inputs = " layer inputs";
-    if (o.method != Method::backprop) {
+    const double rb = std::ceil(M / double(impl::reduce_rows));
+    const LayerShape scan{std::int64_t(B), Ti, cfg.model.inner(), cfg.model.state, std::size_t(S)};
+    if (o.method == Method::adjoint) {
       persistent.push_back({"block activations (one block)", mamba_acts(M, false)});
       phases.push_back({"head", {{"y and next y", 2 * M * P * S}, {"head chunk", head(M, hc, false)}}});
-      return "forward only (model.arch=mamba: E1 is its only gradient yet)";
+      return "forward only (model.arch=mamba: E1 and E3 are its gradients yet)";
+    }
+    if (o.method == Method::adjoint_exact) {
+      // E3: the K+1 layer inputs, one block's projections (recomputed per block), and
+      // in the backward MambaCotangents with the scan's cotangents of every row (no
+      // row partials) and E3's scan workspace (its spec): waves, never [M, E, N].
+      persistent.push_back({"block projections (one block)", mamba_acts(M, false)});
+      persistent.push_back({"g (dL/dy)", M * P * S});
+      phases.push_back(
+          {"head",
+           {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
+      const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
+      phases.push_back({"backward of the top block",
+                        {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
+                         {"cotangents (whole window)", (M * (3 * E + R + P) + rb * P) * S + cot_e},
+                         {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}}});
+      phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
+      return "adjoint-exact (model.arch=mamba)";
     }
     persistent.push_back({std::to_string(K) + " blocks' activations (h, A, projections)", double(K) * mamba_acts(M, true)});
     persistent.push_back({"g (dL/dy)", M * P * S});
@@ -214,8 +233,6 @@ struct Planner {
          {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
     // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E
     // (its workspace spec) and E1's scan carries over E (e1_reverse_scan's, for each call)
-    const double rb = std::ceil(M / double(impl::reduce_rows));
-    const LayerShape scan{std::int64_t(B), Ti, cfg.model.inner(), cfg.model.state, std::size_t(S)};
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, true, scan.scalar_bytes).bytes();
     phases.push_back({"backward of the top block",
                       {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
