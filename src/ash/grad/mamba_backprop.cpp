@@ -67,19 +67,8 @@ double mamba_adjoint_exact(const EngineOptions& opts, const ParamSet<S>& params,
     const MambaCotangents<S> cot(s.rows(), d, false);
     Workspace<S> work;
     for (int k = K - 1; k >= 0; --k) {
-      const auto p = params.mamba_layer(k);
-      const auto gk = grad.mamba_layer(k);
-      mamba_layer_forward(p, d, s, ys[k], act, y_out, exec);  // block k's projections again
-      mamba_gate_backward(p, act, g, cot, gk, exec);
-      const auto& sg = cot.scan;
-      const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
-                                        const View3<S>& A, const LayerCotangents<S>& wc) {
-        selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                     ScanParamGrads<S>{gk.A_log, gk.D, gk.dt_bias}, exec);
-        impl::mamba_wave_rows(s, rb, wc, sg, exec);
-      };
-      adjoint_exact_scan_waves(opts, work, s, act.scan, cot.gs, on_wave, exec);
-      mamba_mixer_backward_dense(p, d, s, ys[k], act, cot, gk, g, exec);
+      mamba_e3_block_backward(opts, work, params.mamba_layer(k), d, s, ys[k], act, cot, y_out,
+                              grad.mamba_layer(k), g, exec);
       ys[k] = View2<S>();
     }
   }
@@ -88,6 +77,25 @@ double mamba_adjoint_exact(const EngineOptions& opts, const ParamSet<S>& params,
 }
 
 }  // namespace
+
+template <class S>
+void mamba_e3_block_backward(const EngineOptions& opts, Workspace<S>& work, const MambaLayerParams<S>& p,
+                             const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                             const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                             const View2<S>& y_scratch, const MambaLayerParams<S>& grad, const View2<S>& g,
+                             const ExecSpace& exec) {
+  mamba_layer_forward(p, d, s, y_in, act, y_scratch, exec);  // the block's projections again
+  mamba_gate_backward(p, act, g, cot, grad, exec);
+  const auto& sg = cot.scan;
+  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                    const View3<S>& A, const LayerCotangents<S>& wc) {
+    selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+    impl::mamba_wave_rows(s, rb, wc, sg, exec);
+  };
+  adjoint_exact_scan_waves(opts, work, s, act.scan, cot.gs, on_wave, exec);
+  mamba_mixer_backward_dense(p, d, s, y_in, act, cot, grad, g, exec);
+}
 
 template <class S>
 double mamba_backprop(const EngineOptions& opts, const ParamSet<S>& params, const TokenView& x,
@@ -142,5 +150,13 @@ template double mamba_backprop<float>(const EngineOptions&, const ParamSet<float
                                       const ParamSet<float>&, const ExecSpace&);
 template double mamba_backprop<double>(const EngineOptions&, const ParamSet<double>&, const TokenView&,
                                        const ParamSet<double>&, const ExecSpace&);
+#define ASH_MAMBA_E3_BLOCK(S)                                                                                 \
+  template void mamba_e3_block_backward<S>(const EngineOptions&, Workspace<S>&, const MambaLayerParams<S>&,          \
+                                           const ModelDims&, const SeqShape&, const View2<S>&,                       \
+                                           const MambaActivations<S>&, const MambaCotangents<S>&, const View2<S>&,   \
+                                           const MambaLayerParams<S>&, const View2<S>&, const ExecSpace&);
+ASH_MAMBA_E3_BLOCK(float)
+ASH_MAMBA_E3_BLOCK(double)
+#undef ASH_MAMBA_E3_BLOCK
 
 }  // namespace ash
