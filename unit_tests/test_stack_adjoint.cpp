@@ -1,7 +1,9 @@
 // StackAdjoint (grad/stack_adjoint.hpp): the K layers alone, forward and
 // E3's reverse pass from a given g = ∂L/∂y_K, as the PyTorch module uses them
 // (docs/python.md). Checked against the whole model's engines: the layers'
-// gradient and, through the embedding's backward, ∂L/∂y_0.
+// gradient and, through the embedding's backward, ∂L/∂y_0. MambaStackAdjoint
+// (the Mamba blocks alone, adjoint_sharding.torch.wrap's) likewise against a
+// Mamba's E1, its detached mode against one-block stacks fed g_K.
 #include "test_helpers.hpp"
 
 namespace ash::test {
@@ -138,6 +140,178 @@ TEST(StackAdjoint, RefusesWrongShapesAndOtherMethods) {
   expect_error([&] { s.forward(whole, SeqShape{2, 5}, y, z); }, "layers [0, K)");
   const ParamSet<double> layers(d, StackAdjoint<double>::range(d));
   expect_error([&] { s.forward(layers, SeqShape{2, 6}, y, z); }, "[batch·T, P]");
+}
+
+namespace {
+
+ModelDims mamba_stack_dims(int K, bool tied, std::int64_t Kc, std::int64_t R) {
+  ModelDims d = tiny_dims(K, 11, 4, 3);
+  d.arch = Arch::mamba;
+  d.expand = 2;
+  d.conv_kernel = Kc;
+  d.dt_rank = R;
+  d.tie_embeddings = tied;
+  d.norm_eps = 1e-4;
+  return d;
+}
+
+// The blocks of a whole model's ParamSet (views into it: the stack takes blocks from anywhere).
+template <class S>
+typename MambaStackAdjoint<S>::Blocks blocks_of(const ParamSet<S>& ps, int k0, int k1) {
+  typename MambaStackAdjoint<S>::Blocks b;
+  for (int k = k0; k < k1; ++k) b.push_back(ps.mamba_layer(k));
+  return b;
+}
+
+// A model's sizes with K blocks.
+ModelDims with_layers(ModelDims d, int K) {
+  d.layers = K;
+  return d;
+}
+
+}  // namespace
+
+struct MambaStackCase {
+  int K;
+  index_t batch, T;
+  std::int64_t Kc, R;
+  bool tied, docs;
+  index_t chunk, wave;
+};
+
+class MambaStack : public ::testing::TestWithParam<MambaStackCase> {};
+
+// Embedding (C++), the stack's forward, the head's loss and g, the stack's
+// backward and the embedding's backward of its ∂L/∂y_0 give the whole model's
+// E1 loss and gradient (mamba_backprop: every activation kept, E1's reverse scan).
+TEST_P(MambaStack, EqualsTheWholeModelsBackprop) {
+  const auto c = GetParam();
+  const auto d = mamba_stack_dims(c.K, c.tied, c.Kc, c.R);
+  const auto params = random_model<double>(d, 40 + std::uint64_t(c.K));
+  auto x = random_tokens(c.batch, c.T, d.vocab, 50 + std::uint64_t(c.T));
+  if (c.docs) {  // starts at 0, 3, 4 of window 0 and T + 5 (window 1); closing offset B·T
+    std::vector<index_t> at = {0, 3, 4};
+    if (c.batch > 1) at.push_back(c.T + 5);
+    at.push_back(c.batch * c.T);
+    Kokkos::View<index_t*, MemSpace> sv("cu_seqlens", at.size());
+    auto h = Kokkos::create_mirror_view(sv);
+    for (std::size_t i = 0; i < at.size(); ++i) h(i) = at[i];
+    Kokkos::deep_copy(sv, h);
+    set_document_starts(x, sv);
+  }
+  double ref_loss = 0;
+  const auto ref = grad_of(EngineOptions{}, params, x, &ref_loss);
+  EngineOptions o = engine_options("adjoint-exact");
+  o.chunk = c.chunk;
+  o.wave = c.wave;
+  const MambaStackAdjoint<double> stack(d, o);
+  const SeqShape s = SeqShape::of(x);
+  const View2<double> y0("y0", s.rows(), d.width), yK("yK", s.rows(), d.width), g("g", s.rows(), d.width);
+  embedding_forward(params.global().embedding, x, y0);
+  const auto blocks = blocks_of(params, 0, c.K);
+  stack.forward(blocks, s, y0, yK);
+  ParamSet<double> grad(d);
+  grad.fill_zero();
+  const auto gg = grad.global();
+  const double loss = head_loss<double>(params.global(), x, yK, g, &gg, 0);
+  EXPECT_NEAR(loss, ref_loss, 1e-13 * ref_loss);
+  // The gradient's blocks hold garbage first: backward overwrites them.
+  for (int k = 0; k < c.K; ++k) Kokkos::deep_copy(grad.mamba_layer(k).A_log, 7.0);
+  const auto y0_before = host_rows(y0);
+  stack.backward(blocks, s, y0, g, blocks_of(grad, 0, c.K));
+  EXPECT_EQ(host_rows(y0), y0_before) << "y0 is read only";
+  embedding_backward(x, g, gg.embedding);
+  expect_close(to_host(grad), ref, d, 1e-12, "Mamba stack");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MambaStack,
+                         ::testing::Values(MambaStackCase{1, 1, 9, 4, 1, true, false, 64, 0},
+                                           MambaStackCase{2, 2, 11, 2, 2, false, true, 3, 3},
+                                           MambaStackCase{3, 2, 7, 3, 3, true, false, 2, 4},
+                                           MambaStackCase{3, 1, 13, 4, 2, false, true, 4, 0}),
+                         [](const ::testing::TestParamInfo<MambaStackCase>& i) {
+                           const auto& c = i.param;
+                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
+                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + "_R" + std::to_string(c.R) +
+                                  (c.tied ? "_tied" : "_untied") + (c.docs ? "_docs" : "") + "_C" +
+                                  std::to_string(c.chunk) + "_W" + std::to_string(c.wave);
+                         });
+
+// Detached (the paper's gradient): block k's gradient is a one-block exact
+// stack's at its input y_{k-1} with the cotangent g_K, and ∂L/∂y_0 = g_K.
+TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
+  const int K = 3;
+  const auto d = mamba_stack_dims(K, true, 3, 2);
+  const auto params = random_model<double>(d, 77);
+  const SeqShape s{2, 9};
+  EngineOptions exact = engine_options("adjoint-exact");
+  exact.chunk = 4;
+  EngineOptions det = exact;
+  det.detach_inputs = true;
+  const View2<double> y0("y0", s.rows(), d.width), gK("gK", s.rows(), d.width), g("g", s.rows(), d.width);
+  {
+    auto h0 = Kokkos::create_mirror_view(y0);
+    auto hg = Kokkos::create_mirror_view(gK);
+    std::mt19937_64 gen(5);
+    std::uniform_real_distribution<double> u(-1.0, 1.0);
+    for (index_t i = 0; i < s.rows(); ++i)
+      for (index_t j = 0; j < index_t(d.width); ++j) {
+        h0(i, j) = 1.5 * u(gen);
+        hg(i, j) = u(gen);
+      }
+    Kokkos::deep_copy(y0, h0);
+    Kokkos::deep_copy(gK, hg);
+  }
+  Kokkos::deep_copy(g, gK);
+  ParamSet<double> grad(d);
+  MambaStackAdjoint<double>(d, det).backward(blocks_of(params, 0, K), s, y0, g, blocks_of(grad, 0, K));
+  EXPECT_EQ(host_rows(g), host_rows(gK)) << "∂L/∂y_0 = g_K through the residuals";
+  const auto got = to_host(grad);
+  for (int k = 0; k < K; ++k) {
+    // y_{k-1} by a k-block stack, then block k alone (exact) from g_K.
+    const View2<double> yk("yk", s.rows(), d.width), gk("gk", s.rows(), d.width);
+    if (k == 0) {
+      Kokkos::deep_copy(yk, y0);
+    } else {
+      MambaStackAdjoint<double>(with_layers(d, k), exact).forward(blocks_of(params, 0, k), s, y0, yk);
+    }
+    Kokkos::deep_copy(gk, gK);
+    ParamSet<double> one(d);
+    MambaStackAdjoint<double>(with_layers(d, 1), exact).backward(blocks_of(params, k, k + 1), s, yk, gk,
+                                                                 blocks_of(one, k, k + 1));
+    const auto ref = to_host(one);
+    for (const auto& t : param_layout(d))
+      if (t.name.rfind(layer_prefix(k), 0) == 0) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), 1e-13) << t.name;
+  }
+}
+
+TEST(MambaStackAdjoint, RefusesLeversOtherMethodsAndWrongShapes) {
+  const auto d = mamba_stack_dims(2, true, 3, 2);
+  const auto ok = engine_options("adjoint-exact");
+  expect_error([&] { MambaStackAdjoint<double> s(d, engine_options("backprop")); }, "adjoint-exact");
+  expect_error([&] { MambaStackAdjoint<double> s(d, engine_options("adjoint-exact", 4, true)); }, "grad.truncate");
+  EngineOptions o = ok;
+  o.storage = Storage::bf16;
+  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "run.storage=bf16");
+  o = ok;
+  o.layer_checkpoint = 2;
+  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "grad.layer_checkpoint");
+  o = ok;
+  o.token_block = 16;
+  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "grad.token_block");
+  expect_error([&] { MambaStackAdjoint<double> s(tiny_dims(2), ok); }, "model.arch=mamba");
+  const MambaStackAdjoint<double> stack(d, ok);
+  const ParamSet<double> ps(d);
+  const View2<double> y("y", 10, d.width), z("z", 10, d.width);
+  expect_error([&] { stack.forward(blocks_of(ps, 0, 1), SeqShape{2, 5}, y, z); }, "expected K = 2");
+  auto bad = blocks_of(ps, 0, 2);
+  bad[1].conv_weight = Unmanaged2<double>(bad[1].conv_weight.data(), d.inner(), d.conv_kernel - 1);
+  expect_error([&] { stack.forward(bad, SeqShape{2, 5}, y, z); }, "conv_weight");
+  expect_error([&] { stack.forward(blocks_of(ps, 0, 2), SeqShape{2, 6}, y, z); }, "[batch·T, D]");
+  expect_error([&] { stack.forward(blocks_of(ps, 0, 2), SeqShape{2, 5}, y, y); }, "must not be y0");
+  const ParamSet<double> layers(d, MambaStackAdjoint<double>::range(d));
+  EXPECT_EQ(MambaStackAdjoint<double>::blocks(layers).size(), 2u);
+  expect_error([&] { MambaStackAdjoint<double>::blocks(ps); }, "layers [0, K)");
 }
 
 }  // namespace ash::test

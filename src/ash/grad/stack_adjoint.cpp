@@ -88,4 +88,152 @@ void StackAdjoint<S>::backward(const ParamSet<S>& layers, const SeqShape& s, con
 template class StackAdjoint<float>;
 template class StackAdjoint<double>;
 
+namespace {
+
+// Every view of a block's parameters, with its name and the extents a block of d has.
+template <class S, class F>
+void for_each_tensor(const MambaLayerParams<S>& p, const ModelDims& d, F&& f) {
+  const index_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
+  f("norm", p.norm, D, index_t(-1));
+  f("in_proj (x rows)", p.in_x, E, D);
+  f("in_proj (z rows)", p.in_z, E, D);
+  f("conv_weight", p.conv_weight, E, Kc);
+  f("conv_bias", p.conv_bias, E, index_t(-1));
+  f("x_proj (dt rows)", p.x_dt, R, E);
+  f("x_proj (B rows)", p.x_B, N, E);
+  f("x_proj (C rows)", p.x_C, N, E);
+  f("dt_proj", p.dt_proj, E, R);
+  f("dt_bias", p.dt_bias, E, index_t(-1));
+  f("A_log", p.A_log, E, N);
+  f("D", p.D, E, index_t(-1));
+  f("out_proj", p.out_proj, D, E);
+}
+
+template <class V>
+index_t extent_or(const V& v, int i) {
+  return i < int(V::rank) ? index_t(v.extent(i)) : index_t(-1);
+}
+
+template <class S>
+void check_blocks(const typename MambaStackAdjoint<S>::Blocks& blocks, const ModelDims& d, const char* what) {
+  require(index_t(blocks.size()) == index_t(d.layers), std::string("MambaStackAdjoint: ") + what + " has " +
+                                                           std::to_string(blocks.size()) + " blocks, expected K = " +
+                                                           std::to_string(d.layers));
+  for (std::size_t k = 0; k < blocks.size(); ++k)
+    for_each_tensor(blocks[k], d, [&](const char* name, const auto& v, index_t r, index_t c) {
+      require(extent_or(v, 0) == r && extent_or(v, 1) == c && (r == 0 || c == 0 || v.data() != nullptr),
+              std::string("MambaStackAdjoint: ") + what + " of block " + std::to_string(k) + ": " + name +
+                  " is [" + std::to_string(extent_or(v, 0)) + (c >= 0 ? ", " + std::to_string(extent_or(v, 1)) : "") +
+                  "], expected [" + std::to_string(r) + (c >= 0 ? ", " + std::to_string(c) : "") + "]");
+    });
+}
+
+template <class S>
+void check_rows(const ModelDims& d, const SeqShape& s, const View2<S>& y, const char* what) {
+  require(s.batch >= 1 && s.T >= 1, "MambaStackAdjoint: batch and T must be >= 1");
+  require(index_t(y.extent(0)) == s.rows() && index_t(y.extent(1)) == index_t(d.width),
+          std::string("MambaStackAdjoint: ") + what + " must be [batch·T, D] = [" + std::to_string(s.rows()) + ", " +
+              std::to_string(d.width) + "], got [" + std::to_string(y.extent(0)) + ", " +
+              std::to_string(y.extent(1)) + "]");
+}
+
+}  // namespace
+
+template <class S>
+MambaStackAdjoint<S>::MambaStackAdjoint(const ModelDims& d, const EngineOptions& opts) : dims_(d), opts_(opts) {
+  require(d.mamba(), "MambaStackAdjoint: the model is not a Mamba (model.arch=mamba)");
+  require(opts.method == Method::adjoint_exact,
+          "MambaStackAdjoint: grad.engine must be adjoint-exact, got " + method_name(opts.method));
+  // The memory levers and the window live in the block-wise engine, which runs
+  // SSM-ResNet layers only so far.
+  const auto no = [](const std::string& what) {
+    return what + " is not available for a Mamba layer stack yet (E3 over the whole window, exact or detached)";
+  };
+  require(opts.truncate == 0, no("grad.truncate"));
+  require(opts.storage == Storage::full, no("run.storage=" + storage_name(opts.storage)));
+  require(opts.layer_checkpoint == 1, no("grad.layer_checkpoint=" + std::to_string(opts.layer_checkpoint)));
+  require(opts.token_block == 0, no("grad.token_block=" + std::to_string(opts.token_block)));
+  require(!opts.carry_state, no("data.carry_state=true"));
+}
+
+template <class S>
+typename MambaStackAdjoint<S>::Blocks MambaStackAdjoint<S>::blocks(const ParamSet<S>& layers) {
+  const auto& d = layers.dims();
+  require(layers.range() == range(d), "MambaStackAdjoint: the parameters must cover layers [0, K) without embedding "
+                                      "and head");
+  Blocks out;
+  for (int k = 0; k < int(d.layers); ++k) out.push_back(layers.mamba_layer(k));
+  return out;
+}
+
+template <class S>
+void MambaStackAdjoint<S>::forward(const Blocks& blocks, const SeqShape& s, const View2<S>& y0,
+                                   const View2<S>& yK) const {
+  const auto& d = dims_;
+  check_blocks<S>(blocks, d, "the parameters");
+  check_rows(d, s, y0, "y0");
+  check_rows(d, s, yK, "yK");
+  require(y0.data() != yK.data(), "MambaStackAdjoint: yK must not be y0");
+  const ExecSpace exec;
+  if (d.layers == 0) {
+    Kokkos::deep_copy(exec, yK, y0);
+    exec.fence();
+    return;
+  }
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
+  const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+  // Ping-pong between yK and one scratch so that the last block writes yK.
+  const View2<S> other = d.layers > 1 ? View2<S>("ash::mamba_stack::y", s.rows(), d.width) : View2<S>();
+  View2<S> in = y0;
+  for (int k = 0; k < int(d.layers); ++k) {
+    const View2<S> out = (int(d.layers) - 1 - k) % 2 == 0 ? yK : other;
+    mamba_layer_forward(blocks[std::size_t(k)], d, s, in, act, out, exec);
+    in = out;
+  }
+  exec.fence();
+}
+
+template <class S>
+void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, const View2<S>& y0, const View2<S>& g,
+                                    const Blocks& grad) const {
+  const auto& d = dims_;
+  check_blocks<S>(blocks, d, "the parameters");
+  check_blocks<S>(grad, d, "the gradient");
+  check_rows(d, s, y0, "y0");
+  check_rows(d, s, g, "g");
+  require(y0.data() != g.data(), "MambaStackAdjoint: g must not be y0");
+  const ExecSpace exec;
+  for (const auto& gk : grad)
+    for_each_tensor(gk, d, [&](const char*, const auto& v, index_t, index_t) { Kokkos::deep_copy(exec, v, S(0)); });
+  const int K = int(d.layers);
+  if (K == 0) {
+    exec.fence();
+    return;
+  }
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
+  const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+  // The block inputs y_0 (the caller's) .. y_{K-1}, recomputed; y_K is not needed.
+  std::vector<View2<S>> ys{y0};
+  for (int k = 1; k < K; ++k) {
+    ys.emplace_back("ash::mamba_stack::y", s.rows(), d.width);
+    mamba_layer_forward(blocks[std::size_t(k - 1)], d, s, ys[std::size_t(k - 1)], act, ys[std::size_t(k)], exec);
+  }
+  const View2<S> y_scratch("ash::mamba_stack::y_out", s.rows(), d.width);  // each block's recomputed, unread output
+  // Detached: every block takes g_K and its input VJP goes to a scratch that is
+  // dropped, so g leaves as it came (∂L/∂y_0 = g_K through the residuals).
+  const View2<S> gb = opts_.detach_inputs ? View2<S>("ash::mamba_stack::g_block", s.rows(), d.width) : g;
+  const MambaCotangents<S> cot(s.rows(), d, false);
+  Workspace<S> work;
+  for (int k = K - 1; k >= 0; --k) {
+    if (opts_.detach_inputs) Kokkos::deep_copy(exec, gb, g);
+    mamba_e3_block_backward(opts_, work, blocks[std::size_t(k)], d, s, ys[std::size_t(k)], act, cot, y_scratch,
+                            grad[std::size_t(k)], gb, exec);
+    ys[std::size_t(k)] = View2<S>();
+  }
+  exec.fence();
+}
+
+template class MambaStackAdjoint<float>;
+template class MambaStackAdjoint<double>;
+
 }  // namespace ash
