@@ -11,8 +11,18 @@ The forward keeps nothing but y0 (autograd saves it); the backward recomputes
 the layers from y0 inside the C++ pass, keeping only what E3 keeps (every m-th
 layer input and the states at block starts), then runs E3's reverse pass from
 g = ∂L/∂yK. docs/python.md has the options and the memory this saves.
+
+    from adjoint_sharding.torch import wrap
+    model = wrap(transformers.MambaForCausalLM.from_pretrained(...))   # in place; returns the model
+    model(input_ids=ids, labels=ids).loss.backward()   # the blocks' forward and E3 backward in C++
+
+wrap keeps the model's own parameters (read in place by the C++ pass, their
+gradients accumulated into .grad by autograd as usual); embedding, final norm
+and lm_head stay in PyTorch, and calls with a cache (generation) run
+transformers' own blocks.
 """
 import json as _json
+import types as _types
 
 import numpy as _np
 import torch as _torch
@@ -20,7 +30,7 @@ import torch as _torch
 from . import _core, load as _load, init as _init
 from ._core import Error
 
-__all__ = ["SSMStack", "SSMLayer"]
+__all__ = ["SSMStack", "SSMLayer", "wrap", "unwrap"]
 
 LAYER_TENSORS = ("norm", "W_delta", "b_delta", "A_log", "W_B", "W_C", "D")
 
@@ -198,3 +208,204 @@ class SSMStack(_torch.nn.Module):
         mode = "exact" if not o.detach_inputs else ("paper, T̄=%d" % o.truncate if o.truncate else "paper")
         return (f"width={self.width}, state={self.state}, layers={self.num_layers}, dtype={self.dtype}, {mode}, "
                 f"storage={o.storage}, layer_checkpoint={o.layer_checkpoint}, chunk={o.chunk}")
+
+
+# ---------------------------------------------------------------------------
+# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::MambaStackAdjoint.
+
+# One block's tensors in the order _core.mamba_stack_forward takes them (the
+# checkpoint's names): transformers' MambaBlock attribute paths.
+MAMBA_TENSORS = (("norm", "norm.weight"), ("in_proj", "mixer.in_proj.weight"), ("conv_weight", "mixer.conv1d.weight"),
+                 ("conv_bias", "mixer.conv1d.bias"), ("x_proj", "mixer.x_proj.weight"),
+                 ("dt_proj", "mixer.dt_proj.weight"), ("dt_bias", "mixer.dt_proj.bias"), ("A_log", "mixer.A_log"),
+                 ("D", "mixer.D"), ("out_proj", "mixer.out_proj.weight"))
+_WRAP_ATTR = "_adjoint_sharding_wrap"
+
+
+def _attr(module, path):
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _backbone(model):
+    """model.backbone of a MambaForCausalLM, or a MambaModel itself."""
+    try:
+        from transformers.models.mamba import modeling_mamba as _mm
+    except ImportError as e:  # pragma: no cover - transformers is what wrap is for
+        raise Error(f"adjoint_sharding.torch.wrap needs transformers ({e})") from None
+    if isinstance(model, _mm.MambaForCausalLM):
+        return model.backbone
+    if isinstance(model, _mm.MambaModel):
+        return model
+    raise Error(f"adjoint_sharding.torch.wrap takes a transformers MambaForCausalLM or MambaModel, "
+                f"got {type(model).__name__}")
+
+
+def _mamba_dims(backbone):
+    """The stack's sizes from the configuration, every block checked against them;
+    what the C++ block does not compute is refused by its setting's name."""
+    cfg = backbone.config
+    where = "adjoint_sharding.torch.wrap"
+    if getattr(cfg, "use_bias", False):
+        raise Error(f"{where}: use_bias=True (biases of in_proj and out_proj) is not supported")
+    if not getattr(cfg, "use_conv_bias", True):
+        raise Error(f"{where}: use_conv_bias=False is not supported (the conv1d has a bias)")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise Error(f"{where}: hidden_act={cfg.hidden_act!r} is not supported (only 'silu')")
+    D, E = int(cfg.hidden_size), int(cfg.intermediate_size)
+    if E % D:
+        raise Error(f"{where}: intermediate_size {E} is not a multiple of hidden_size {D}")
+    dims = {"width": D, "state": int(cfg.state_size), "layers": len(backbone.layers), "expand": E // D,
+            "conv_kernel": int(cfg.conv_kernel), "dt_rank": int(cfg.time_step_rank),
+            "norm_eps": float(cfg.layer_norm_epsilon)}
+    for k, block in enumerate(backbone.layers):
+        m = block.mixer
+        if m.in_proj.bias is not None or m.out_proj.bias is not None:
+            raise Error(f"{where}: block {k} has an in_proj or out_proj bias (use_bias=True) — not supported")
+        if m.conv1d.bias is None:
+            raise Error(f"{where}: block {k}'s conv1d has no bias (use_conv_bias=False) — not supported")
+        if float(block.norm.variance_epsilon) != dims["norm_eps"]:
+            raise Error(f"{where}: block {k}'s norm epsilon {block.norm.variance_epsilon} is not "
+                        f"layer_norm_epsilon {dims['norm_eps']}")
+        if tuple(m.conv1d.weight.shape) != (E, 1, dims["conv_kernel"]) or m.conv1d.padding != (dims["conv_kernel"] - 1,):
+            raise Error(f"{where}: block {k}'s conv1d is not the depthwise causal conv of conv_kernel "
+                        f"{dims['conv_kernel']}")
+    return dims
+
+
+def _stack_options(state):
+    o = _core.MambaStackOptions()
+    for key, value in {**state["dims"], **state["options"]}.items():
+        setattr(o, key, value)
+    return o
+
+
+def _block_arrays(tensors, E, Kc):
+    """Lists of 10 detached tensors per block (conv weight [E, 1, Kc] viewed as [E, Kc]): the same memory."""
+    n = len(MAMBA_TENSORS)
+    out = []
+    for k in range(0, len(tensors), n):
+        block = [t.detach() for t in tensors[k:k + n]]
+        block[2] = block[2].view(E, Kc)
+        out.append(block)
+    return out
+
+
+class _MambaStackFunction(_torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, state, y0, *params):
+        yK = _torch.empty_like(y0)
+        d = state["dims"]
+        _core.mamba_stack_forward(_block_arrays(params, d["width"] * d["expand"], d["conv_kernel"]),
+                                  _stack_options(state), y0.detach(), yK)
+        ctx.state = state
+        ctx.save_for_backward(y0, *params)
+        return yK
+
+    @staticmethod
+    def backward(ctx, gK):
+        y0, *params = ctx.saved_tensors
+        state, d = ctx.state, ctx.state["dims"]
+        E, Kc = d["width"] * d["expand"], d["conv_kernel"]
+        # g is overwritten in place with ∂L/∂y0: a private contiguous copy of the cotangent.
+        g = gK.detach().to(dtype=y0.dtype).contiguous().clone()
+        grads = [_torch.empty_like(p, memory_format=_torch.contiguous_format) for p in params]
+        _core.mamba_stack_backward(_block_arrays(params, E, Kc), _block_arrays(grads, E, Kc), _stack_options(state),
+                                   y0.detach(), g)
+        need = ctx.needs_input_grad
+        return (None, g if need[1] else None, *[gp if need[2 + i] else None for i, gp in enumerate(grads)])
+
+
+def _run_blocks(backbone, y0):
+    """y_K = the blocks of backbone.layers on y0 [B, T, D], in C++ (autograd: E3)."""
+    state = getattr(backbone, _WRAP_ATTR)
+    params = [_attr(block, path) for block in backbone.layers for _, path in MAMBA_TENSORS]
+    if y0.dim() != 3 or y0.shape[0] < 1 or y0.shape[1] < 1:
+        raise Error(f"adjoint_sharding.torch.wrap: the hidden states must be [B >= 1, T >= 1, D], got {list(y0.shape)}")
+    for name, t in [("the hidden states", y0)] + [(f"parameter {n}", p) for n, p in zip(
+            (f"layers.{k}.{path}" for k in range(len(backbone.layers)) for _, path in MAMBA_TENSORS), params)]:
+        if t.device.type != "cpu":
+            raise Error(f"adjoint_sharding.torch.wrap: {name} is on {t.device}; CUDA tensors are not supported yet "
+                        f"(this build of adjoint_sharding runs on the CPU, Kokkos {_core.backend})")
+        if t.dtype not in (_torch.float32, _torch.float64):
+            raise Error(f"adjoint_sharding.torch.wrap: {name} is {t.dtype}; the wrapped blocks run in torch.float32 "
+                        f"or torch.float64")
+        if t.dtype != y0.dtype:
+            raise Error(f"adjoint_sharding.torch.wrap: {name} is {t.dtype}, the hidden states are {y0.dtype} "
+                        f"(one dtype for the whole stack)")
+    # Parameters are read in place; a non-contiguous one (none of transformers') is read from a copy.
+    params = [p if p.is_contiguous() else p.contiguous() for p in params]
+    y0 = y0.contiguous()
+    if _torch.is_grad_enabled() and (y0.requires_grad or any(p.requires_grad for p in params)):
+        return _MambaStackFunction.apply(state, y0, *params)
+    d = state["dims"]
+    yK = _torch.empty_like(y0)
+    _core.mamba_stack_forward(_block_arrays(params, d["width"] * d["expand"], d["conv_kernel"]),
+                              _stack_options(state), y0.detach(), yK)
+    return yK
+
+
+def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_cache=None, output_hidden_states=None,
+                     return_dict=None, attention_mask=None, **kwargs):
+    """MambaModel.forward with the blocks in C++; transformers' own forward whenever a
+    cache is passed or asked for, or every block's hidden states are."""
+    original = type(self).forward.__get__(self)
+    hidden_all = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+    if cache is not None or kwargs.get("cache_params") is not None or use_cache or hidden_all:
+        return original(input_ids=input_ids, inputs_embeds=inputs_embeds, cache=cache, use_cache=use_cache,
+                        output_hidden_states=output_hidden_states, return_dict=return_dict,
+                        attention_mask=attention_mask, **kwargs)
+    from transformers.models.mamba.modeling_mamba import MambaOutput
+    return_dict = return_dict if return_dict is not None else self.config.return_dict
+    if (input_ids is None) ^ (inputs_embeds is not None):
+        raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+    if attention_mask is not None and not bool((attention_mask == 1).all()):
+        raise Error("adjoint_sharding.torch.wrap: an attention_mask with zeros (padding) is not supported by the "
+                    "wrapped blocks; pad on the right with label -100 and pass no mask, or unwrap(model)")
+    if inputs_embeds is None:
+        inputs_embeds = self.embeddings(input_ids)
+    hidden_states = self.norm_f(_run_blocks(self, inputs_embeds))
+    if not return_dict:
+        return (hidden_states,)
+    return MambaOutput(last_hidden_state=hidden_states, cache=None, hidden_states=None)
+
+
+def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", layer_checkpoint=1, token_block=0):
+    """Runs the blocks of a transformers MambaForCausalLM (or MambaModel) in C++:
+    forward and E3 backward (ash::MambaStackAdjoint), on the model's own parameters.
+
+    The model is changed in place (its backbone's forward) and returned; its
+    parameters, state_dict, embedding, final norm, lm_head and loss are untouched,
+    and calls with a cache (cache=..., use_cache=True: generation) or with
+    output_hidden_states run transformers' own blocks. Options:
+      detach_inputs: the paper's gradient (each block's input detached in its branch);
+      chunk: E3's chunk length C;
+      truncate, storage, layer_checkpoint, token_block: refused for a Mamba until the
+        block-wise engine takes one (adjoint_sharding.Error naming the setting).
+    Wrapping a wrapped model sets its options anew. docs/python.md has the details."""
+    backbone = _backbone(model)
+    dims = _mamba_dims(backbone)
+    for name, p in backbone.layers.named_parameters():
+        if p.device.type != "cpu":
+            raise Error(f"adjoint_sharding.torch.wrap: parameter layers.{name} is on {p.device}; CUDA tensors are not "
+                        f"supported yet (this build of adjoint_sharding runs on the CPU, Kokkos {_core.backend})")
+        if p.dtype not in (_torch.float32, _torch.float64):
+            raise Error(f"adjoint_sharding.torch.wrap: parameter layers.{name} is {p.dtype}; the wrapped blocks run in "
+                        f"torch.float32 or torch.float64")
+    state = {"dims": dims, "options": {"detach_inputs": bool(detach_inputs), "chunk": int(chunk),
+                                       "truncate": int(truncate), "storage": str(storage),
+                                       "layer_checkpoint": int(layer_checkpoint), "token_block": int(token_block)}}
+    _core.mamba_stack_check(_stack_options(state))  # the refusals, before the model is changed
+    setattr(backbone, _WRAP_ATTR, state)
+    backbone.forward = _types.MethodType(_wrapped_forward, backbone)
+    return model
+
+
+def unwrap(model):
+    """Undoes wrap: transformers' own forward again. Returns the model."""
+    backbone = _backbone(model)
+    if hasattr(backbone, _WRAP_ATTR):
+        delattr(backbone, _WRAP_ATTR)
+        backbone.__dict__.pop("forward", None)
+    return model

@@ -1,7 +1,9 @@
 // adjoint_sharding._core's layer stack: StackAdjoint (grad/stack_adjoint) over
 // per-token arrays y_0, y_K, g [B, T, P] that cross without copies, as views of the
 // caller's buffer (numpy through the buffer protocol, torch through DLPack); the
-// adjoint_sharding.torch SSMStack module calls these.
+// adjoint_sharding.torch SSMStack module calls these. The Mamba stack
+// (MambaStackAdjoint, adjoint_sharding.torch.wrap) reads its blocks' parameters
+// in place too, and writes their gradients into arrays the caller allocated.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -9,6 +11,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <iomanip>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -128,6 +132,152 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> stack_layout(cons
   return out;
 }
 
+// A Mamba layer stack's sizes and E3 options (adjoint_sharding.torch.wrap).
+struct MambaStackOptions {
+  std::int64_t width = 0, state = 0, layers = 0, expand = 2, conv_kernel = 4, dt_rank = 0;
+  double norm_eps = 1e-5;
+  bool detach_inputs = false;
+  std::int64_t truncate = 0, chunk = 64, layer_checkpoint = 1, token_block = 0;
+  std::string storage = "float";
+};
+
+std::string exact_double(double v) {
+  std::ostringstream o;
+  o << std::setprecision(17) << v;
+  return o.str();
+}
+
+// The options as a configuration, checked as `ash grad` checks them; the
+// Mamba stack itself refuses what it does not run (MambaStackAdjoint).
+std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaStackOptions& o, std::int64_t T) {
+  ash::Config cfg;
+  cfg.set("model.arch=mamba");
+  cfg.set("model.vocab=256");  // unused: the stack has no embedding or head
+  cfg.set("model.width=" + std::to_string(o.width));
+  cfg.set("model.state=" + std::to_string(o.state));
+  cfg.set("model.layers=" + std::to_string(o.layers));
+  cfg.set("model.expand=" + std::to_string(o.expand));
+  cfg.set("model.conv_kernel=" + std::to_string(o.conv_kernel));
+  cfg.set("model.dt_rank=" + std::to_string(o.dt_rank));
+  cfg.set("model.norm_eps=" + exact_double(o.norm_eps));
+  cfg.set("data.seq_len=" + std::to_string(T < 2 ? 2 : T));
+  cfg.set("data.batch=1");
+  cfg.set("grad.engine=adjoint-exact");
+  cfg.set("grad.truncate=" + std::to_string(o.truncate));
+  cfg.set("grad.chunk=" + std::to_string(o.chunk));
+  cfg.set(std::string("grad.detach_inputs=") + (o.detach_inputs ? "true" : "false"));
+  cfg.set("grad.layer_checkpoint=" + std::to_string(o.layer_checkpoint));
+  cfg.set("grad.token_block=" + std::to_string(o.token_block));
+  cfg.set("run.storage=" + o.storage);
+  cfg.validate();
+  const auto st = cfg.settings();
+  return {st.model, st.grad};
+}
+
+// One block's tensors, in this order (the checkpoint's names, docs/file_format.md):
+// norm [D], in_proj [2E, D], conv_weight [E, Kc], conv_bias [E], x_proj [R+2N, E],
+// dt_proj [E, R], dt_bias [E], A_log [E, N], D [E], out_proj [D, E].
+constexpr const char* mamba_tensor_names[] = {"norm", "in_proj", "conv_weight", "conv_bias", "x_proj",
+                                              "dt_proj", "dt_bias", "A_log", "D", "out_proj"};
+constexpr std::size_t mamba_tensor_count = sizeof(mamba_tensor_names) / sizeof(mamba_tensor_names[0]);
+
+template <class S>
+using AnyArray = nb::ndarray<S, nb::c_contig, nb::device::cpu>;
+
+// Views of the caller's arrays, without copies (a wrong dtype, layout or device
+// is refused, never converted: a converted copy of a gradient would be lost).
+// `arrays` keeps the arrays referenced for the call.
+template <class S>
+std::vector<ash::MambaLayerParams<S>> mamba_blocks(const nb::list& blocks, const ash::ModelDims& d, const char* what,
+                                                   std::vector<AnyArray<S>>& arrays) {
+  ash::require(std::int64_t(blocks.size()) == d.layers, std::string(what) + " has " + std::to_string(blocks.size()) +
+                                                            " blocks, expected K = " + std::to_string(d.layers));
+  const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
+  const std::vector<std::vector<std::int64_t>> shapes = {{D},     {2 * E, D}, {E, Kc}, {E}, {R + 2 * N, E},
+                                                         {E, R},  {E},        {E, N},  {E}, {D, E}};
+  std::vector<ash::MambaLayerParams<S>> out;
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const nb::handle bk = blocks[k];
+    const std::string where = std::string(what) + " of block " + std::to_string(k);
+    ash::require(nb::isinstance<nb::list>(bk) || nb::isinstance<nb::tuple>(bk), where + " must be a list of arrays");
+    const nb::sequence seq = nb::borrow<nb::sequence>(bk);
+    ash::require(nb::len(seq) == mamba_tensor_count, where + " must have " + std::to_string(mamba_tensor_count) +
+                                                         " arrays, got " + std::to_string(nb::len(seq)));
+    std::vector<S*> ptr;
+    for (std::size_t i = 0; i < mamba_tensor_count; ++i) {
+      const std::string name = where + ": " + mamba_tensor_names[i];
+      AnyArray<S> a;
+      ash::require(nb::try_cast(seq[i], a, false),
+                   name + " must be a C-contiguous " + (sizeof(S) == 8 ? "float64" : "float32") + " CPU array");
+      const auto& want = shapes[i];
+      bool same = a.ndim() == want.size();
+      std::string got = "[", exp = "[";
+      for (std::size_t j = 0; j < want.size(); ++j) {
+        exp += (j ? ", " : "") + std::to_string(want[j]);
+        if (same && std::int64_t(a.shape(j)) != want[j]) same = false;
+      }
+      for (std::size_t j = 0; j < a.ndim(); ++j) got += (j ? ", " : "") + std::to_string(a.shape(j));
+      ash::require(same, name + " has shape " + got + "], expected " + exp + "]");
+      ptr.push_back(a.data());
+      arrays.push_back(a);
+    }
+    using U1 = ash::Unmanaged1<S>;
+    using U2 = ash::Unmanaged2<S>;
+    ash::MambaLayerParams<S> p;
+    p.norm = U1(ptr[0], D);
+    p.in_x = U2(ptr[1], E, D);  // in_proj's rows [0, E), then [E, 2E)
+    p.in_z = U2(ptr[1] + E * D, E, D);
+    p.conv_weight = U2(ptr[2], E, Kc);
+    p.conv_bias = U1(ptr[3], E);
+    p.x_dt = U2(ptr[4], R, E);  // x_proj's rows [0, R), [R, R+N), [R+N, R+2N)
+    p.x_B = U2(ptr[4] + R * E, N, E);
+    p.x_C = U2(ptr[4] + (R + N) * E, N, E);
+    p.dt_proj = U2(ptr[5], E, R);
+    p.dt_bias = U1(ptr[6], E);
+    p.A_log = U2(ptr[7], E, N);
+    p.D = U1(ptr[8], E);
+    p.out_proj = U2(ptr[9], D, E);
+    out.push_back(p);
+  }
+  return out;
+}
+
+template <class S>
+void mamba_stack_forward(const nb::list& blocks, const MambaStackOptions& o, Tensor3<S> y0, Tensor3<S> yK) {
+  const auto [d, opts] = mamba_stack_settings(o, std::int64_t(y0.shape(1)));
+  ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
+                                                         ", expected the hidden size D = " + std::to_string(d.width));
+  check_shape(yK, "yK", y0.shape(0), y0.shape(1), y0.shape(2));
+  std::vector<AnyArray<S>> keep;
+  const auto ps = mamba_blocks<S>(blocks, d, "the parameters", keep);
+  const ash::MambaStackAdjoint<S> stack(d, opts);
+  const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
+  nb::gil_scoped_release nogil;
+  stack.forward(ps, s, rows_view(y0), rows_view(yK));
+}
+
+template <class S>
+void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const MambaStackOptions& o, Tensor3<S> y0,
+                          Tensor3<S> g) {
+  const auto [d, opts] = mamba_stack_settings(o, std::int64_t(y0.shape(1)));
+  ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
+                                                         ", expected the hidden size D = " + std::to_string(d.width));
+  check_shape(g, "g", y0.shape(0), y0.shape(1), y0.shape(2));
+  std::vector<AnyArray<S>> keep;
+  const auto ps = mamba_blocks<S>(blocks, d, "the parameters", keep);
+  const auto gs = mamba_blocks<S>(grads, d, "the gradient", keep);
+  const ash::MambaStackAdjoint<S> stack(d, opts);
+  const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
+  nb::gil_scoped_release nogil;
+  stack.backward(ps, s, rows_view(y0), rows_view(g), gs);
+}
+
+// Constructing the stack checks the options (the refusals come before any tensor is touched).
+void mamba_stack_check(const MambaStackOptions& o) {
+  const auto [d, opts] = mamba_stack_settings(o, 2);
+  const ash::MambaStackAdjoint<double> stack(d, opts);
+}
+
 }  // namespace
 
 void bind_stack(nb::module_& m) {
@@ -152,6 +302,30 @@ void bind_stack(nb::module_& m) {
         "cu_seqlens"_a = std::vector<std::int64_t>());
   m.def("stack_backward", &stack_backward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert(),
         "cu_seqlens"_a = std::vector<std::int64_t>());
+  nb::class_<MambaStackOptions>(m, "MambaStackOptions")
+      .def(nb::init<>())
+      .def_rw("width", &MambaStackOptions::width)
+      .def_rw("state", &MambaStackOptions::state)
+      .def_rw("layers", &MambaStackOptions::layers)
+      .def_rw("expand", &MambaStackOptions::expand)
+      .def_rw("conv_kernel", &MambaStackOptions::conv_kernel)
+      .def_rw("dt_rank", &MambaStackOptions::dt_rank)
+      .def_rw("norm_eps", &MambaStackOptions::norm_eps)
+      .def_rw("detach_inputs", &MambaStackOptions::detach_inputs)
+      .def_rw("truncate", &MambaStackOptions::truncate)
+      .def_rw("chunk", &MambaStackOptions::chunk)
+      .def_rw("layer_checkpoint", &MambaStackOptions::layer_checkpoint)
+      .def_rw("token_block", &MambaStackOptions::token_block)
+      .def_rw("storage", &MambaStackOptions::storage);
+  m.def("mamba_stack_check", &mamba_stack_check, "options"_a);
+  m.def("mamba_stack_forward", &mamba_stack_forward<float>, "blocks"_a, "options"_a, "y0"_a.noconvert(),
+        "yK"_a.noconvert());
+  m.def("mamba_stack_forward", &mamba_stack_forward<double>, "blocks"_a, "options"_a, "y0"_a.noconvert(),
+        "yK"_a.noconvert());
+  m.def("mamba_stack_backward", &mamba_stack_backward<float>, "blocks"_a, "grads"_a, "options"_a,
+        "y0"_a.noconvert(), "g"_a.noconvert());
+  m.def("mamba_stack_backward", &mamba_stack_backward<double>, "blocks"_a, "grads"_a, "options"_a,
+        "y0"_a.noconvert(), "g"_a.noconvert());
 }
 
 }  // namespace ash_py
