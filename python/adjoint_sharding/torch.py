@@ -22,7 +22,6 @@ and lm_head stay in PyTorch, and calls with a cache (generation) run
 transformers' own blocks.
 """
 import json as _json
-import types as _types
 
 import numpy as _np
 import torch as _torch
@@ -304,6 +303,7 @@ class _MambaStackFunction(_torch.autograd.Function):
         return yK
 
     @staticmethod
+    @_torch.autograd.function.once_differentiable  # the C++ backward is not itself differentiable
     def backward(ctx, gK):
         y0, *params = ctx.saved_tensors
         state, d = ctx.state, ctx.state["dims"]
@@ -371,6 +371,20 @@ def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_c
     return MambaOutput(last_hidden_state=hidden_states, cache=None, hidden_states=None)
 
 
+class _WrappedForward:
+    """The backbone's forward while wrapped: a plain object (not a bound method), so that a
+    wrapped model deep-copies and pickles with its wrap."""
+
+    def __init__(self, backbone):
+        self.backbone = backbone
+
+    def __call__(self, input_ids=None, inputs_embeds=None, cache=None, use_cache=None, output_hidden_states=None,
+                 return_dict=None, attention_mask=None, **kwargs):
+        return _wrapped_forward(self.backbone, input_ids=input_ids, inputs_embeds=inputs_embeds, cache=cache,
+                                use_cache=use_cache, output_hidden_states=output_hidden_states,
+                                return_dict=return_dict, attention_mask=attention_mask, **kwargs)
+
+
 def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", layer_checkpoint=1, token_block=0):
     """Runs the blocks of a transformers MambaForCausalLM (or MambaModel) in C++:
     forward and E3 backward (ash::MambaStackAdjoint), on the model's own parameters.
@@ -398,7 +412,7 @@ def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", l
                                        "layer_checkpoint": int(layer_checkpoint), "token_block": int(token_block)}}
     _core.mamba_stack_check(_stack_options(state))  # the refusals, before the model is changed
     setattr(backbone, _WRAP_ATTR, state)
-    backbone.forward = _types.MethodType(_wrapped_forward, backbone)
+    backbone.forward = _WrappedForward(backbone)
     return model
 
 

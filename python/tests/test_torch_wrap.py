@@ -9,6 +9,7 @@ refusals.
 The float64 oracle is transformers' slow path with its float32 casts removed
 (test_mamba.py's float64_slow_path fixture, which both models see)."""
 import copy
+import pickle
 
 import numpy as np
 import pytest
@@ -87,6 +88,19 @@ def test_parameters_are_shared_not_copied(float64_slow_path):
     out, grads = loss_and_grads(model, ids)
     assert_same(out, grads, ref_out, ref_grads, RTOL)
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in ref.named_parameters()]
+
+
+def test_wrapped_model_deepcopies_and_pickles(float64_slow_path):
+    """A copy of a wrapped model is wrapped and runs on its own parameters."""
+    ref = hf_model(V, D, N, 2, EXPAND, 2, 1, False, EPS, seed=5)
+    model = wrap(copy.deepcopy(ref))
+    ids = torch.tensor(np.random.default_rng(2).integers(0, V, (1, 9)))
+    ref_out, ref_grads = loss_and_grads(ref, ids)
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert other.backbone.forward.backbone is other.backbone
+        out, grads = loss_and_grads(no_hf_blocks(other), ids)
+        assert_same(out, grads, ref_out, ref_grads, RTOL)
+        assert model.backbone.layers[0].mixer.D.grad is None  # the original's parameters were not used
 
 
 def detached_block_forward(self, hidden_states, cache=None, attention_mask=None, **kwargs):
