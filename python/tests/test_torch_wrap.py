@@ -161,6 +161,21 @@ def test_gradient_accumulates_over_two_backward_calls(float64_slow_path):
     assert rel_err(one["backbone.layers.1.mixer.D"], model.backbone.layers[1].mixer.D.grad) > 1e-6
 
 
+def test_frozen_parameters_get_no_gradient(float64_slow_path):
+    ref = hf_model(V, D, N, 2, EXPAND, 3, 2, True, EPS, seed=23)
+    model = no_hf_blocks(wrap(copy.deepcopy(ref)))
+    ids = torch.tensor(np.random.default_rng(3).integers(0, V, (2, 7)))
+    for m in (ref, model):
+        m.backbone.layers[0].mixer.x_proj.weight.requires_grad_(False)
+        m.backbone.layers[1].norm.weight.requires_grad_(False)
+        m(input_ids=ids, labels=ids).loss.backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        if not q.requires_grad:
+            assert p.grad is None and q.grad is None, n
+        else:
+            assert rel_err(p.grad, q.grad) <= RTOL, n
+
+
 def test_mamba_model_and_inputs_embeds(float64_slow_path):
     """A MambaModel (no head) wraps too; inputs_embeds and a torch loss on the hidden states."""
     ref = hf_model(V, D, N, 2, EXPAND, 3, 2, True, EPS, seed=31).backbone
