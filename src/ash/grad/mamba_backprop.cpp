@@ -150,10 +150,10 @@ template double mamba_backprop<float>(const EngineOptions&, const ParamSet<float
                                       const ParamSet<float>&, const ExecSpace&);
 template double mamba_backprop<double>(const EngineOptions&, const ParamSet<double>&, const TokenView&,
                                        const ParamSet<double>&, const ExecSpace&);
-#define ASH_MAMBA_E3_BLOCK(S)                                                                                 \
-  template void mamba_e3_block_backward<S>(const EngineOptions&, Workspace<S>&, const MambaLayerParams<S>&,          \
-                                           const ModelDims&, const SeqShape&, const View2<S>&,                       \
-                                           const MambaActivations<S>&, const MambaCotangents<S>&, const View2<S>&,   \
+#define ASH_MAMBA_E3_BLOCK(S)                                                                                      \
+  template void mamba_e3_block_backward<S>(const EngineOptions&, Workspace<S>&, const MambaLayerParams<S>&,        \
+                                           const ModelDims&, const SeqShape&, const View2<S>&,                     \
+                                           const MambaActivations<S>&, const MambaCotangents<S>&, const View2<S>&, \
                                            const MambaLayerParams<S>&, const View2<S>&, const ExecSpace&);
 ASH_MAMBA_E3_BLOCK(float)
 ASH_MAMBA_E3_BLOCK(double)
