@@ -64,6 +64,7 @@ void ActivationStore<S>::release(int k) {
   ys_.at(k - k0_) = View2<S>();
   if (!acts_.empty()) acts_.at(k - k0_) = LayerActivations<S>();
   if (!mamba_acts_.empty()) mamba_acts_.at(k - k0_) = MambaActivations<S>();
+  if (k == k0_) mamba_y_scratch_ = View2<S>();  // no block is recomputed after the range's first
 }
 
 template <class S>
@@ -123,13 +124,13 @@ template <class S>
 ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const GlobalParams<S>* head_grad,
                             typename LayerActivations<S>::Store store, bool keep_acts, index_t head_chunk) {
   const auto& d = params.dims();
+  require(!(d.mamba() && keep_acts), "forward_tape: kept activations are an SSM-ResNet's (a Mamba keeps MambaActivations)");
   const SeqShape s = SeqShape::of(x);
   ActivationStore<S> st(s, d, 0, int(d.layers), store, keep_acts);
   embedding_forward(params.global().embedding, x, st.input(0));
   forward_layers(params, st);
   ForwardTape<S> tape;
   for (int k = 0; k <= d.layers; ++k) tape.ys.push_back(st.input(k));
-  require(!(d.mamba() && keep_acts), "forward_tape: kept activations are an SSM-ResNet's (a Mamba keeps MambaActivations)");
   if (keep_acts)
     for (int k = 0; k < d.layers; ++k) tape.acts.push_back(st.kept(k));
   tape.g = View2<S>("ash::tape::g", s.rows(), d.width);
