@@ -20,7 +20,6 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/blockwise_engine.cpp
   ash/grad/stack_adjoint.cpp
   ash/grad/backprop.cpp
-  ash/grad/mamba_backprop.cpp
   ash/grad/adjoint.cpp
   ash/grad/adjoint_exact.cpp
   ash/grad/workspace.cpp

@@ -1,7 +1,8 @@
 // model.arch = "mamba" (docs/design.md §1): E1 against central finite differences of
-// the forward loss (documents included), float against double, the checkpoint
-// round trip, the configuration rules, the refusals, and recurrent generation
-// against the full forward. transformers' own model is
+// the forward loss (documents included), float against double, E3 against E1, the
+// detached modes against each other and E2's window against a brute-force window sum,
+// the checkpoint round trip, the configuration rules, the planner, the refusals, and
+// recurrent generation against the full forward. transformers' own model is
 // the oracle of python/tests/test_mamba.py; this checks the same code without Python.
 #include <algorithm>
 
@@ -221,6 +222,142 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaE3,
                                   std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
+namespace {
+
+// E2's truncated gradient of a Mamba by explicit products on the host (docs/design.md §2):
+//   μ^i = Σ_{t=i}^{min(T,i+T̄-1)} ∂L/∂s^t_e γ^t_n Π_{j=i+1..t} A^j_en
+// over the scan's E channels, from the blocks' kept activations and ∂L/∂s of the
+// gate's VJP, fed to the mixer's VJPs with the block input detached (g unchanged):
+// test_adjoint.cpp's SSM-ResNet oracle with a Mamba block around the scan.
+std::vector<double> mamba_brute_force_window(const ParamSet<double>& ps, const TokenView& x, index_t Tbar) {
+  const auto& d = ps.dims();
+  const SeqShape s = SeqShape::of(x);
+  const index_t T = s.T, E = d.inner(), N = d.state;
+  const int K = int(d.layers);
+  ParamSet<double> grad(d);
+  const auto gg = grad.global();
+  std::vector<View2<double>> ys;
+  std::vector<MambaActivations<double>> acts;
+  for (int k = 0; k <= K; ++k) ys.emplace_back("y", s.rows(), d.width);
+  embedding_forward(ps.global().embedding, x, ys[0]);
+  for (int k = 0; k < K; ++k) {
+    acts.emplace_back(s, d, LayerActivations<double>::with_hprev_and_A);
+    mamba_layer_forward(ps.mamba_layer(k), d, s, ys[k], acts[k], ys[k + 1]);
+  }
+  View2<double> g("g", s.rows(), d.width);
+  head_loss<double>(ps.global(), x, ys[K], g, &gg, 1024);
+  for (int k = K - 1; k >= 0; --k) {
+    const auto& act = acts[k];
+    const MambaCotangents<double> cot(s.rows(), d);
+    mamba_gate_backward(ps.mamba_layer(k), act, g, cot, grad.mamba_layer(k));
+    auto A = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), act.scan.A);
+    auto gamma = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), act.scan.gamma);
+    auto gs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cot.gs);
+    View3<double> mu("mu_bf", s.rows(), E, N);
+    auto muh = Kokkos::create_mirror_view(mu);
+    for (index_t b = 0; b < s.batch; ++b)
+      for (index_t i = 0; i < T; ++i)
+        for (index_t e = 0; e < E; ++e)
+          for (index_t n = 0; n < N; ++n) {
+            double acc = 0;
+            for (index_t t = i; t < T && t <= i + Tbar - 1; ++t) {
+              double prod = 1;
+              for (index_t j = i + 1; j <= t; ++j) prod *= A(b * T + j, e, n);
+              acc += gs(b * T + t, e) * gamma(b * T + t, n) * prod;
+            }
+            muh(b * T + i, e, n) = acc;
+          }
+    Kokkos::deep_copy(mu, muh);
+    mamba_mixer_backward(ps.mamba_layer(k), d, s, ys[k], act, mu, cot, grad.mamba_layer(k), View2<double>());
+  }
+  embedding_backward(x, g, gg.embedding);
+  return to_host(grad);
+}
+
+}  // namespace
+
+// The detached modes (the stop-gradient-on-the-mixer-input model: g_{k-1} = g_k):
+// E2 over the full window (T̄ = 0 and T̄ > T), E3 detached in both h forms and
+// several chunks and waves, and E1 detached are one gradient; the window T̄: E2
+// truncated equals the brute-force window sum and E3 windowed, and differs from the
+// full window (T̄ is not ignored).
+struct WindowCase {
+  int K;
+  index_t batch, T;
+  std::int64_t Kc;
+  bool docs;
+};
+
+class MambaWindow : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(MambaWindow, DetachedAndWindowedModesAgree) {
+  const auto c = GetParam();
+  const auto d = mamba_dims(c.K, c.K % 2 == 0, c.Kc);
+  auto ps = fd_model(d, 80 + c.K);  // Δ ~ O(1): the state reaches across T̄ tokens
+  auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
+  // documents of 1..7 tokens, one with targets past every T̄ below (else the window is
+  // the whole document: a window's last token has no target, so its ∂L/∂s is 0)
+  if (c.docs) x = with_starts(x, c.batch == 2 ? std::vector<index_t>{1, c.T + 4} : std::vector<index_t>{3, 4});
+  double l0 = 0;
+  const auto e2 = grad_of(engine_options("adjoint"), ps, x, &l0);
+  const auto check = [&](const EngineOptions& o, const std::vector<double>& ref, const std::string& what) {
+    double l = 0;
+    const auto got = grad_of(o, ps, x, &l);
+    EXPECT_NEAR(l, l0, 1e-14 * l0) << what;
+    expect_close(got, ref, d, 1e-12, what);
+  };
+  check(engine_options("adjoint", c.T + 3), e2, "E2, T-bar > T");
+  EngineOptions e1d = engine_options("backprop");
+  e1d.detach_inputs = true;
+  check(e1d, e2, "E1 detached");
+  const auto exact = grad_of(EngineOptions{}, ps, x);
+  EXPECT_GT(rel_l2(exact, e2, 0, index_t(e2.size())), 1e-6) << "detached equals exact: the test would be vacuous";
+  for (const index_t Tbar : {index_t(1), index_t(3), index_t(4)}) {
+    const std::string tb = "T-bar " + std::to_string(Tbar);
+    const auto bf = mamba_brute_force_window(ps, x, Tbar);
+    check(engine_options("adjoint", Tbar), bf, "E2 truncated vs brute force, " + tb);
+    EXPECT_GT(rel_l2(bf, e2, 0, index_t(e2.size())), 1e-6) << tb << " gives the full window's gradient";
+    for (const bool chunked_h : {false, true})
+      for (const auto& [chunk, wave] : std::vector<std::pair<index_t, index_t>>{{64, 0}, {2, 4}, {3, 9}}) {
+        EngineOptions o = engine_options("adjoint-exact", Tbar, true);
+        o.chunk = chunk;
+        o.wave = wave;
+        o.e3_chunked_h = chunked_h;
+        const std::string what = "E3 windowed, " + tb + " (chunk " + std::to_string(chunk) + ", wave " +
+                                 std::to_string(wave) + (chunked_h ? ", chunked h)" : ")");
+        check(o, bf, what);
+        o.truncate = 0;  // detached, exact μ
+        check(o, e2, "E3 detached (chunk " + std::to_string(chunk) + ", wave " + std::to_string(wave) +
+                         (chunked_h ? ", chunked h)" : ")"));
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MambaWindow,
+                         ::testing::Values(WindowCase{1, 2, 9, 4, false}, WindowCase{2, 1, 11, 3, true},
+                                           WindowCase{3, 2, 7, 2, true}),
+                         [](const ::testing::TestParamInfo<WindowCase>& i) {
+                           const WindowCase& c = i.param;
+                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
+                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                         });
+
+// float against double in the new modes (E2 truncated, E3 detached and windowed).
+TYPED_TEST(MambaTyped, DetachedModesAgreeWithDouble) {
+  using S = TypeParam;
+  const auto d = mamba_dims(2, true);
+  auto ref = random_model<double>(d, 15);
+  const auto x = random_tokens(2, 17, d.vocab, 16);
+  for (const auto& o : {engine_options("adjoint"), engine_options("adjoint", 5), engine_options("adjoint-exact", 0, true),
+                        engine_options("adjoint-exact", 5, true)}) {
+    double lref = 0, l = 0;
+    const auto b = grad_of(o, ref, x, &lref);
+    const auto a = grad_of(o, cast_model<S>(ref), x, &l);
+    EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
+    expect_close(a, b, d, Tol<S>::grad_vs_double, method_name(o.method));
+  }
+}
+
 TEST(Mamba, Configuration) {
   Config ssm;
   EXPECT_FALSE(ssm.stored_json()["model"].contains("arch"));  // an SSM-ResNet's files are as before
@@ -245,30 +382,44 @@ TEST(Mamba, Configuration) {
     c.set(k);
     expect_error([&] { c.validate(); }, std::string(k).substr(0, std::string(k).find('=')));
   }
-  // The engines and levers a Mamba does not have yet, each named.
+  // E2 and E3's detached and windowed modes run; the levers and MPI do not yet, each named.
+  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4"}) {
+    Config c = m;
+    c.set(set);
+    if (std::string(set) == "grad.truncate=4") c.set("grad.engine=adjoint");
+    EXPECT_NO_THROW(require_mamba_supported(c.settings())) << set;
+  }
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
-           {"grad.engine=adjoint", "grad.engine=adjoint"},
-           {"grad.detach_inputs=true", "grad.detach_inputs=true"},
-           {"grad.truncate=4", "grad.truncate"},
            {"run.storage=bf16", "run.storage=bf16"},
+           {"run.storage=fp16", "run.storage=fp16"},
+           {"data.carry_state=true", "data.carry_state=true"},
            {"grad.layer_checkpoint=2", "grad.layer_checkpoint"},
            {"grad.token_block=8", "grad.token_block"},
            {"dist.layer_ranks=2", "dist.* (several MPI ranks)"}}) {
     Config c = m;
     c.set(set);
     if (set.rfind("dist", 0) == 0) c.set("model.layers=2");
+    if (set.rfind("data.carry", 0) == 0) c.set("data.sequential=true");
     expect_error([&] { require_mamba_supported(c.settings()); }, key + " is not available for model.arch=mamba");
   }
 }
 
 // The planner's Mamba E1 and E3 (ash plan, check_memory) against the measured Kokkos peak, within 10 %.
 TEST(Mamba, PlanMatchesMeasuredPeak) {
-  for (const char* engine : {"grad.engine=backprop", "grad.engine=adjoint-exact"})
+  for (const std::string engine : {"grad.engine=backprop", "grad.engine=adjoint-exact", "grad.engine=adjoint",
+                                   "grad.engine=adjoint grad.truncate=16", "grad.engine=backprop grad.detach_inputs=true",
+                                   "grad.engine=adjoint-exact grad.detach_inputs=true",
+                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.truncate=16"})
   for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
     Config c = mamba_config(mamba_dims(2, false, 4, 0));
     for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
-                                                        "data.batch=2", "grad.chunk=32", "grad.wave=64", T, engine})
+                                                        "data.batch=2", "grad.chunk=32", "grad.wave=64", T})
       c.set(s);
+    for (std::size_t a = 0, b; a < engine.size(); a = b + 1) {  // the engine's keys, space-separated
+      b = engine.find(' ', a);
+      if (b == std::string::npos) b = engine.size();
+      c.set(engine.substr(a, b - a));
+    }
     const Settings st = c.settings();
     const std::string sp = MemSpace::name();
     const auto base = MemoryTracker::current(sp);
@@ -283,7 +434,7 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
     }
     const double measured = double(MemoryTracker::peak(sp) - base);
     const double planned = plan_memory(st, Workload::grad, 8).total();
-    std::printf("  plan/measured %.3f (%s, %s)\n", planned / measured, engine, T);
+    std::printf("  plan/measured %.3f (%s, %s)\n", planned / measured, engine.c_str(), T);
     EXPECT_LE(std::fabs(planned - measured), 0.10 * measured)
         << engine << ", " << T << ": planned " << planned << ", measured " << measured;
   }
@@ -294,15 +445,18 @@ TEST(Mamba, EnginesRefuse) {
   auto ps = random_model<double>(d, 1);
   const auto x = random_tokens(1, 8, d.vocab, 2);
   ParamSet<double> grad(d);
-  expect_error([&] { make_engine<double>(engine_options("adjoint-exact", 0, true))->compute(ps, x, grad); },
-               "grad.detach_inputs=true is not available for model.arch=mamba");
-  expect_error([&] { make_engine<double>(engine_options("adjoint-exact", 4, true))->compute(ps, x, grad); },
-               "is not available for model.arch=mamba");
-  expect_error([&] { make_engine<double>(engine_options("adjoint"))->compute(ps, x, grad); },
-               "grad.engine=adjoint is not available for model.arch=mamba");
-  EngineOptions lever = engine_options("adjoint-exact");
-  lever.token_block = 4;
-  expect_error([&] { make_engine<double>(lever)->compute(ps, x, grad); }, "model.arch=mamba");
+  // The memory levers (the block-wise engine) refuse a Mamba, naming the levers.
+  for (int lever = 0; lever < 4; ++lever) {
+    EngineOptions o = engine_options("adjoint-exact");
+    if (lever == 0) o.token_block = 4;
+    if (lever == 1) o.layer_checkpoint = 2;
+    if (lever == 2) o.storage = Storage::bf16;
+    if (lever == 3) o.carry_state = true;
+    expect_error([&] { make_engine<double>(o)->compute(ps, x, grad); },
+                 "grad.token_block and data.carry_state are not available for model.arch=mamba");
+  }
+  // A window on the exact gradient stays undefined, as for an SSM-ResNet.
+  expect_error([&] { make_engine<double>(engine_options("adjoint-exact", 4, false)); }, "needs grad.detach_inputs");
   std::vector<View2<double>> state(1, View2<double>("s", 8, 3));
   expect_error([&] { forward_loss(ps, x, 0, state, x, 0); }, "model.arch=mamba");
 }

@@ -395,7 +395,8 @@ def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", l
     output_hidden_states run transformers' own blocks. Options:
       detach_inputs: the paper's gradient (each block's input detached in its branch);
       chunk: E3's chunk length C;
-      truncate, storage, layer_checkpoint, token_block: refused for a Mamba until the
+      truncate: the paper's window T̄ (needs detach_inputs; 0 = the whole window);
+      storage, layer_checkpoint, token_block: refused for a Mamba until the
         block-wise engine takes one (adjoint_sharding.Error naming the setting).
     Wrapping a wrapped model sets its options anew. docs/python.md has the details."""
     backbone = _backbone(model)

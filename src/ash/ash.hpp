@@ -26,7 +26,6 @@
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/grad/layer_adjoint.hpp"
-#include "ash/grad/mamba_backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/stack_adjoint.hpp"
 #include "ash/io/checkpoint.hpp"

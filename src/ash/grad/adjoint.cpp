@@ -96,13 +96,27 @@ void window_adjoint(WindowForm form, const SeqShape& s, const LayerActivations<S
   else
     window_adjoint_device(s, act, g, Tbar, mu, exec);
 }
+template <class S>
+void e2_mu(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, index_t truncate,
+           const View3<S>& mu, const ExecSpace& exec) {
+  const index_t Tbar = (truncate <= 0 || truncate > s.T) ? s.T : truncate;
+  require(s.rows() <= index_t(2147483647), "adjoint: more than 2^31 - 1 token rows (one kernel team per row)");
+  constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
+  window_adjoint(on_host ? WindowForm::host : WindowForm::device, s, act, gy, Tbar, mu, exec);
+}
 template void window_adjoint<float>(WindowForm, const SeqShape&, const LayerActivations<float>&, const View2<float>&,
                                     index_t, const View3<float>&, const ExecSpace&);
 template void window_adjoint<double>(WindowForm, const SeqShape&, const LayerActivations<double>&,
                                      const View2<double>&, index_t, const View3<double>&, const ExecSpace&);
+template void e2_mu<float>(const SeqShape&, const LayerActivations<float>&, const View2<float>&, index_t,
+                           const View3<float>&, const ExecSpace&);
+template void e2_mu<double>(const SeqShape&, const LayerActivations<double>&, const View2<double>&, index_t,
+                            const View3<double>&, const ExecSpace&);
 }  // namespace impl
 
-WorkspaceSpec adjoint_workspace(const EngineOptions&, const LayerShape& sh) { return window_workspace("ash::e2::mu", sh); }
+WorkspaceSpec adjoint_workspace(const EngineOptions&, const LayerShape& sh, bool cotangents) {
+  return window_workspace("ash::e2::mu", sh, cotangents);
+}
 
 template <class S>
 AdjointLayer<S>::AdjointLayer(const EngineOptions& opts) : truncate_(opts.truncate) {}
@@ -115,23 +129,30 @@ std::string AdjointLayer<S>::name() const {
 // Layers are independent given g (paper §4.5): every layer uses the same g and
 // leaves it unchanged (inputs detached; the residual stream passes g to the embedding).
 template <class S>
-void AdjointLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                               const LayerParams<S>& grad) {
+void AdjointLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStore<S>& store, const View2<S>& g,
+                               const LayerRef<S>& lgrad) {
   const auto& s = store.shape();
-  const index_t Tbar = (truncate_ <= 0 || truncate_ > s.T) ? s.T : truncate_;
-  require(s.rows() <= index_t(2147483647), "adjoint: more than 2^31 - 1 token rows (one kernel team per row)");
-  work_.plan(adjoint_workspace(EngineOptions(), layer_shape(s, p)));
+  const ExecSpace& exec = this->exec_;
+  work_.plan(adjoint_workspace(EngineOptions(), layer_shape(s, lp), !lp.is_mamba));
   const View3<S> mu = work_.view3("ash::e2::mu");
+  if (lp.is_mamba) {  // the gate's VJP gives ∂L/∂s, the scan's cotangent; the block's input detached
+    const auto& act = store.kept_mamba(k);
+    const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, true);
+    mamba_gate_backward(lp.mamba, act, g, cot, lgrad.mamba, exec);
+    impl::e2_mu(s, act.scan, cot.gs, truncate_, mu, exec);
+    mamba_mixer_backward(lp.mamba, lp.dims, s, store.input(k), act, mu, cot, lgrad.mamba, View2<S>(), exec);
+    return;
+  }
   const auto& act = store.kept(k);
-  constexpr bool on_host = std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
-  impl::window_adjoint(on_host ? impl::WindowForm::host : impl::WindowForm::device, s, act, g, Tbar, mu, this->exec_);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A, work_.cotangents(),
-                          grad, g, /*detach_input=*/true, this->exec_);
+  impl::e2_mu(s, act, g, truncate_, mu, exec);
+  ssm_layer_backward_rows(lp.ssm, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A,
+                          work_.cotangents(), lgrad.ssm, g, /*detach_input=*/true, exec);
 }
 
 template <class S>
 void AdjointLayer<S>::release() {
   work_.release();
+  mamba_cot_.reset();
 }
 
 template class AdjointLayer<float>;

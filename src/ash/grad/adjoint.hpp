@@ -11,15 +11,17 @@
 //
 // Every layer uses the same g (the paper's formula), i.e. each layer's input
 // is a constant: E2 equals E1 on the stop-gradient-inputs model; the embedding
-// receives Σ g. T̄ = 0 or T̄ >= T is full adjoint sharding.
+// receives Σ g. T̄ = 0 or T̄ >= T is full adjoint sharding. A Mamba block: the
+// same window sums over its scan's E channels with ∂L/∂s (from the gate's
+// VJP) for g, then the mixer's VJPs with the block's input detached.
 #include "ash/grad/engine.hpp"
 #include "ash/grad/workspace.hpp"
 
 namespace ash {
 
 // The buffers of one layer's backward on sh: μ = Σ_t v^{t,i} of every token
-// and the cotangents (the window T̄ changes no size).
-WorkspaceSpec adjoint_workspace(const EngineOptions& opts, const LayerShape& sh);
+// and the cotangents (none for a Mamba's scan; the window T̄ changes no size).
+WorkspaceSpec adjoint_workspace(const EngineOptions& opts, const LayerShape& sh, bool cotangents = true);
 
 template <class S>
 class AdjointLayer final : public LayerAdjoint<S> {
@@ -29,13 +31,14 @@ class AdjointLayer final : public LayerAdjoint<S> {
   bool keeps_activations() const override { return true; }
   typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::with_hprev_and_A; }
   bool detached() const override { return true; }
-  void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                const LayerParams<S>& grad) override;
+  void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                const LayerRef<S>& grad) override;
   void release() override;
 
  private:
   index_t truncate_;
   Workspace<S> work_;  // adjoint_workspace, kept from layer to layer of a pass
+  std::unique_ptr<MambaCotangents<S>> mamba_cot_;  // a Mamba's, kept likewise
 };
 
 namespace impl {
@@ -48,6 +51,12 @@ enum class WindowForm { host, device };
 template <class S>
 void window_adjoint(WindowForm form, const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g,
                     index_t Tbar, const View3<S>& mu, const ExecSpace& exec = ExecSpace());
+// E2's μ of one layer's scan (either architecture): window_adjoint in the form
+// that suits the backend, with T̄ = truncate (0 or > T: the whole window) and
+// gy the cotangent of the scan's output (an SSM-ResNet's g, a Mamba's ∂L/∂s).
+template <class S>
+void e2_mu(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, index_t truncate,
+           const View3<S>& mu, const ExecSpace& exec = ExecSpace());
 }  // namespace impl
 
 }  // namespace ash

@@ -174,14 +174,38 @@ void e3_waves(const ScanView<S>& L, const Chunks chunks, index_t Bt, const View3
   }
 }
 
+
+// A Mamba's wave: the scan's cotangents of the wave (row b·W + t - t0) into
+// the window's (row b·T + t), for the dense VJPs after the scan. (A named
+// function: nvcc takes no KOKKOS_LAMBDA inside a lambda.)
+template <class S>
+void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangents<S>& wave,
+                     const LayerCotangents<S>& all, const ExecSpace& exec) {
+  const index_t W = rb.W, t0 = rb.t0, T = s.T, E = all.gz.extent(1), N = all.gbeta.extent(1);
+  const View2<S> gz = all.gz, gu = all.gyhat, gb = all.gbeta, gc = all.ggamma;
+  const View2<S> wz = wave.gz, wu = wave.gyhat, wb = wave.gbeta, wg = wave.ggamma;
+  Kokkos::parallel_for(
+      "ash::mamba::e3::wave_rows", Range(exec, 0, s.batch * W), KOKKOS_LAMBDA(const index_t r) {
+        const index_t m = (r / W) * T + t0 + r % W;
+        for (index_t e = 0; e < E; ++e) {
+          gz(m, e) = wz(r, e);
+          gu(m, e) = wu(r, e);
+        }
+        for (index_t n = 0; n < N; ++n) {
+          gb(m, n) = wb(r, n);
+          gc(m, n) = wg(r, n);
+        }
+      });
+}
+
 }  // namespace impl
 
 namespace {
+// The scan part alone runs the wave form; detachment is its caller's (the dense VJPs).
 EngineOptions scan_wave_options(const EngineOptions& opts) {
   EngineOptions o = opts;
   o.e3_fused = false;
   o.detach_inputs = false;
-  o.truncate = 0;
   return o;
 }
 }  // namespace
@@ -200,17 +224,19 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
   const index_t C = opts.chunk < T ? opts.chunk : T;
   const Chunks chunks(C, T);
   const index_t W = e3_wave_length(opts, T, Bt * P * N);
-  const bool chunked_h = opts.e3_chunked_h;
+  const bool chunked_h = opts.e3_chunked_h, window = opts.truncate > 0 && opts.truncate < T;
   work.plan(adjoint_exact_workspace(opts, LayerShape{Bt, T, P, N, sizeof(S)}));
+  // The buffers and steps of run()'s wave form: a window reads no μ at chunk starts.
   const View3<S> Hb = chunked_h ? work.view3(buf::h_boundary) : View3<S>();
   const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);
-  const View3<S> G = work.view3(buf::chunk_products), Ms = work.view3(buf::mu_chunk_start);
+  const View3<S> G = chunked_h || !window ? work.view3(buf::chunk_products) : View3<S>();
+  const View3<S> Ms = window ? View3<S>() : work.view3(buf::mu_chunk_start);
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
   const ExactCarry<S> none;
   const View2<S> h0;
   if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec);
-  impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, none, exec);
-  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, none, 0, T, W, work, on_wave, exec);
+  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, none, exec);
+  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, none, window ? opts.truncate : 0, T, W, work, on_wave, exec);
 }
 
 template void adjoint_exact_scan_waves<float>(const EngineOptions&, Workspace<float>&, const SeqShape&,
@@ -237,10 +263,31 @@ std::string AdjointExactLayer<S>::name() const {
 }
 
 template <class S>
-void AdjointExactLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                                    const LayerParams<S>& grad) {
-  const auto& act = store.activations(p, k, this->exec_);
-  run(p, store.shape(), store.input(k), act, g, View2<S>(), nullptr, grad);
+void AdjointExactLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStore<S>& store, const View2<S>& g,
+                                    const LayerRef<S>& lgrad) {
+  if (!lp.is_mamba) {
+    const auto& act = store.activations(lp.ssm, k, this->exec_);
+    run(lp.ssm, store.shape(), store.input(k), act, g, View2<S>(), nullptr, lgrad.ssm);
+    return;
+  }
+  // A Mamba block (the fused per-chunk form is an SSM-ResNet layer's: its
+  // scan runs the wave form); detached, the input VJP is skipped (g passes on).
+  const SeqShape& s = store.shape();
+  const ExecSpace& exec = this->exec_;
+  const MambaLayerParams<S>& p = lp.mamba;
+  const MambaLayerParams<S>& gk = lgrad.mamba;
+  const auto& act = store.mamba_activations(p, k, exec);
+  const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, false);
+  mamba_gate_backward(p, act, g, cot, gk, exec);
+  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                    const View3<S>& A, const LayerCotangents<S>& wc) {
+    selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 ScanParamGrads<S>{gk.A_log, gk.D, gk.dt_bias}, exec);
+    impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
+  };
+  adjoint_exact_scan_waves(opts_, work_, s, act.scan, cot.gs, on_wave, exec);
+  mamba_mixer_backward_dense(p, lp.dims, s, store.input(k), act, cot, gk, opts_.detach_inputs ? View2<S>() : g,
+                             exec);
 }
 
 template <class S>
@@ -335,6 +382,7 @@ template <class S>
 void AdjointExactLayer<S>::release() {
   block_work_.release();
   work_.release();
+  mamba_cot_.reset();
 }
 
 template <class S>

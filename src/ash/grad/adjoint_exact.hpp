@@ -47,14 +47,15 @@ WorkspaceSpec adjoint_exact_block_workspace(const LayerShape& sh);
 WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh);
 
 // E3's scan part on its own, over P = act.a.extent(0) channels (a Mamba's
-// scan: P = E): exact, whole window, no carry, in the wave form whatever
-// grad.e3_fused says (the fused form forms an SSM-ResNet block's VJPs
-// itself). From the scan's Δ, u (act.yhat), β, γ, decay rates a and the
-// cotangent gy = ∂L/∂s of its output: h at chunk ends (or the running h) and
-// μ at chunk starts, then per wave of W tokens h^{t-1}, A^t and μ of its
-// rows, handed in order to on_wave with the wave's rows and the workspace's
-// cotangents for them (Bt·W rows). Buffers: adjoint_exact_scan_workspace,
-// planned into `work`.
+// scan: P = E): whole window, no carry, exact or with the window T̄ of
+// opts.truncate (μ_T̄; detachment is the caller's, in its dense VJPs), in the
+// wave form whatever grad.e3_fused says (the fused form forms an SSM-ResNet
+// block's VJPs itself). From the scan's Δ, u (act.yhat), β, γ, decay rates a
+// and the cotangent gy = ∂L/∂s of its output: h at chunk ends (or the running
+// h) and μ at chunk starts (exact), then per wave of W tokens h^{t-1}, A^t and
+// μ of its rows, handed in order to on_wave with the wave's rows and the
+// workspace's cotangents for them (Bt·W rows). Buffers:
+// adjoint_exact_scan_workspace, planned into `work`.
 template <class S>
 using ScanWaveFn = std::function<void(const BlockRows& rows, const View3<S>& mu, const View3<S>& hprev,
                                       const View3<S>& A, const LayerCotangents<S>& cot)>;
@@ -62,7 +63,7 @@ template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
                               const ExecSpace& exec = ExecSpace());
-// Its buffers: adjoint_exact_workspace's in the wave form, exact.
+// Its buffers: adjoint_exact_workspace's in the wave form.
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh);
 
 template <class S>
@@ -74,8 +75,10 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   bool keeps_activations() const override { return false; }
   typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::projections_only; }
   bool detached() const override { return opts_.detach_inputs; }
-  void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                const LayerParams<S>& grad) override;
+  // A Mamba block: its forward again from the kept input, the gate's VJP,
+  // adjoint_exact_scan_waves over E channels, the mixer's dense VJPs.
+  void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                const LayerRef<S>& grad) override;
   void release() override;
   BlockAdjoint<S>* block_adjoint() override { return this; }
 
@@ -108,6 +111,7 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   EngineOptions opts_;
   Workspace<S> block_work_;  // projections of one token block (adjoint_exact_block_workspace)
   Workspace<S> work_;  // run()'s buffers (adjoint_exact_workspace); freed by release()
+  std::unique_ptr<MambaCotangents<S>> mamba_cot_;  // a Mamba's, kept from block to block of a pass
 };
 
 }  // namespace ash

@@ -91,20 +91,8 @@ WorkspaceSpec e1_scan_workspace(index_t chunk, const LayerShape& sh) {
   return w;
 }
 
-WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh) {
-  return window_workspace("ash::e1::mu", sh).append(e1_scan_workspace(opts.chunk, sh));
-}
-
-template <class S>
-void impl::e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
-                           index_t chunk, const ExecSpace& exec) {
-  const index_t P = act.yhat.extent(1), N = act.beta.extent(1);
-  require(index_t(mu.extent(0)) == s.rows() && index_t(mu.extent(1)) == P && index_t(mu.extent(2)) == N &&
-              act.A.extent(0) == mu.extent(0),
-          "E1 reverse scan: mu and the stored A must be [rows, P, N]");
-  Workspace<S> ws;  // the carries, for this call (as before the workspace)
-  ws.plan(e1_scan_workspace(chunk, LayerShape{s.batch, s.T, P, N, sizeof(S)}));
-  reverse_scan(s, act, gy, mu, chunk, ws, exec);
+WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh, bool cotangents) {
+  return window_workspace("ash::e1::mu", sh, cotangents).append(e1_scan_workspace(opts.chunk, sh));
 }
 
 template <class S>
@@ -113,26 +101,34 @@ BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : opts_(opts) {
 }
 
 template <class S>
-void BackpropLayer<S>::backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                                const LayerParams<S>& grad) {
+void BackpropLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStore<S>& store, const View2<S>& g,
+                                const LayerRef<S>& lgrad) {
   const auto& s = store.shape();
-  work_.plan(backprop_workspace(opts_, layer_shape(s, p)));
-  const auto& act = store.kept(k);
+  const ExecSpace& exec = this->exec_;
+  work_.plan(backprop_workspace(opts_, layer_shape(s, lp), !lp.is_mamba));
   const View3<S> mu = work_.view3("ash::e1::mu");
-  reverse_scan(s, act, g, mu, opts_.chunk, work_, this->exec_);
+  if (lp.is_mamba) {  // the gate's VJP gives ∂L/∂s, the scan's cotangent
+    const auto& act = store.kept_mamba(k);
+    const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, true);
+    mamba_gate_backward(lp.mamba, act, g, cot, lgrad.mamba, exec);
+    reverse_scan(s, act.scan, cot.gs, mu, opts_.chunk, work_, exec);
+    mamba_mixer_backward(lp.mamba, lp.dims, s, store.input(k), act, mu, cot, lgrad.mamba,
+                         opts_.detach_inputs ? View2<S>() : g, exec);
+    return;
+  }
+  const auto& p = lp.ssm;
+  const auto& act = store.kept(k);
+  reverse_scan(s, act, g, mu, opts_.chunk, work_, exec);
   ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A, work_.cotangents(),
-                          grad, g, opts_.detach_inputs, this->exec_);
+                          lgrad.ssm, g, opts_.detach_inputs, exec);
 }
 
 template <class S>
 void BackpropLayer<S>::release() {
   work_.release();
+  mamba_cot_.reset();
 }
 
-template void impl::e1_reverse_scan<float>(const SeqShape&, const LayerActivations<float>&, const View2<float>&,
-                                           const View3<float>&, index_t, const ExecSpace&);
-template void impl::e1_reverse_scan<double>(const SeqShape&, const LayerActivations<double>&, const View2<double>&,
-                                            const View3<double>&, index_t, const ExecSpace&);
 template class BackpropLayer<float>;
 template class BackpropLayer<double>;
 

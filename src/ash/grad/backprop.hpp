@@ -11,18 +11,9 @@ namespace ash {
 // carry-out and product of A ([Bt·nc, P, N] each).
 WorkspaceSpec e1_scan_workspace(index_t chunk, const LayerShape& sh);
 // The buffers of one layer's backward on sh: μ of every token, the
-// cotangents, and the scan's carries (e1_scan_workspace).
-WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh);
-
-namespace impl {
-// E1's h-adjoint over the whole window: μ^t = gy^t ⊗ γ^t + A^{t+1} μ^{t+1}
-// ([rows, P, N]) from the A^t and γ^t that act stored, as a chunked reverse
-// scan (chunks of `chunk` tokens), its carries allocated for the call
-// (e1_scan_workspace). Shared by the SSM-ResNet and the Mamba E1.
-template <class S>
-void e1_reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
-                     index_t chunk, const ExecSpace& exec);
-}  // namespace impl
+// cotangents (a Mamba's scan: none, its MambaCotangents hold them) and the
+// scan's carries (e1_scan_workspace).
+WorkspaceSpec backprop_workspace(const EngineOptions& opts, const LayerShape& sh, bool cotangents = true);
 
 template <class S>
 class BackpropLayer final : public LayerAdjoint<S> {
@@ -32,13 +23,14 @@ class BackpropLayer final : public LayerAdjoint<S> {
   bool keeps_activations() const override { return true; }
   typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::with_hprev_and_A; }
   bool detached() const override { return opts_.detach_inputs; }
-  void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                const LayerParams<S>& grad) override;
+  void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                const LayerRef<S>& grad) override;
   void release() override;
 
  private:
   EngineOptions opts_;  // grad.chunk: tokens per chunk of the reverse scan
   Workspace<S> work_;   // backprop_workspace, kept from layer to layer of a pass
+  std::unique_ptr<MambaCotangents<S>> mamba_cot_;  // a Mamba's, kept likewise
 };
 
 }  // namespace ash

@@ -196,6 +196,8 @@ index_t sequence_block_length(const EngineOptions& opts, index_t T, index_t T_al
 template <class S>
 double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
+  require(!d.mamba(), "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state are not available "
+                      "for model.arch=mamba yet (its block-wise pass: the conv's reach across token blocks)");
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
   const index_t T = x.extent(1);
   const double loss = compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T),

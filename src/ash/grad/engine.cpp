@@ -6,7 +6,6 @@
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
-#include "ash/grad/mamba_backprop.hpp"
 #include "ash/kernels/matmul.hpp"
 
 
@@ -37,8 +36,6 @@ LocalEngine<S>::LocalEngine(const EngineOptions& opts) : opts_(opts), layer_(mak
 
 template <class S>
 double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
-  // A Mamba runs its own E1 (docs/design.md §2), which refuses every other method.
-  if (params.dims().mamba()) return mamba_backprop(opts_, params, x, grad, layer_->execution_space());
   const MatmulScope matmul(opts_.matmul, sizeof(S));
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "LocalEngine: needs the whole model");
@@ -53,7 +50,7 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
   const double loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, 0, exec);
   store.release_output();
   for (int k = int(d.layers) - 1; k >= 0; --k) {
-    layer_->backward(params.layer(k), k, store, g, grad.layer(k));
+    layer_->backward(params.layer_ref(k), k, store, g, grad.layer_ref(k));  // either architecture
     store.release(k);
   }
   layer_->release();

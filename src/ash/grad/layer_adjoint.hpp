@@ -4,7 +4,9 @@
 // add θ_k's gradient and turn g_k into g_{k-1} (unless the layer input is
 // detached, the paper's mode, where g is left as it is). Orchestrators (the
 // local engine, the MPI layer pipeline) decide the order of layers and ranks;
-// the methods E1, E2, E3 live behind this interface.
+// the methods E1, E2, E3 live behind this interface. A layer is either
+// architecture's (LayerRef): a Mamba block runs mamba_gate_backward (g → ∂L/∂s),
+// the method's own μ on the scan core over E channels, then the mixer's VJPs.
 #include <functional>
 #include <memory>
 #include <string>
@@ -79,9 +81,11 @@ class LayerAdjoint {
   // (paper mode: no communication between layer ranks after g).
   virtual bool detached() const = 0;
   // Reverse mode of layer k (global index) over the whole window. g is g_k on
-  // entry and g_{k-1} on return (unchanged when detached()).
-  virtual void backward(const LayerParams<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                        const LayerParams<S>& grad) = 0;
+  // entry and g_{k-1} on return (unchanged when detached(): for a Mamba the
+  // stop-gradient on the block's input into norm and mixer, the residual
+  // passing g on). p and grad: an SSM-ResNet layer or a Mamba block, as the store's.
+  virtual void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
+                        const LayerRef<S>& grad) = 0;
   // Frees the scratch kept between layers (called at the end of a pass).
   virtual void release() {}
   // The block and range forms, for methods that have them (E3); else nullptr.
@@ -92,6 +96,19 @@ class LayerAdjoint {
  protected:
   ExecSpace exec_;
 };
+
+// A Mamba block's cotangents for `rows` tokens (scan_partials as
+// MambaCotangents), allocated on first use and kept from block to block of a
+// pass in the method's `c` (its release() resets it).
+template <class S>
+const MambaCotangents<S>& mamba_cotangents(std::unique_ptr<MambaCotangents<S>>& c, index_t rows, const ModelDims& d,
+                                           bool scan_partials) {
+  if (!c || index_t(c->gs.extent(0)) != rows) {
+    c.reset();  // the old ones freed first: the peak holds one set
+    c = std::make_unique<MambaCotangents<S>>(rows, d, scan_partials);
+  }
+  return *c;
+}
 
 // E1 backprop, E2 adjoint or E3 adjoint-exact by opts.method; throws
 // ash::Error for options it does not support.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/core/sizes.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/kernels/matmul.hpp"
 
@@ -144,12 +145,15 @@ MambaStackAdjoint<S>::MambaStackAdjoint(const ModelDims& d, const EngineOptions&
   require(d.mamba(), "MambaStackAdjoint: the model is not a Mamba (model.arch=mamba)");
   require(opts.method == Method::adjoint_exact,
           "MambaStackAdjoint: grad.engine must be adjoint-exact, got " + method_name(opts.method));
-  // The memory levers and the window live in the block-wise engine, which runs
-  // SSM-ResNet layers only so far.
+  // The memory levers live in the block-wise engine, which runs SSM-ResNet
+  // layers only so far; E3's modes (exact, detached, windowed) are the
+  // per-layer method's, checked when it is made.
   const auto no = [](const std::string& what) {
-    return what + " is not available for a Mamba layer stack yet (E3 over the whole window, exact or detached)";
+    return what + " is not available for a Mamba layer stack yet (E3 over the whole window: exact, detached or "
+                  "windowed)";
   };
-  require(opts.truncate == 0, no("grad.truncate"));
+  check_grad_numbers(opts);
+  require(opts.truncate == 0 || opts.detach_inputs, "grad.truncate needs grad.detach_inputs (the paper's window)");
   require(opts.storage == Storage::full, no("run.storage=" + storage_name(opts.storage)));
   require(opts.layer_checkpoint == 1, no("grad.layer_checkpoint=" + std::to_string(opts.layer_checkpoint)));
   require(opts.token_block == 0, no("grad.token_block=" + std::to_string(opts.token_block)));
@@ -211,25 +215,21 @@ void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, con
     return;
   }
   const MatmulScope matmul(opts_.matmul, sizeof(S));
-  const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
-  // The block inputs y_0 (the caller's) .. y_{K-1}, recomputed; y_K is not needed.
-  std::vector<View2<S>> ys{y0};
-  for (int k = 1; k < K; ++k) {
-    ys.emplace_back("ash::mamba_stack::y", s.rows(), d.width);
-    mamba_layer_forward(blocks[std::size_t(k - 1)], d, s, ys[std::size_t(k - 1)], act, ys[std::size_t(k)], exec);
-  }
-  const View2<S> y_scratch("ash::mamba_stack::y_out", s.rows(), d.width);  // each block's recomputed, unread output
-  // Detached: every block takes g_K and its input VJP goes to a scratch that is
-  // dropped, so g leaves as it came (∂L/∂y_0 = g_K through the residuals).
-  const View2<S> gb = opts_.detach_inputs ? View2<S>("ash::mamba_stack::g_block", s.rows(), d.width) : g;
-  const MambaCotangents<S> cot(s.rows(), d, false);
-  Workspace<S> work;
+  // The engines' own per-layer E3 (AdjointExactLayer, which takes a Mamba
+  // block through LayerRef): the block inputs y_0 (a copy of the caller's) ..
+  // y_{K-1} recomputed into a store that keeps nothing else, then block by
+  // block from K-1 down, each block's projections recomputed by the store.
+  const auto layer = make_layer_adjoint<S>(opts_);
+  ActivationStore<S> store(s, d, 0, K, layer->store(), false);
+  Kokkos::deep_copy(exec, store.input(0), y0);
+  for (int k = 0; k < K - 1; ++k)
+    mamba_layer_forward(blocks[std::size_t(k)], d, s, store.input(k), store.mamba_scratch(), store.input(k + 1), exec);
+  store.release_output();
   for (int k = K - 1; k >= 0; --k) {
-    if (opts_.detach_inputs) Kokkos::deep_copy(exec, gb, g);
-    mamba_e3_block_backward(opts_, work, blocks[std::size_t(k)], d, s, ys[std::size_t(k)], act, cot, y_scratch,
-                            grad[std::size_t(k)], gb, exec);
-    ys[std::size_t(k)] = View2<S>();
+    layer->backward(LayerRef<S>(blocks[std::size_t(k)], d), k, store, g, LayerRef<S>(grad[std::size_t(k)], d));
+    store.release(k);
   }
+  layer->release();
   exec.fence();
 }
 

@@ -14,14 +14,15 @@
 // MambaStackAdjoint is the same for K Mamba blocks (model.arch = "mamba",
 // docs/design.md §1; transformers' MambaModel.layers): forward y_K from y_0
 // keeping nothing; backward recomputes the block inputs from y_0 and runs E3
-// over the whole window, block by block (mamba_e3_block_backward, the step
-// mamba_backprop's E3 takes), exact or detached. The blocks' parameters are
+// over the whole window, block by block, through the engines' own per-layer
+// method (AdjointExactLayer on a LayerRef): exact, detached or windowed
+// (T̄). The blocks' parameters are
 // MambaLayerParams views, so they may be a ParamSet's or a caller's own
 // tensors (the PyTorch wrap reads the model's parameters in place).
 #include <vector>
 
 #include "ash/grad/blockwise_engine.hpp"
-#include "ash/grad/mamba_backprop.hpp"
+#include "ash/grad/layer_adjoint.hpp"
 
 namespace ash {
 
@@ -50,11 +51,12 @@ class MambaStackAdjoint {
  public:
   using Blocks = std::vector<MambaLayerParams<S>>;
   // d: a Mamba's sizes (model.layers = K blocks). Throws ash::Error unless
-  // opts.method is adjoint-exact; exact or detached (grad.detach_inputs: each
-  // block's input detached in its branch, g_k = g_K for every block). What
-  // the block-wise engine would bring is refused by name until it takes a
-  // Mamba: grad.truncate, run.storage, grad.layer_checkpoint, grad.token_block,
-  // data.carry_state. grad.chunk, grad.wave and run.matmul apply.
+  // opts.method is adjoint-exact; exact, detached (grad.detach_inputs: each
+  // block's input detached in its branch, g_k = g_K for every block) or
+  // windowed (grad.truncate = T̄ with detach_inputs). What the block-wise
+  // engine would bring is refused by name until it takes a Mamba: run.storage,
+  // grad.layer_checkpoint, grad.token_block, data.carry_state. grad.chunk,
+  // grad.wave and run.matmul apply.
   MambaStackAdjoint(const ModelDims& d, const EngineOptions& opts);
   static LayerRange range(const ModelDims& d) { return StackAdjoint<S>::range(d); }
   // A ParamSet's blocks (its range must be range(d)).
@@ -63,7 +65,8 @@ class MambaStackAdjoint {
   void forward(const Blocks& blocks, const SeqShape& s, const View2<S>& y0, const View2<S>& yK) const;
   // grad (K blocks, the parameters' shapes) is overwritten with ∂L/∂θ_k of every
   // block; g is ∂L/∂y_K on entry and ∂L/∂y_0 on return. y_0 is read, not changed.
-  // Memory: the K − 1 recomputed block inputs [M, D] and one block's E3 buffers
+  // Memory: the K block inputs [M, D] (a copy of y_0, then the recomputed
+  // ones, each freed once its block is done) and one block's E3 buffers
   // (MambaActivations without h and A, MambaCotangents, the scan's waves).
   void backward(const Blocks& blocks, const SeqShape& s, const View2<S>& y0, const View2<S>& g,
                 const Blocks& grad) const;

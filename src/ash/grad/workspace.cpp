@@ -109,10 +109,10 @@ double WorkspaceSpec::bytes(const std::string& prefix) const {
   return t;
 }
 
-WorkspaceSpec window_workspace(const std::string& mu_label, const LayerShape& sh) {
+WorkspaceSpec window_workspace(const std::string& mu_label, const LayerShape& sh, bool cotangents) {
   WorkspaceSpec w;
   w.add(mu_label, sh.scalar_bytes, {sh.rows(), sh.P, sh.N}, true);
-  w.cotangents(sh.rows(), sh.P, sh.N, true, sh.scalar_bytes);
+  if (cotangents) w.cotangents(sh.rows(), sh.P, sh.N, true, sh.scalar_bytes);
   return w;
 }
 

@@ -27,6 +27,11 @@ template <class S>
 LayerShape layer_shape(const SeqShape& s, const LayerParams<S>& p) {
   return LayerShape{s.batch, s.T, index_t(p.W_delta.extent(0)), index_t(p.W_B.extent(0)), sizeof(S)};
 }
+// Either architecture's: a Mamba block's is its scan's, over P = E channels.
+template <class S>
+LayerShape layer_shape(const SeqShape& s, const LayerRef<S>& p) {
+  return p.is_mamba ? LayerShape{s.batch, s.T, p.dims.inner(), p.dims.state, sizeof(S)} : layer_shape(s, p.ssm);
+}
 
 // One buffer: its Kokkos label, element size and extents (rank 1 to 3), in
 // `copies` Views of that label (the layers' carries, a segment's inputs).
@@ -79,8 +84,9 @@ class WorkspaceSpec {
 };
 
 // The buffers of one layer call of the whole-window methods E1 and E2: the
-// h-adjoint μ of every token [rows, P, N] and the cotangents of its rows.
-WorkspaceSpec window_workspace(const std::string& mu_label, const LayerShape& sh);
+// h-adjoint μ of every token [rows, P, N] and the cotangents of its rows (not
+// for a Mamba's scan, whose are part of its MambaCotangents: cotangents = false).
+WorkspaceSpec window_workspace(const std::string& mu_label, const LayerShape& sh, bool cotangents = true);
 
 // A View of the buffer `b` describes (rank 2 or 3, scalars S; throws ash::Error otherwise).
 template <class S>

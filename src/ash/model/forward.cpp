@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
-#include "ash/model/mamba_layer.hpp"
 
 namespace ash {
 
@@ -14,7 +13,33 @@ ActivationStore<S>::ActivationStore(const SeqShape& s, const ModelDims& d, int k
   require(0 <= k0 && k0 <= k1 && k1 <= d.layers, "ActivationStore: layer range out of bounds");
   for (int k = k0; k <= k1; ++k) ys_.push_back(View2<S>(std::string(k == k0 ? "ash::store::y_in" : "ash::store::y"), s.rows(), d.width));
   if (keep_acts)
-    for (int k = k0; k < k1; ++k) acts_.emplace_back(s, d, keep);
+    for (int k = k0; k < k1; ++k) {
+      if (d.mamba())
+        mamba_acts_.emplace_back(s, d, keep);
+      else
+        acts_.emplace_back(s, d, keep);
+    }
+}
+
+template <class S>
+const MambaActivations<S>& ActivationStore<S>::mamba_scratch() {
+  if (!has_mamba_scratch_) {
+    mamba_scratch_ = MambaActivations<S>(s_, d_, LayerActivations<S>::projections_only);
+    has_mamba_scratch_ = true;
+  }
+  return mamba_scratch_;
+}
+
+template <class S>
+const MambaActivations<S>& ActivationStore<S>::mamba_activations(const MambaLayerParams<S>& p, int k,
+                                                                 const ExecSpace& exec) {
+  if (keeps_acts()) return kept_mamba(k);
+  const auto& act = mamba_scratch();
+  if (mamba_y_scratch_.extent(0) == 0)
+    mamba_y_scratch_ = View2<S>(Kokkos::view_alloc(std::string("ash::store::mamba_y_out"), Kokkos::WithoutInitializing),
+                                s_.rows(), d_.width);
+  mamba_layer_forward(p, d_, s_, input(k), act, mamba_y_scratch_, exec);
+  return act;
 }
 
 template <class S>
@@ -37,12 +62,20 @@ const LayerActivations<S>& ActivationStore<S>::activations(const LayerParams<S>&
 template <class S>
 void ActivationStore<S>::release(int k) {
   ys_.at(k - k0_) = View2<S>();
-  if (keeps_acts()) acts_.at(k - k0_) = LayerActivations<S>();
+  if (!acts_.empty()) acts_.at(k - k0_) = LayerActivations<S>();
+  if (!mamba_acts_.empty()) mamba_acts_.at(k - k0_) = MambaActivations<S>();
+  if (k == k0_) mamba_y_scratch_ = View2<S>();  // no block is recomputed after the range's first
 }
 
 template <class S>
 void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store, const ExecSpace& exec) {
   const auto& s = store.shape();
+  if (store.mamba()) {
+    for (int k = store.k0(); k < store.k1(); ++k)
+      mamba_layer_forward(params.mamba_layer(k), params.dims(), s, store.input(k),
+                          store.keeps_acts() ? store.kept_mamba(k) : store.mamba_scratch(), store.input(k + 1), exec);
+    return;
+  }
   for (int k = store.k0(); k < store.k1(); ++k)
     ssm_layer_forward(params.layer(k), s, store.input(k), store.keeps_acts() ? store.kept(k) : store.scratch(),
                       store.input(k + 1), View2<S>(), exec);
@@ -91,6 +124,7 @@ template <class S>
 ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const GlobalParams<S>* head_grad,
                             typename LayerActivations<S>::Store store, bool keep_acts, index_t head_chunk) {
   const auto& d = params.dims();
+  require(!(d.mamba() && keep_acts), "forward_tape: kept activations are an SSM-ResNet's (a Mamba keeps MambaActivations)");
   const SeqShape s = SeqShape::of(x);
   ActivationStore<S> st(s, d, 0, int(d.layers), store, keep_acts);
   embedding_forward(params.global().embedding, x, st.input(0));

@@ -5,13 +5,15 @@
 #include <vector>
 
 #include "ash/model/head.hpp"
+#include "ash/model/mamba_layer.hpp"
 
 namespace ash {
 
 // What the forward keeps of the layers [k0, k1): every layer input y_{k-1}
 // (and the range's output y_{k1-1}), and per layer the activations `keep` asks
 // for when keep_acts (E1 and E2 keep h^{t-1} and A; E3 keeps only the inputs
-// and has the projections recomputed on request).
+// and has the projections recomputed on request). A Mamba's (d.mamba()) are
+// MambaActivations, whose scan part over E channels is what `keep` asks for.
 template <class S>
 class ActivationStore {
  public:
@@ -25,7 +27,7 @@ class ActivationStore {
   // y_{k-1}, the input of layer k (k0 <= k <= k1; input(k1) is the range's output).
   View2<S> input(int k) const { return ys_.at(k - k0_); }
   View2<S> output() const { return input(k1_); }
-  bool keeps_acts() const { return !acts_.empty(); }
+  bool keeps_acts() const { return !acts_.empty() || !mamba_acts_.empty(); }
   // Layer k's kept activations (keeps_acts() only).
   const LayerActivations<S>& kept(int k) const { return acts_.at(k - k0_); }
   // Layer k's activations: the kept ones, or its projections recomputed from
@@ -37,6 +39,17 @@ class ActivationStore {
   // The scratch used by activations() and forward_layers() when nothing is kept.
   const LayerActivations<S>& scratch();
 
+  // A Mamba's (d.mamba()): block k's kept activations (keeps_acts() only);
+  // the kept ones or block k's forward run again from y_{k-1} into one
+  // scratch shared by all blocks (its output into a scratch [M, D] row
+  // buffer, unread: the gate's s and o need the scan, not only projections);
+  // the scratch forward_layers() uses when nothing is kept.
+  bool mamba() const { return d_.mamba(); }
+  const MambaActivations<S>& kept_mamba(int k) const { return mamba_acts_.at(k - k0_); }
+  const MambaActivations<S>& mamba_activations(const MambaLayerParams<S>& p, int k,
+                                               const ExecSpace& exec = ExecSpace());
+  const MambaActivations<S>& mamba_scratch();
+
  private:
   SeqShape s_;
   ModelDims d_;
@@ -45,6 +58,10 @@ class ActivationStore {
   std::vector<LayerActivations<S>> acts_;
   LayerActivations<S> scratch_;
   bool has_scratch_ = false;
+  std::vector<MambaActivations<S>> mamba_acts_;
+  MambaActivations<S> mamba_scratch_;
+  View2<S> mamba_y_scratch_;
+  bool has_mamba_scratch_ = false;
 };
 
 // Runs layers [store.k0(), store.k1()) from store.input(k0), which the caller

@@ -143,10 +143,11 @@ MambaLayerParams<S> ParamSet<S>::mamba_layer(int k) const {
 
 template <class S>
 LayerParams<S> ParamSet<S>::layer(int k) const {
-  // Every SSM-ResNet-only path (E2, E3's other modes, the block-wise and MPI
-  // engines) asks for its layers here: a Mamba is refused, never run wrong.
-  require(!dims_.mamba(), "this engine or verb is not available for model.arch=mamba yet (grad.engine=backprop and "
-                          "adjoint-exact over the whole window in one process, ash eval, generate, init, inspect)");
+  // Every SSM-ResNet-only path (the block-wise and MPI engines) asks for its
+  // layers here: a Mamba is refused, never run wrong.
+  require(!dims_.mamba(), "this engine or verb is not available for model.arch=mamba yet (grad.engine=backprop, "
+                          "adjoint and adjoint-exact over the whole window in one process, ash eval, generate, init, "
+                          "inspect)");
   require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
                               std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
   return layers_[k - range_.k0];

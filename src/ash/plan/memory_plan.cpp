@@ -14,6 +14,7 @@
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/core/sizes.hpp"
+#include "ash/grad/adjoint.hpp"
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
@@ -197,22 +198,19 @@ struct Planner {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     return (rows * (1 + P + 7 * E + R + 2 * N) + E * N + (h_and_A ? 2 * rows * E * N : 0.0)) * S;
   }
-  // A Mamba (model.arch = "mamba"): E1 or E3 over the whole window (mamba_backprop);
-  // under E2 (ash eval's sizing) the forward alone, one block at a time.
+  // A Mamba (model.arch = "mamba"): LocalEngine with E1, E2 or E3 over the whole
+  // window (the methods' Mamba paths, grad/layer_adjoint.hpp).
   std::string mamba(Items& persistent, Phases& phases) const {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     const std::string layer_inputs = " layer inputs";
     const double rb = std::ceil(M / double(impl::reduce_rows));
     const LayerShape scan{std::int64_t(B), Ti, cfg.model.inner(), cfg.model.state, std::size_t(S)};
-    if (o.method == Method::adjoint) {
-      persistent.push_back({"block activations (one block)", mamba_acts(M, false)});
-      phases.push_back({"head", {{"y and next y", 2 * M * P * S}, {"head chunk", head(M, hc, false)}}});
-      return "forward only (model.arch=mamba: E1 and E3 are its gradients yet)";
-    }
     if (o.method == Method::adjoint_exact) {
-      // E3: the K+1 layer inputs, one block's projections (recomputed per block), and
-      // in the backward MambaCotangents with the scan's cotangents of every row (no
-      // row partials) and E3's scan workspace (its spec): waves, never [M, E, N].
+      // E3 (exact, detached or windowed): the K+1 layer inputs, one block's
+      // activations (its forward run again per block into them; the output into
+      // a scratch that takes y_K's place), and in the backward MambaCotangents with
+      // the scan's cotangents of every row (no row partials) and E3's scan
+      // workspace (its spec, the window's included): waves, never [M, E, N].
       persistent.push_back({"block projections (one block)", mamba_acts(M, false)});
       persistent.push_back({"g (dL/dy)", M * P * S});
       phases.push_back(
@@ -224,22 +222,27 @@ struct Planner {
                          {"cotangents (whole window)", (M * (3 * E + R + P) + rb * P) * S + cot_e},
                          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}}});
       phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
-      return "adjoint-exact (model.arch=mamba)";
+      return std::string("adjoint-exact") + (o.detach_inputs ? ", detached" : "") +
+             (o.truncate > 0 ? ", T-bar=" + std::to_string(o.truncate) : "") + " (model.arch=mamba)";
     }
+    // E1, E2: every block's activations with h^{t-1} and A over E channels.
     persistent.push_back({std::to_string(K) + " blocks' activations (h, A, projections)", double(K) * mamba_acts(M, true)});
     persistent.push_back({"g (dL/dy)", M * P * S});
     phases.push_back(
         {"head",
          {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
-    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E
-    // (its workspace spec) and E1's scan carries over E (e1_reverse_scan's, for each call)
+    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E;
+    // the method's workspace spec over E without cotangents: μ [M, E, N] (and E1's scan carries)
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, true, scan.scalar_bytes).bytes();
-    phases.push_back({"backward of the top block",
-                      {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
-                       {"mu + cotangents (whole window)", M * E * N * S + (M * (3 * E + R + P) + rb * P) * S + cot_e},
-                       {"E1 chunk carries", e1_scan_workspace(o.chunk, scan).bytes()}}});
+    const WorkspaceSpec ws = o.method == Method::backprop ? backprop_workspace(o, scan, false)
+                                                          : adjoint_workspace(o, scan, false);
+    const double carries = ws.bytes("ash::e1::chunk_");
+    Items back{{std::to_string(K) + layer_inputs, double(K) * M * P * S},
+               {"mu + cotangents (whole window)", ws.bytes() - carries + (M * (3 * E + R + P) + rb * P) * S + cot_e}};
+    if (o.method == Method::backprop) back.push_back({"E1 chunk carries", carries});
+    phases.push_back({"backward of the top block", back});
     phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
-    return "backprop (model.arch=mamba)";
+    return method_name(o.method) + " (model.arch=mamba)";
   }
 
   // Whole windows: E3 keeps the layer inputs; E1 and E2 every layer's activations with h^{t-1} and A.
