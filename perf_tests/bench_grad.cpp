@@ -2,7 +2,8 @@
 //   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
 //                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
-//                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16]
+//                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16] [--warmup 0]
+//                  [--arch ssm-resnet|mamba [--expand 2 --conv-kernel 4 --dt-rank 0]]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
 // (what `ash eval` runs), the baseline the gradient's cost is measured against.
 // --profile prints the time per kernel (KernelProfiler) of the last repetition. Peak bytes are the Kokkos Tools
@@ -13,6 +14,11 @@
 // the fused kernels (every backend's default); rows carry it as "e3_form".
 // --matmul is run.matmul (float only; docs/design.md §6) for the forward and
 // every engine; rows carry it as "matmul".
+// --arch mamba benchmarks a stack of Mamba blocks (model.arch=mamba, width = D;
+// backprop and adjoint-exact only); rows carry "arch". --warmup runs that many
+// untimed repetitions first (module loading, cuBLAS handles). Rows also carry
+// "peak_total_bytes": the high-water mark with the parameters, the gradient
+// buffers and the token windows included, as a framework's allocator counts it.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -35,7 +41,7 @@ std::vector<long long> parse_list(const std::string& s) {
 
 template <class S>
 nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fwd, long long T, long long batch,
-                   int reps, bool profile) {
+                   int reps, int warmup, bool profile) {
   ash::ParamSet<S> params(d);
   ash::initialize(params, d.seed);
   std::vector<std::uint32_t> ids(std::size_t(batch * T));
@@ -47,29 +53,33 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   const std::string space = ash::MemSpace::name();
   const ash::MatmulScope matmul(o.matmul, sizeof(S));  // the engines set it themselves; the forward needs it here
   std::vector<double> times;
-  std::uint64_t peak = 0;
+  std::uint64_t peak = 0, peak_total = 0;
   double loss = 0;
-  for (int r = 0; r < reps; ++r) {
+  for (int r = -warmup; r < reps; ++r) {
     const auto base = ash::MemoryTracker::current(space);
     ash::MemoryTracker::reset_peak();
     if (profile && r + 1 == reps) ash::KernelProfiler::start();
     const auto t0 = std::chrono::steady_clock::now();
     loss = fwd ? ash::forward_loss(params, x, o.head_chunk) : engine->compute(params, x, grad);
     Kokkos::fence();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (profile && r + 1 == reps) ash::KernelProfiler::stop();
+    if (r < 0) continue;  // warm-up: neither timed nor counted
+    times.push_back(dt);
     peak = std::max(peak, ash::MemoryTracker::peak(space) - base);
+    peak_total = std::max(peak_total, ash::MemoryTracker::peak(space));
   }
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
   if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
   const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
-  const bool fused = e3 && ash::e3_fused_form(o, T);
+  const bool fused = e3 && !d.mamba() && ash::e3_fused_form(o, T);  // a Mamba's E3 runs the scan waves
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
           {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"}, {"matmul", ash::matmul_name(o.matmul)},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
-          {"peak_bytes", peak},       {"space", space}, {"loss", loss},
-          {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab}};
+          {"peak_bytes", peak},       {"peak_total_bytes", peak_total}, {"space", space}, {"loss", loss},
+          {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab},
+          {"arch", ash::arch_name(d.arch)}};
 }
 
 }  // namespace
@@ -79,12 +89,12 @@ int main(int argc, char* argv[]) {
   ash::MemoryTracker::install();
   CLI::App app{"AdjointSharding gradient-engine benchmark"};
   std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
-              precision = "double", json_out, e3_form = "auto", matmul = "fp32";
+              precision = "double", json_out, e3_form = "auto", matmul = "fp32", arch = "ssm-resnet";
   ash::ModelDims d;
   long long batch = 1, chunk = 64, wave = 0;
   bool profile = false;
   double max_work = 2e10;
-  int reps = 3;
+  int reps = 3, warmup = 0;
   app.add_option("--engines", engines, "comma-separated engines");
   app.add_option("--T", Ts, "comma-separated context lengths");
   app.add_option("--vocab", d.vocab);
@@ -97,6 +107,11 @@ int main(int argc, char* argv[]) {
   app.add_flag("--profile", profile, "print the time per kernel of the last repetition");
   app.add_option("--max-work", max_work, "skip E2 runs with T*T-bar*P*N*K above this");
   app.add_option("--reps", reps);
+  app.add_option("--warmup", warmup, "untimed repetitions before the timed ones")->check(CLI::NonNegativeNumber);
+  app.add_option("--arch", arch, "model.arch: ssm-resnet or mamba")->check(CLI::IsMember({"ssm-resnet", "mamba"}));
+  app.add_option("--expand", d.expand, "Mamba: E = expand * width");
+  app.add_option("--conv-kernel", d.conv_kernel, "Mamba: the causal conv's taps");
+  app.add_option("--dt-rank", d.dt_rank, "Mamba: the rank of the delta projection (0: ceil(width / 16))");
   app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
   app.add_option("--json", json_out, "also write the rows as JSON lines");
   app.add_option("--e3-form", e3_form, "E3's per-chunk backward: auto (the backend's), waves or fused")
@@ -104,12 +119,13 @@ int main(int argc, char* argv[]) {
   app.add_option("--matmul", matmul, "run.matmul: fp32, tf32 or bf16 (float only)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
+  d.arch = ash::parse_arch(arch);
 
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
-  std::printf("# %s\n# Kokkos %d, exec space %s, concurrency %d; V=%lld P=%lld N=%lld K=%lld batch=%lld %s\n",
+  std::printf("# %s\n# Kokkos %d, exec space %s, concurrency %d; %s V=%lld P=%lld N=%lld K=%lld batch=%lld %s\n",
               cmd.c_str(), KOKKOS_VERSION, ash::ExecSpace::name(), int(ash::ExecSpace().concurrency()),
-              (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
+              arch.c_str(), (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
               precision.c_str());
   std::printf("%-28s %8s %12s %14s %14s %8s %10s\n", "engine", "T", "seconds", "us/token", "peak", "vs E1",
               "loss");
@@ -135,8 +151,8 @@ int main(int argc, char* argv[]) {
         continue;
       }
       try {
-        const auto row = precision == "float" ? run<float>(d, o, fwd, T, batch, reps, profile)
-                                              : run<double>(d, o, fwd, T, batch, reps, profile);
+        const auto row = precision == "float" ? run<float>(d, o, fwd, T, batch, reps, warmup, profile)
+                                              : run<double>(d, o, fwd, T, batch, reps, warmup, profile);
         const double peak = double(row["peak_bytes"].get<std::uint64_t>());
         if (!fwd && o.method == ash::Method::backprop) e1_peak[T] = peak;
         char ratio[32] = "-";

@@ -28,8 +28,9 @@
 #             found from the files themselves (readelf), copied into OUT/lib
 #   pack      OUT.tar.xz, with its size; refused over 60 MiB
 # --check verifies that every ELF file of the bundle finds each library it needs in the
-# bundle or among the GPU machine's own (PROVIDED below) and prints the packed size; exit
-# 1 on a miss. ctest runs it (gpu_bundle_check) when build-gpu/bundle exists.
+# bundle or among the GPU machine's own (PROVIDED below), that the files gpu_run.sh's steps
+# use are there (the tools, a bench that runs a Mamba, mamba-ssm's objects and Python
+# sources), and prints the packed size; exit 1 on a miss. ctest runs it (gpu_bundle_check) when build-gpu/bundle exists.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/perf_tests/gpu"
@@ -100,12 +101,30 @@ check_bundle() {
       miss=$((miss + 1))
     done
   done < <(find "$dir" -type f -print0)
+  # What gpu_run.sh's steps run besides the ELF files: the tools, a bench that runs a Mamba
+  # (mamba_block_vs_ash.py), and mamba-ssm's objects and Python sources (mamba_link.py
+  # links the first; the comparisons import mamba_simple's Mamba and the scan interface).
+  local need
+  for need in bin/ash bin/ash_bench_grad bin/ash_bench_kernels openmpi/bin/mpiexec; do
+    [ -e "$dir/$need" ] || { echo "MISSING $need"; miss=$((miss + 1)); }
+  done
+  if [ -f "$dir/bin/ash_bench_grad" ] && ! grep -qa -- '--conv-kernel' "$dir/bin/ash_bench_grad"; then
+    echo "STALE bin/ash_bench_grad runs no Mamba (no --arch mamba): built before it; rebuild the bundle"
+    miss=$((miss + 1))
+  fi
+  if [ -d "$dir/mamba" ]; then
+    for need in BUILD_INFO.json csrc/selective_scan.cpp mamba_ssm/modules/mamba_simple.py \
+                mamba_ssm/ops/selective_scan_interface.py mamba_ssm/ops/triton/layer_norm.py; do
+      [ -e "$dir/mamba/$need" ] || { echo "MISSING mamba/$need"; miss=$((miss + 1)); }
+    done
+    ls "$dir"/mamba/obj/*.o >/dev/null 2>&1 || { echo "MISSING mamba/obj/*.o"; miss=$((miss + 1)); }
+  fi
   local packed="$dir.tar.xz" size=""
   if [ -f "$packed" ]; then
     size=$(stat -c %s "$packed")
     [ "$packed" -nt "$dir/BUNDLE_INFO.json" ] || echo "WARNING: $packed is older than $dir/BUNDLE_INFO.json (run the pack step)"
   fi
-  echo "[bundle] check: $n ELF files, $miss unresolved libraries; unpacked $(du -sm "$dir" | cut -f1) MiB${size:+, packed $((size / 1048576)) MiB ($size bytes, limit $LIMIT_MIB MiB)}"
+  echo "[bundle] check: $n ELF files, $miss unresolved libraries or missing files; unpacked $(du -sm "$dir" | cut -f1) MiB${size:+, packed $((size / 1048576)) MiB ($size bytes, limit $LIMIT_MIB MiB)}"
   [ "$miss" -eq 0 ] || return 1
   if [ -n "$size" ] && [ "$size" -gt $((LIMIT_MIB * 1048576)) ]; then echo "packed bundle over $LIMIT_MIB MiB"; return 1; fi
   return 0

@@ -16,15 +16,20 @@
 #      (not the 64 GB index-width test, MPI or the CLI-heavy ones), compute-sanitizer
 #      memcheck on the fused E3 and forward tests, then E3 against mamba-ssm (mamba's
 #      extension linked here first).
-#   B  scale: the 1.36 B model (P=4096 N=16 K=80 V=256) at T=100K with E3, bf16 storage and
-#      layer checkpointing, 3 AdamW steps; the longest T that the planner fits, then one
-#      gradient at it; run.matmul fp32/tf32/bf16 at P=1024; MPI with 2 ranks on the GPU
-#      (CUDA-aware detected, never assumed); SSMStack on CUDA tensors.
+#   B  scale: our Mamba (D=256 N=16 K=4, E3) against mamba-ssm's Mamba blocks (checked,
+#      then T=2^12 upward to out of memory; mamba's extension linked first unless an earlier
+#      call on this machine linked it); the 1.36 B model (P=4096 N=16 K=80 V=256) at T=100K
+#      with E3, bf16 storage and layer checkpointing, 3 AdamW steps; the longest T that the
+#      planner fits, then one gradient at it; run.matmul fp32/tf32/bf16 at P=1024; MPI with
+#      2 ranks on the GPU (CUDA-aware detected, never assumed); SSMStack on CUDA tensors.
 #   C  the rest: the CLI-heavy test binaries (train, cli, reliability), the 64 GB
 #      index-width test, racecheck, longer sweeps, kernel benchmarks.
 #
 # --out receives at most 8 files: summary.md, steps.jsonl, machine.txt and results.tar.gz
 # (every log and JSON file of the steps). Exit status: the number of failed steps.
+# mamba's linked extension is kept for later calls on the same machine in
+# $ASH_GPU_CACHE (default: /tmp/ash-gpu-cache), keyed by the bundle's mamba build, the
+# Python and the torch, so stage B after stage A does not link it again.
 # --quick --build DIR: a host dry run of the script itself at tiny sizes from a host build
 # (ctest gpu_run_smoke); steps whose tool is missing here are skipped with the reason.
 set -uo pipefail
@@ -159,6 +164,46 @@ skip() {  # skip NAME REASON
 }
 have_mamba_py() { "$PY" -c "import torch, einops, importlib.util as u; assert u.find_spec('mamba_ssm')" 2>/dev/null; }
 
+# mamba_ready LINK_STEP USER_STEP: sets MDIR to the folder with mamba's linked extension
+# (empty on the host: --quick uses the interpreter's mamba_ssm sources). The link runs as
+# step LINK_STEP, or not at all where an earlier call on this machine left it in the cache.
+# It is USER_STEP's prerequisite: with --from USER_STEP it runs although it comes earlier.
+# Returns 1, having skipped USER_STEP with the reason, where there is no mamba-ssm.
+MDIR=""
+mamba_ready() {
+  local link=$1 user=$2 key
+  MDIR=""
+  if [ "$QUICK" = 1 ]; then
+    have_mamba_py || { skip "$user" "torch, einops or mamba_ssm missing for $PY"; return 1; }
+    return 0
+  fi
+  [ -d "$B/mamba" ] || { skip "$link" "the bundle has no mamba/ (bundle.sh --no-mamba)"; skip "$user" "no mamba-ssm"; return 1; }
+  key="$( { cat "$B/mamba/BUILD_INFO.json"; "$PY" -c 'import sys, torch; print(sys.version, torch.__version__)' 2>&1; } |
+          sha256sum | cut -c1-16)"
+  MDIR="${ASH_GPU_CACHE:-/tmp/ash-gpu-cache}/mamba-$key"
+  if [ -f "$MDIR/.linked" ] && ls "$MDIR"/selective_scan_cuda*.so >/dev/null 2>&1; then
+    [ "$REACHED" = 1 ] || [ "$user" = "$FROM" ] || { record "$link" before_from 0 0 0 "before --from $FROM"; return 0; }
+    record "$link" passed 0 0 0 "linked by an earlier call on this machine: $MDIR"
+    say "$(printf '%-3s %-28s cached   (%s)' "$STAGE" "$link" "$MDIR")"
+    return 0
+  fi
+  local reached=$REACHED
+  [ "$user" = "$FROM" ] && REACHED=1  # the prerequisite of the step to start from
+  rm -rf "$MDIR"
+  step "$link" 120 "$PY" "$ROOT/perf_tests/gpu/mamba_link.py" --bundle-mamba "$B/mamba" --out "$MDIR"
+  [ "$reached" = 1 ] || [ "$user" != "$FROM" ] || REACHED=0  # the user step itself opens the --from range
+  local last; last="$(tail -1 "$RES/steps.jsonl")"
+  if [[ "$last" == *'"status":"not_run"'* ]]; then  # no time for the link: none for its user either
+    NOT_RUN+=("$user"); record "$user" not_run 0 0 0 "budget: $link did not run"
+    say "$(printf '%-3s %-28s not run (%s did not run)' "$STAGE" "$user" "$link")"
+    return 1
+  fi
+  if ls "$MDIR"/selective_scan_cuda*.so >/dev/null 2>&1 && [[ "$last" == *'"status":"passed"'* ]]; then
+    touch "$MDIR/.linked"
+  fi
+  [ -f "$MDIR/.linked" ] || { skip "$user" "mamba's extension was not linked (or failed its check: $link)"; return 1; }
+}
+
 # --- sizes --------------------------------------------------------------------------------------
 if [ "$QUICK" = 1 ]; then
   BENCH=(--width 32 --state 8 --layers 3 --vocab 256) BENCH_T=1024 REPS=1 LONGEST_MAX=16384
@@ -169,6 +214,7 @@ if [ "$QUICK" = 1 ]; then
   CLI_TEST_FILTERS=("test_cli:Cli.EvalScoresEachDocument")
   TEST_FILTERS=("test_adjoint_exact:AdjointExact.Fused*:AdjointExact.Deterministic" "test_matmul:*")
   MAMBA_ARGS=(--quick)
+  MAMBA_BLOCK_ARGS=(--quick)
 else
   BENCH=(--width 256 --state 16 --layers 8 --vocab 256) BENCH_T=1048576 REPS=2 LONGEST_MAX=1073741824
   BIG=(model.width=4096 model.state=16 model.layers=80 model.vocab=256) BIG_T=100000
@@ -177,7 +223,7 @@ else
   MPI_FILTER="*" MPI_CLI_FILTER="*"
   TEST_FILTERS=() CLI_TEST_FILTERS=()
   # most telling first: the fused backward, the forward, cuBLAS, the levers, the planner
-  for t in test_adjoint_exact test_forward test_matmul test_low_memory test_memory_plan test_backprop \
+  for t in test_adjoint_exact test_forward test_matmul test_mamba test_low_memory test_memory_plan test_backprop \
            test_adjoint test_stack_adjoint test_documents test_memory test_config test_tokens test_dataset \
            test_optimizer test_checkpoint; do
     [ -x "$B/bin/$t" ] && TEST_FILTERS+=("$t:*")
@@ -186,6 +232,9 @@ else
   for t in test_train test_cli test_reliability; do [ -x "$B/bin/$t" ] && CLI_TEST_FILTERS+=("$t:*"); done
   MAMBA_ARGS=(--widths 64,256 --layers 2,8 --batch8-T 16384 --max-seconds 20 --reps 2
               --T 4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152,4194304,8388608,16777216)
+  # issue 34's GPU line: the Mamba of D=256 N=16 K=4 (V=256, E=512) at batch 1, T=2^12 upward
+  MAMBA_BLOCK_ARGS=(--width 256 --state 16 --layers 4 --vocab 256 --reps 3 --max-seconds 20 --check-T 2048
+                    --T 4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152,4194304,8388608)
 fi
 
 # BENCH as config keys (model.width=... for ash init / plan / grad)
@@ -217,22 +266,22 @@ stage_A() {
     skip a_memcheck_e3_fused "compute-sanitizer not found"
     skip a_memcheck_forward "compute-sanitizer not found"
   fi
-  local mdir=""
-  if [ "$QUICK" = 1 ]; then
-    have_mamba_py || { skip a_mamba_vs_ash "torch, einops or mamba_ssm missing for $PY"; return 0; }
-  elif [ -d "$B/mamba" ]; then
-    mdir="$WORKDIR/mamba"
-    step a_mamba_link 120 "$PY" "$ROOT/perf_tests/gpu/mamba_link.py" --bundle-mamba "$B/mamba" --out "$mdir"
-    ls "$mdir"/selective_scan_cuda*.so >/dev/null 2>&1 || { skip a_mamba_vs_ash "mamba's extension was not linked"; return 0; }
-  else
-    skip a_mamba_link "the bundle has no mamba/ (bundle.sh --no-mamba)"; skip a_mamba_vs_ash "no mamba-ssm"; return 0
-  fi
+  mamba_ready a_mamba_link a_mamba_vs_ash || return 0
   step a_mamba_vs_ash 420 "$PY" "$ROOT/perf_tests/mamba_vs_ash.py" --out "$RES/mamba" --python "$PY" \
-    --ash "$ASH" --bench "$G" ${mdir:+--mamba-dir "$mdir"} --deadline $((BUDGET - RESERVE - (SECONDS - T_START) - 10)) \
+    --ash "$ASH" --bench "$G" ${MDIR:+--mamba-dir "$MDIR"} --deadline $((BUDGET - RESERVE - (SECONDS - T_START) - 10)) \
     "${MAMBA_ARGS[@]}"
 }
 
 stage_B() {
+  # Issue 34's GPU line first: short (about 2 minutes, the link cached after stage A), so it
+  # also fits the tail of a window that stage A took most of; the 1.36 B run needs a call of
+  # its own anyway.
+  if mamba_ready b_mamba_link b_mamba_block_vs_ash; then
+    local cap=180 left=$((BUDGET - RESERVE - (SECONDS - T_START)))
+    step b_mamba_block_vs_ash "$cap" "$PY" "$ROOT/perf_tests/mamba_block_vs_ash.py" --out "$RES/mamba_block" \
+      --ash "$ASH" --bench "$G" ${MDIR:+--mamba-dir "$MDIR"} --deadline $(((cap < left ? cap : left) - 15)) \
+      "${MAMBA_BLOCK_ARGS[@]}"
+  fi
   # The 1.36 B model: its plan first (printed, kept), then 3 AdamW steps on one 100K window.
   local set=() k
   for k in "${BIG[@]}" data.seq_len="$BIG_T" data.batch=1 data.valid_fraction=0 grad.engine=adjoint-exact \
@@ -346,9 +395,9 @@ EOF
     echo "Every step of stage(s) $STAGES ran; $FAILED failed."
   fi
   echo; echo "## Benchmark rows"; echo
-  for f in "$RES"/*.jsonl "$RES"/mamba/summary.md; do
+  for f in "$RES"/*.jsonl "$RES"/mamba/summary.md "$RES"/mamba_block/summary.md; do
     [ -f "$f" ] && [ "$(basename "$f")" != steps.jsonl ] || continue
-    echo "### $(basename "$f")"; echo '```'; head -c 4000 "$f"; echo '```'
+    echo "### ${f#"$RES"/}"; echo '```'; head -c 4000 "$f"; echo '```'
   done
 } > "$RES/summary.md"
 cp "$RES/summary.md" "$RES/steps.jsonl" "$RES/machine.txt" "$OUT/" 2>/dev/null
