@@ -299,4 +299,18 @@ inline void expect_close(const std::vector<double>& got, const std::vector<doubl
   for (const auto& t : param_layout(d)) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), tol) << t.name << " " << what;
 }
 
+// E1 in scalar type S on model d against E1 in double (itself checked
+// against finite differences): the loss within Tol<S>::forward, the gradient
+// within Tol<S>::grad_vs_double per tensor.
+template <class S>
+void expect_agrees_with_double(const ModelDims& d) {
+  auto ref = random_model<double>(d, 5);
+  const auto x = random_tokens(2, 21, d.vocab, 6);
+  double lref = 0, l = 0;
+  const auto b = grad_of(EngineOptions{}, ref, x, &lref);
+  const auto a = grad_of(EngineOptions{}, cast_model<S>(ref), x, &l);
+  EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
+  expect_close(a, b, d, Tol<S>::grad_vs_double);
+}
+
 }  // namespace ash::test

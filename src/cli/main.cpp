@@ -374,15 +374,23 @@ struct Verbs {
   std::string hf_checkpoint, hf_export_out, hf_dtype;  // hf_dtype "": the checkpoint's precision
 };
 
+// The options several verbs take, spelled once.
+void add_max_memory(CLI::App* verb, std::uint64_t& bytes,
+                    const char* help = "refuse sizes predicted to need more bytes (default: RAM)") {
+  verb->add_option("--max-memory", bytes, help)->check(unsigned_integer());
+}
+void add_precision(CLI::App* verb, std::string& type, const char* help) {
+  verb->add_option("--precision", type, help)->check(CLI::IsMember({"float", "double"}));
+}
+
 // The verbs that write or differentiate a model.
 void add_model_verbs(CLI::App& app, Verbs& v) {
   v.init = app.add_subcommand("init", "write a freshly initialised (seeded) model as a checkpoint");
   v.init->add_option("--config", v.init_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
   v.init->add_option("--set", v.init_common.sets, "override a config key: key=value")->take_all();
   v.init->add_option("--out", v.init_out, "checkpoint to write (.h5)")->required();
-  v.init->add_option("--precision", v.init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
-  v.init->add_option("--max-memory", v.init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_precision(v.init, v.init_precision, "stored parameter type");
+  add_max_memory(v.init, v.init_common.max_memory);
 
   v.grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
   v.grad->add_option("--checkpoint", v.g.checkpoint, "model checkpoint (.h5)")->required();
@@ -391,12 +399,10 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.grad->add_option("--truncate", v.g.truncate, "window T-bar (adjoint engines)")->check(integer_in(min_int64, max_int64));
   v.grad->add_flag("--detach-inputs", v.g.detach, "stop-gradient on every layer input");
   v.grad->add_option("--chunk", v.g.chunk, "chunk length (adjoint-exact)")->check(integer_in(min_int64, max_int64));
-  v.grad->add_option("--precision", v.g.precision, "compute type (default: the checkpoint's)")
-      ->check(CLI::IsMember({"float", "double"}));
+  add_precision(v.grad, v.g.precision, "compute type (default: the checkpoint's)");
   v.grad->add_option("--set", v.g.common.sets, "override a config key: key=value")->take_all();
   v.grad->add_option("--out", v.g.out, "gradient file to write (.h5)")->required();
-  v.grad->add_option("--max-memory", v.g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.grad, v.g.common.max_memory);
 
   v.train = app.add_subcommand("train", "train with AdamW; progress, metrics, checkpoints");
   v.train->add_option("--config", v.train_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
@@ -404,9 +410,7 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.train->add_option("--resume", v.resume, "continue from this checkpoint");
   v.train->add_option("--until", v.until, "stop after this step (schedule unchanged; resume later)")
       ->check(integer_in(0, max_int64));
-  v.train->add_option("--max-memory", v.train_common.max_memory,
-                      "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.train, v.train_common.max_memory);
 
 }
 
@@ -418,30 +422,25 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample")->check(integer_in(0, ash::max_generate_tokens));
   v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)")->check(finite_number());
   v.generate->add_option("--seed", v.gen_seed, "sampling seed")->check(unsigned_integer());
-  v.generate->add_option("--max-memory", v.gen_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.generate, v.gen_max_memory);
 
   v.eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
   v.eval->add_option("--checkpoint", v.eval_ckpt, "model checkpoint (.h5)")->required();
   v.eval->add_option("--tokens", v.eval_tokens, "token file: text bytes, .u16 or .u32")->required();
-  v.eval->add_option("--precision", v.eval_precision, "compute type (default: the checkpoint's)")
-      ->check(CLI::IsMember({"float", "double"}));
+  add_precision(v.eval, v.eval_precision, "compute type (default: the checkpoint's)");
   v.eval->add_option("--set", v.eval_common.sets, "override a config key: key=value (data.seq_len, data.batch)")
       ->take_all();
   v.eval->add_flag("--carry-state", v.eval_carry,
                  "stream the file as one sequence: each window starts from the previous one's state; "
                  "prints bits/token with and without the carried state");
-  v.eval->add_option("--max-memory", v.eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.eval, v.eval_common.max_memory);
 
   v.plan = app.add_subcommand("plan", "predicted peak memory per component for a configuration (no allocation)");
   v.plan->add_option("--config", v.plan_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
   v.plan->add_option("--set", v.plan_common.sets, "override a config key: key=value")->take_all();
   v.plan->add_option("--for", v.plan_workload, "train (default) or grad")->check(CLI::IsMember({"train", "grad"}));
-  v.plan->add_option("--precision", v.plan_precision, "compute type (default: run.precision)")
-      ->check(CLI::IsMember({"float", "double"}));
-  v.plan->add_option("--max-memory", v.plan_common.max_memory, "compare with this many bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_precision(v.plan, v.plan_precision, "compute type (default: run.precision)");
+  add_max_memory(v.plan, v.plan_common.max_memory, "compare with this many bytes (default: RAM)");
 
   v.inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   v.inspect->add_option("checkpoint", v.inspect_path, "checkpoint (.h5)")->required();
@@ -455,10 +454,8 @@ void add_hf_verbs(CLI::App& app, Verbs& v) {
   v.import_hf = app.add_subcommand("import-hf", "write a checkpoint from a Hugging Face MambaForCausalLM folder");
   v.import_hf->add_option("--from", v.hf_from, "folder: config.json and model.safetensors (or its index)")->required();
   v.import_hf->add_option("--out", v.hf_import_out, "checkpoint to write (.h5)")->required();
-  v.import_hf->add_option("--precision", v.hf_precision, "stored parameter type (default double)")
-      ->check(CLI::IsMember({"float", "double"}));
-  v.import_hf->add_option("--max-memory", v.hf_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_precision(v.import_hf, v.hf_precision, "stored parameter type (default double)");
+  add_max_memory(v.import_hf, v.hf_max_memory);
 
   v.export_hf = app.add_subcommand("export-hf", "write a Mamba checkpoint as a folder MambaForCausalLM loads");
   v.export_hf->add_option("--checkpoint", v.hf_checkpoint, "model checkpoint (.h5, model.arch = mamba)")->required();

@@ -97,6 +97,14 @@ template <class S>
 void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
                     const View2<S>& y_out, const View2<S>& state_io = View2<S>(), const ExecSpace& exec = ExecSpace());
 
+// The scan core's inputs from ŷ (act.yhat) and Δ before its bias (act.delta),
+// how both architectures' projections end: β = ŷ W_Bᵀ, γ = ŷ W_Cᵀ,
+// a = −exp(A_log), Δ ← softplus(Δ + bias).
+template <class S>
+void selective_scan_inputs(const Unmanaged2<S>& W_B, const Unmanaged2<S>& W_C, const Unmanaged2<S>& A_log,
+                           const Unmanaged1<S>& bias, const LayerActivations<S>& act,
+                           const ExecSpace& exec = ExecSpace());
+
 // The selective-scan core both architectures share (docs/design.md §1): over
 // the P channels of act (ŷ is the scan input: an SSM-ResNet's normed input, a
 // Mamba's u), y_out = y_in + D ⊙ ŷ + Σ_n γ_n h_·n with h^t = A^t ⊙ h^{t-1} +
