@@ -230,6 +230,10 @@ void selective_scan_inputs(const Unmanaged2<S>& W_B, const Unmanaged2<S>& W_C, c
       KOKKOS_LAMBDA(const index_t m, const index_t q) { delta(m, q) = softplus(delta(m, q) + bd(q)); });
 }
 
+bool forward_scan_is_sequential(index_t T, index_t Bt, index_t P, const ExecSpace& exec) {
+  return forward_chunks(T, Bt, P, exec).n == 1;
+}
+
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io,

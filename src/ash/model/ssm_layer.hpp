@@ -91,6 +91,12 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io = View2<S>(),
                        const ExecSpace& exec = ExecSpace());
 
+// Whether the forward scan of Bt sequences of T tokens and P channels on `exec`
+// runs token by token in one chunk (a host with Bt·P ≥ 8 threads' worth of
+// channels, or T ≤ 64): then cutting the tokens anywhere and carrying the state
+// across the cut gives the same bits; chunked, only cuts where a block starts do.
+bool forward_scan_is_sequential(index_t T, index_t Bt, index_t P, const ExecSpace& exec = ExecSpace());
+
 // The scan alone, on projections already in act (what ssm_layer_forward runs
 // after ssm_layer_project).
 template <class S>
