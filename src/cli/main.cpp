@@ -27,6 +27,7 @@
 #include "ash/app/plan_run.hpp"
 #include "ash/app/run_checks.hpp"
 #include "ash/app/train_run.hpp"
+#include "ash/app/upgrade_file.hpp"
 #include "ash/ash.hpp"
 #include "ash/distributed/run_context.hpp"
 #ifdef ASH_HAVE_MPI
@@ -281,6 +282,23 @@ void run_inspect(const std::string& path, bool verify) {
   if (info.finite_values >= 0) std::printf("all %lld values finite\n", (long long)info.finite_values);
 }
 
+// ash inspect --upgrade: an old format's file rewritten as format 3 (ash::upgrade_file).
+void run_upgrade(const std::string& path, const std::string& out, bool in_place) {
+  const auto r = ash::upgrade_file(path, out, in_place);
+  const int v = r.before.format_version;
+  if (r.written.empty()) {
+    std::printf("'%s' is already checkpoint format %d (verified: every digest, all %lld values finite); nothing "
+                "written\n",
+                path.c_str(), v, (long long)r.before.finite_values);
+    return;
+  }
+  std::printf("verified '%s', checkpoint format %d: %s, all %lld values finite\n", path.c_str(), v,
+              v == 2 ? "every dataset's Fletcher-32 checksums" : "no checksums to check (format 1)",
+              (long long)r.before.finite_values);
+  std::printf("wrote '%s', checkpoint format %d: the same values with digests (read back and verified)\n",
+              r.written.c_str(), ash::checkpoint_format_version);
+}
+
 // A Hugging Face MambaForCausalLM folder as a checkpoint (ash::import_hf).
 void run_import_hf(const std::string& dir, const std::string& out, const std::string& precision,
                    std::uint64_t max_memory) {
@@ -369,6 +387,8 @@ struct Verbs {
   std::string plan_workload = "train", plan_precision;
   std::string inspect_path;
   bool inspect_no_verify = false;
+  bool inspect_upgrade = false, inspect_in_place = false;
+  std::string inspect_out;
   std::string hf_from, hf_import_out, hf_precision = "double";
   std::uint64_t hf_max_memory = 0;
   std::string hf_checkpoint, hf_export_out, hf_dtype;  // hf_dtype "": the checkpoint's precision
@@ -444,8 +464,17 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
 
   v.inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   v.inspect->add_option("checkpoint", v.inspect_path, "checkpoint (.h5)")->required();
-  v.inspect->add_flag("--no-verify", v.inspect_no_verify,
-                      "a quick look: do not read the tensors or check the digests (the structure is still checked)");
+  auto* no_verify = v.inspect->add_flag(
+      "--no-verify", v.inspect_no_verify,
+      "a quick look: do not read the tensors or check the digests (the structure is still checked)");
+  auto* upgrade = v.inspect->add_flag("--upgrade", v.inspect_upgrade,
+                                      "rewrite a format-1 or format-2 file as format 3 (with digests), after "
+                                      "every check its format has; needs --out or --in-place");
+  upgrade->excludes(no_verify);
+  auto* up_out = v.inspect->add_option("--out", v.inspect_out, "--upgrade: the format-3 file to write (a new file)");
+  auto* in_place = v.inspect->add_flag("--in-place", v.inspect_in_place, "--upgrade: replace CKPT (atomically)");
+  up_out->needs(upgrade)->excludes(in_place);
+  in_place->needs(upgrade);
 
 }
 
@@ -494,7 +523,10 @@ int run_verb(const Verbs& v) {
   } else if (*v.plan) {
     return run_plan(v.plan_common, v.plan_workload, v.plan_precision);  // "": run.precision
   } else if (*v.inspect) {
-    run_inspect(v.inspect_path, !v.inspect_no_verify);
+    if (v.inspect_upgrade)
+      run_upgrade(v.inspect_path, v.inspect_out, v.inspect_in_place);
+    else
+      run_inspect(v.inspect_path, !v.inspect_no_verify);
   } else if (*v.import_hf) {
     run_import_hf(v.hf_from, v.hf_import_out, v.hf_precision, v.hf_max_memory);
   } else if (*v.export_hf) {
