@@ -40,6 +40,7 @@ set(ASH_LIBRARY_SOURCES
   ash/app/run_config.cpp
   ash/app/token_windows.cpp
   ash/app/run_checks.cpp
+  ash/app/upgrade_file.cpp
   ash/app/init_model.cpp
   ash/app/grad_file.cpp
   ash/app/eval_file.cpp

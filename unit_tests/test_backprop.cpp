@@ -37,17 +37,7 @@ class Backprop : public ::testing::Test {};
 TYPED_TEST_SUITE(Backprop, Scalars);
 
 // Each scalar type against double E1 (itself checked against finite differences).
-TYPED_TEST(Backprop, AgreesWithDouble) {
-  using S = TypeParam;
-  const auto d = tiny_dims(2);
-  auto ref = random_model<double>(d, 5);
-  const auto x = random_tokens(2, 21, d.vocab, 6);
-  double lref = 0, l = 0;
-  const auto b = grad_of(EngineOptions{}, ref, x, &lref);
-  const auto a = grad_of(EngineOptions{}, cast_model<S>(ref), x, &l);
-  EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
-  expect_close(a, b, d, Tol<S>::grad_vs_double);
-}
+TYPED_TEST(Backprop, AgreesWithDouble) { expect_agrees_with_double<TypeParam>(tiny_dims(2)); }
 
 TYPED_TEST(Backprop, DeterministicAndOverwritesGrad) {
   using S = TypeParam;

@@ -236,10 +236,10 @@ inline void reseal(const std::string& path) {
 
 // A format-3 file turned into what the format-2 writer produced: the same
 // objects and Fletcher-32 filters, no digest attributes, format_version 2.
-inline void downgrade_to_v2(const std::string& path) {
-  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-  ASSERT_GE(f, 0) << path;
-  std::vector<std::string> datasets{"/loss", "/train/carry_state"};
+// The paths of the datasets an open checkpoint or gradient file holds (of an
+// SSM-ResNet of its `layers`).
+inline std::vector<std::string> file_datasets(hid_t f) {
+  std::vector<std::string> datasets{"/loss", "/train/carry_state"}, found;
   hid_t a = H5Aopen(f, "layers", H5P_DEFAULT);
   std::int64_t K = 0;
   H5Aread(a, H5T_NATIVE_INT64, &K);
@@ -250,11 +250,20 @@ inline void downgrade_to_v2(const std::string& path) {
     for (const auto& t : param_layout(d)) datasets.push_back(root + t.name);
   for (const auto& p : datasets)
     if (H5Lexists(f, p.substr(0, p.find('/', 1)).c_str(), H5P_DEFAULT) > 0 &&
-        H5Oexists_by_name(f, p.c_str(), H5P_DEFAULT) > 0 && H5Aexists_by_name(f, p.c_str(), "digest", H5P_DEFAULT) > 0)
+        H5Oexists_by_name(f, p.c_str(), H5P_DEFAULT) > 0)
+      found.push_back(p);
+  return found;
+}
+
+inline void downgrade_to_v2(const std::string& path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << path;
+  for (const auto& p : file_datasets(f))
+    if (H5Aexists_by_name(f, p.c_str(), "digest", H5P_DEFAULT) > 0)
       EXPECT_GE(H5Adelete_by_name(f, p.c_str(), "digest", H5P_DEFAULT), 0) << p;
   EXPECT_GE(H5Adelete(f, "digest"), 0);
   std::int64_t v = 2;
-  a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
   H5Awrite(a, H5T_NATIVE_INT64, &v);
   H5Aclose(a);
   H5Fclose(f);
@@ -297,6 +306,20 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b,
 inline void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const ModelDims& d,
                          double tol, const std::string& what = "") {
   for (const auto& t : param_layout(d)) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), tol) << t.name << " " << what;
+}
+
+// E1 in scalar type S on model d against E1 in double (itself checked
+// against finite differences): the loss within Tol<S>::forward, the gradient
+// within Tol<S>::grad_vs_double per tensor.
+template <class S>
+void expect_agrees_with_double(const ModelDims& d) {
+  auto ref = random_model<double>(d, 5);
+  const auto x = random_tokens(2, 21, d.vocab, 6);
+  double lref = 0, l = 0;
+  const auto b = grad_of(EngineOptions{}, ref, x, &lref);
+  const auto a = grad_of(EngineOptions{}, cast_model<S>(ref), x, &l);
+  EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
+  expect_close(a, b, d, Tol<S>::grad_vs_double);
 }
 
 }  // namespace ash::test

@@ -121,17 +121,7 @@ template <class S>
 class MambaTyped : public ::testing::Test {};
 TYPED_TEST_SUITE(MambaTyped, Scalars);
 
-TYPED_TEST(MambaTyped, AgreesWithDouble) {
-  using S = TypeParam;
-  const auto d = mamba_dims(2, false);
-  auto ref = random_model<double>(d, 5);
-  const auto x = random_tokens(2, 21, d.vocab, 6);
-  double lref = 0, l = 0;
-  const auto b = grad_of(EngineOptions{}, ref, x, &lref);
-  const auto a = grad_of(EngineOptions{}, cast_model<S>(ref), x, &l);
-  EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
-  expect_close(a, b, d, Tol<S>::grad_vs_double);
-}
+TYPED_TEST(MambaTyped, AgreesWithDouble) { expect_agrees_with_double<TypeParam>(mamba_dims(2, false)); }
 
 TEST(Mamba, LayoutAndTiedHead) {
   for (bool tied : {true, false}) {

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 
 #include "cli_runner.hpp"
@@ -381,6 +382,53 @@ void rewrite_dataset(const std::string& path, const std::string& ds_path, hid_t 
 
 }  // namespace
 
+namespace {
+
+// Flips one bit inside the stored bytes of layer 1's W_B (its raw little-endian
+// doubles appear once in the file); returns the file's new bytes ("" if not found).
+std::string flip_bit_in_w_b(const std::string& path, const ParamSet<double>& ps) {
+  auto bytes = slurp(path);
+  const auto& t = ps.tensor("layers/001/W_B");
+  const auto host = to_host(ps);
+  std::string raw(std::size_t(t.size()) * 8, '\0');
+  std::memcpy(&raw[0], host.data() + t.offset, raw.size());
+  const auto at = bytes.find(raw);
+  if (at == std::string::npos) return "";
+  bytes[at + 13] ^= 0x04;
+  write(path, bytes);
+  return bytes;
+}
+
+// Every dataset of a checkpoint or gradient file, its values as double, and the
+// header attributes that are numbers (the optimizer's step too).
+std::map<std::string, std::vector<double>> file_values(const std::string& path) {
+  std::map<std::string, std::vector<double>> out;
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  for (const auto& p : file_datasets(f)) {
+    hid_t ds = H5Dopen2(f, p.c_str(), H5P_DEFAULT), sp = H5Dget_space(ds);
+    auto& v = out[p];
+    v.resize(std::size_t(H5Sget_simple_extent_npoints(sp)));
+    EXPECT_GE(H5Dread(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0) << p;
+    H5Sclose(sp);
+    H5Dclose(ds);
+  }
+  for (const char* a : {"/:step", "/:data_cursor", "/:data_tokens", "/:data_fingerprint", "/optimizer:step"}) {
+    const std::string obj(a, std::strchr(a, ':')), name(std::strchr(a, ':') + 1);
+    if ((obj != "/" && H5Lexists(f, obj.c_str(), H5P_DEFAULT) <= 0) ||
+        H5Aexists_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT) <= 0)
+      continue;
+    std::int64_t v = 0;
+    hid_t at = H5Aopen_by_name(f, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+    H5Aread(at, H5T_NATIVE_INT64, &v);
+    H5Aclose(at);
+    out[a] = {double(v)};
+  }
+  H5Fclose(f);
+  return out;
+}
+
+}  // namespace
+
 // A file as builds before format 2 wrote it: HDF5's default (oldest) format,
 // contiguous datasets without checksums, format_version 1.
 template <class S>
@@ -438,6 +486,117 @@ TEST(Reliability, Version1FilesStillLoad) {
   // The strict checks other than the checksum apply to version 1 too.
   rewrite_attr_i64(v1, "step", -1);
   expect_error([&] { load_checkpoint<double>(v1); }, "negative");
+}
+
+// `ash inspect --upgrade` (issue 35): a genuine format-1 or format-2 file is
+// checked with what its format has, then rewritten as format 3 with the same
+// values (bit for bit, in the stored precision) and digests; a file that fails
+// its checks is refused and nothing is written; never in place unless asked.
+TEST(Reliability, InspectUpgradeWritesFormat3) {
+  const auto d = tiny_dims(2);
+  const Config cfg = config_for(d);
+  auto has_digest = [](const std::string& path, const char* obj) {
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    const bool yes = H5Aexists_by_name(f, obj, "digest", H5P_DEFAULT) > 0;
+    H5Fclose(f);
+    return yes;
+  };
+  // Format 1, double: a new file beside the old one, which stays as it was.
+  const auto ps = random_model<double>(d, 6);
+  const auto v1 = tmp_path("up_v1.h5"), v1_new = tmp_path("up_v1_new.h5");
+  std::remove(v1_new.c_str());
+  write_version1(v1, cfg, ps, 4);
+  const auto v1_bytes = slurp(v1);
+  auto r = run("inspect " + v1 + " --upgrade --out " + v1_new);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint format 1: no checksums to check"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("wrote '" + v1_new + "', checkpoint format 3"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp(v1), v1_bytes);
+  CheckpointInfo info;
+  EXPECT_EQ(to_host(load_checkpoint<double>(v1_new, &info)), to_host(ps));
+  EXPECT_EQ(info.format_version, 3);
+  EXPECT_EQ(info.step, 4);
+  EXPECT_TRUE(has_digest(v1_new, "/") && has_digest(v1_new, "/params/head"));
+  r = run("inspect " + v1_new);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("verified: the header digest and every dataset's digest"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("warning"), std::string::npos) << r.out;
+  // A format-3 file is verified and left alone.
+  const auto again = tmp_path("up_again.h5");
+  std::remove(again.c_str());
+  r = run("inspect " + v1_new + " --upgrade --out " + again);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("already checkpoint format 3"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(again));
+
+  // Format 2, float, with what training adds (moments, carried state, the token
+  // file's size and fingerprint), upgraded in place.
+  ParamSet<float> pf(d), m(d), v(d);
+  from_host(pf, to_host(random_model<double>(d, 7)));
+  from_host(m, to_host(random_model<double>(d, 8)));
+  from_host(v, to_host(random_model<double>(d, 9)));
+  std::vector<View2<float>> carry;
+  for (int k = 0; k < 2; ++k) {
+    carry.emplace_back("carry", 3 * d.width, d.state);
+    Kokkos::deep_copy(carry.back(), 0.25f * float(k + 1));
+  }
+  const auto v2 = tmp_path("up_v2.h5");
+  save_checkpoint(v2, cfg, pf, 5, 50, OptimizerState<float>{&m, &v, 5, &carry, 1234, 99});
+  downgrade_to_v2(v2);
+  ASSERT_FALSE(has_digest(v2, "/"));
+  const auto v2_values = file_values(v2);
+  EXPECT_EQ(v2_values.size(), 3 * param_layout(d).size() + 1 + 5);  // params, m, v, carry; 5 numbers
+  r = run("inspect " + v2 + " --upgrade --in-place");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("checkpoint format 2: every dataset's Fletcher-32 checksums"), std::string::npos) << r.out;
+  EXPECT_EQ(file_values(v2), v2_values);  // every value, bit for bit
+  EXPECT_EQ(to_host(load_checkpoint<float>(v2, &info)), to_host(pf));
+  EXPECT_EQ(info.format_version, 3);
+  EXPECT_EQ(info.precision, "float");
+  EXPECT_TRUE(has_digest(v2, "/") && has_digest(v2, "/optimizer/m/head") && has_digest(v2, "/train/carry_state"));
+
+  // A format-2 gradient file.
+  const auto gpath = tmp_path("up_grad.h5"), gnew = tmp_path("up_grad_new.h5");
+  save_gradients(gpath, cfg, 1.25, random_model<double>(d, 10));
+  downgrade_to_v2(gpath);
+  r = run("inspect " + gpath + " --upgrade --out " + gnew);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(file_values(gnew), file_values(gpath));
+  EXPECT_EQ(file_values(gnew).count("/loss"), 1u);
+  EXPECT_EQ(inspect_checkpoint(gnew, Verify::all).format_version, 3);
+
+  // Refused, nothing written: a format-2 file whose data fails Fletcher-32, a
+  // format-1 file holding a NaN, a lowered format_version, and the options.
+  const auto bad = tmp_path("up_bad.h5"), bad_new = tmp_path("up_bad_new.h5");
+  std::remove(bad_new.c_str());
+  save_checkpoint(bad, cfg, ps);
+  downgrade_to_v2(bad);
+  const auto bytes = flip_bit_in_w_b(bad, ps);
+  ASSERT_NE(bytes, "");
+  EXPECT_CLEAR_ERROR(run("inspect " + bad + " --upgrade --out " + bad_new),
+                     "checksum mismatch in dataset /params/layers/001/W_B");
+  EXPECT_FALSE(fs::exists(bad_new));
+  EXPECT_CLEAR_ERROR(run("inspect " + bad + " --upgrade --in-place"), "checksum mismatch");
+  EXPECT_EQ(slurp(bad), bytes);
+  auto nan_model = to_host(ps);
+  nan_model[3] = std::nan("");
+  ParamSet<double> pn(d);
+  from_host(pn, nan_model);
+  write_version1(bad, cfg, pn, 0);
+  EXPECT_CLEAR_ERROR(run("inspect " + bad + " --upgrade --out " + bad_new), "non-finite");
+  EXPECT_FALSE(fs::exists(bad_new));
+  const auto lowered = tmp_path("up_lowered.h5");
+  save_checkpoint(lowered, cfg, ps);
+  set_format_version(lowered, 2);
+  EXPECT_CLEAR_ERROR(run("inspect " + lowered + " --upgrade --out " + bad_new), "contradict");
+  EXPECT_FALSE(fs::exists(bad_new));
+  EXPECT_CLEAR_ERROR(run("inspect " + gpath + " --upgrade"), "give --out NEW.h5");
+  EXPECT_CLEAR_ERROR(run("inspect " + gpath + " --upgrade --out " + gpath), "is the same file as the checkpoint");
+  EXPECT_EQ(run("inspect " + gpath + " --out " + bad_new).code, 2);
+  EXPECT_EQ(run("inspect " + gpath + " --upgrade --no-verify --in-place").code, 2);
+  EXPECT_EQ(inspect_checkpoint(gpath, Verify::all).format_version, 2);
+  for (const auto& p : {v1, v1_new, v2, gpath, gnew, bad, lowered}) std::remove(p.c_str());
 }
 
 TEST(Reliability, StrictSchemaOnRead) {
@@ -530,16 +689,7 @@ TEST(Reliability, FlippedBitInAParameterIsAChecksumError) {
   const auto ps = random_model<double>(d, 2);
   const auto path = tmp_path("flip.h5");
   save_checkpoint(path, config_for(d), ps);
-  auto bytes = slurp(path);
-  // The raw little-endian bytes of W_B of layer 1 appear once in the file.
-  const auto& t = ps.tensor("layers/001/W_B");
-  const auto host = to_host(ps);
-  std::string raw(std::size_t(t.size()) * 8, '\0');
-  std::memcpy(&raw[0], host.data() + t.offset, raw.size());
-  const auto at = bytes.find(raw);
-  ASSERT_NE(at, std::string::npos);
-  bytes[at + 13] ^= 0x04;
-  write(path, bytes);
+  ASSERT_NE(flip_bit_in_w_b(path, ps), "");
   expect_error([&] { load_checkpoint<double>(path); }, "checksum mismatch in dataset /params/layers/001/W_B of '" +
                                                            path + "'");
   // `ash inspect` reads every dataset; --no-verify only the intact header.

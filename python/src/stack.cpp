@@ -87,39 +87,53 @@ ash::SeqShape stack_shape(std::int64_t B, std::int64_t T, const std::vector<std:
   return s;
 }
 
+// What stack_forward and stack_backward share: y0's width and the other
+// array's shape checked (`name`: "yK" or "g", never y0's buffer), y0's shape
+// with its documents, the engine of the options and the parameters.
+template <class S>
+struct StackCall {
+  ash::ModelDims d;
+  ash::SeqShape s;
+  ash::StackAdjoint<S> stack;
+  ash::ParamSet<S> ps;
+
+  StackCall(const nb::dict& params, const StackOptions& o, const Tensor3<S>& y0, const Tensor3<S>& other,
+            const char* name, const std::vector<std::int64_t>& cu_seqlens)
+      : d(checked_dims(o, y0, other, name)),
+        s(stack_shape(y0.shape(0), y0.shape(1), cu_seqlens)),
+        stack(stack_engine(o, s.T)),
+        ps(d, ash::StackAdjoint<S>::range(d)) {
+    dict_to_paramset(params, ps);
+  }
+
+  static ash::ModelDims checked_dims(const StackOptions& o, const Tensor3<S>& y0, const Tensor3<S>& other,
+                                     const char* name) {
+    const auto d = stack_dims(o);
+    ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
+                                                           ", expected the width P = " + std::to_string(d.width));
+    check_shape(other, name, y0.shape(0), y0.shape(1), y0.shape(2));
+    ash::require(y0.data() != other.data(), std::string(name) + " must not be y0");
+    return d;
+  }
+};
+
 template <class S>
 void stack_forward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> yK,
                    const std::vector<std::int64_t>& cu_seqlens) {
-  const auto d = stack_dims(o);
-  ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
-                                                         ", expected the width P = " + std::to_string(d.width));
-  check_shape(yK, "yK", y0.shape(0), y0.shape(1), y0.shape(2));
-  ash::require(y0.data() != yK.data(), "yK must not be y0");
-  const ash::SeqShape s = stack_shape(y0.shape(0), y0.shape(1), cu_seqlens);
-  ash::StackAdjoint<S> stack(stack_engine(o, s.T));
-  ash::ParamSet<S> ps(d, ash::StackAdjoint<S>::range(d));
-  dict_to_paramset(params, ps);
+  StackCall<S> c(params, o, y0, yK, "yK", cu_seqlens);
   nb::gil_scoped_release nogil;
-  stack.forward(ps, s, rows_view(y0), rows_view(yK));
+  c.stack.forward(c.ps, c.s, rows_view(y0), rows_view(yK));
   Kokkos::fence();
 }
 
 template <class S>
 nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> g,
                         const std::vector<std::int64_t>& cu_seqlens) {
-  const auto d = stack_dims(o);
-  ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
-                                                         ", expected the width P = " + std::to_string(d.width));
-  check_shape(g, "g", y0.shape(0), y0.shape(1), y0.shape(2));
-  ash::require(y0.data() != g.data(), "g must not be y0");
-  const ash::SeqShape s = stack_shape(y0.shape(0), y0.shape(1), cu_seqlens);
-  ash::StackAdjoint<S> stack(stack_engine(o, s.T));
-  ash::ParamSet<S> ps(d, ash::StackAdjoint<S>::range(d));
-  dict_to_paramset(params, ps);
-  ash::ParamSet<S> grad(d, ash::StackAdjoint<S>::range(d));
+  StackCall<S> c(params, o, y0, g, "g", cu_seqlens);
+  ash::ParamSet<S> grad(c.d, ash::StackAdjoint<S>::range(c.d));
   {
     nb::gil_scoped_release nogil;
-    stack.backward(ps, s, rows_view(y0), rows_view(g), grad);
+    c.stack.backward(c.ps, c.s, rows_view(y0), rows_view(g), grad);
     Kokkos::fence();
   }
   return paramset_to_dict(grad);

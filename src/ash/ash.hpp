@@ -12,6 +12,7 @@
 #include "ash/app/run_config.hpp"
 #include "ash/app/token_windows.hpp"
 #include "ash/app/train_run.hpp"
+#include "ash/app/upgrade_file.hpp"
 #include "ash/core/config.hpp"
 #include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"

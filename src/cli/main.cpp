@@ -27,6 +27,7 @@
 #include "ash/app/plan_run.hpp"
 #include "ash/app/run_checks.hpp"
 #include "ash/app/train_run.hpp"
+#include "ash/app/upgrade_file.hpp"
 #include "ash/ash.hpp"
 #include "ash/distributed/run_context.hpp"
 #ifdef ASH_HAVE_MPI
@@ -281,6 +282,23 @@ void run_inspect(const std::string& path, bool verify) {
   if (info.finite_values >= 0) std::printf("all %lld values finite\n", (long long)info.finite_values);
 }
 
+// ash inspect --upgrade: an old format's file rewritten as format 3 (ash::upgrade_file).
+void run_upgrade(const std::string& path, const std::string& out, bool in_place) {
+  const auto r = ash::upgrade_file(path, out, in_place);
+  const int v = r.before.format_version;
+  if (r.written.empty()) {
+    std::printf("'%s' is already checkpoint format %d (verified: every digest, all %lld values finite); nothing "
+                "written\n",
+                path.c_str(), v, (long long)r.before.finite_values);
+    return;
+  }
+  std::printf("verified '%s', checkpoint format %d: %s, all %lld values finite\n", path.c_str(), v,
+              v == 2 ? "every dataset's Fletcher-32 checksums" : "no checksums to check (format 1)",
+              (long long)r.before.finite_values);
+  std::printf("wrote '%s', checkpoint format %d: the same values with digests (read back and verified)\n",
+              r.written.c_str(), ash::checkpoint_format_version);
+}
+
 // A Hugging Face MambaForCausalLM folder as a checkpoint (ash::import_hf).
 void run_import_hf(const std::string& dir, const std::string& out, const std::string& precision,
                    std::uint64_t max_memory) {
@@ -369,10 +387,21 @@ struct Verbs {
   std::string plan_workload = "train", plan_precision;
   std::string inspect_path;
   bool inspect_no_verify = false;
+  bool inspect_upgrade = false, inspect_in_place = false;
+  std::string inspect_out;
   std::string hf_from, hf_import_out, hf_precision = "double";
   std::uint64_t hf_max_memory = 0;
   std::string hf_checkpoint, hf_export_out, hf_dtype;  // hf_dtype "": the checkpoint's precision
 };
+
+// The options several verbs take, spelled once.
+void add_max_memory(CLI::App* verb, std::uint64_t& bytes,
+                    const char* help = "refuse sizes predicted to need more bytes (default: RAM)") {
+  verb->add_option("--max-memory", bytes, help)->check(unsigned_integer());
+}
+void add_precision(CLI::App* verb, std::string& type, const char* help) {
+  verb->add_option("--precision", type, help)->check(CLI::IsMember({"float", "double"}));
+}
 
 // The verbs that write or differentiate a model.
 void add_model_verbs(CLI::App& app, Verbs& v) {
@@ -380,9 +409,8 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.init->add_option("--config", v.init_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
   v.init->add_option("--set", v.init_common.sets, "override a config key: key=value")->take_all();
   v.init->add_option("--out", v.init_out, "checkpoint to write (.h5)")->required();
-  v.init->add_option("--precision", v.init_precision, "stored parameter type")->check(CLI::IsMember({"float", "double"}));
-  v.init->add_option("--max-memory", v.init_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_precision(v.init, v.init_precision, "stored parameter type");
+  add_max_memory(v.init, v.init_common.max_memory);
 
   v.grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
   v.grad->add_option("--checkpoint", v.g.checkpoint, "model checkpoint (.h5)")->required();
@@ -391,12 +419,10 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.grad->add_option("--truncate", v.g.truncate, "window T-bar (adjoint engines)")->check(integer_in(min_int64, max_int64));
   v.grad->add_flag("--detach-inputs", v.g.detach, "stop-gradient on every layer input");
   v.grad->add_option("--chunk", v.g.chunk, "chunk length (adjoint-exact)")->check(integer_in(min_int64, max_int64));
-  v.grad->add_option("--precision", v.g.precision, "compute type (default: the checkpoint's)")
-      ->check(CLI::IsMember({"float", "double"}));
+  add_precision(v.grad, v.g.precision, "compute type (default: the checkpoint's)");
   v.grad->add_option("--set", v.g.common.sets, "override a config key: key=value")->take_all();
   v.grad->add_option("--out", v.g.out, "gradient file to write (.h5)")->required();
-  v.grad->add_option("--max-memory", v.g.common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.grad, v.g.common.max_memory);
 
   v.train = app.add_subcommand("train", "train with AdamW; progress, metrics, checkpoints");
   v.train->add_option("--config", v.train_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
@@ -404,9 +430,7 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.train->add_option("--resume", v.resume, "continue from this checkpoint");
   v.train->add_option("--until", v.until, "stop after this step (schedule unchanged; resume later)")
       ->check(integer_in(0, max_int64));
-  v.train->add_option("--max-memory", v.train_common.max_memory,
-                      "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.train, v.train_common.max_memory);
 
 }
 
@@ -418,35 +442,39 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
   v.generate->add_option("--tokens", v.gen_n, "how many tokens to sample")->check(integer_in(0, ash::max_generate_tokens));
   v.generate->add_option("--temperature", v.temperature, "softmax temperature (0: greedy)")->check(finite_number());
   v.generate->add_option("--seed", v.gen_seed, "sampling seed")->check(unsigned_integer());
-  v.generate->add_option("--max-memory", v.gen_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.generate, v.gen_max_memory);
 
   v.eval = app.add_subcommand("eval", "loss and bits per token of a checkpoint over a whole token file (forward)");
   v.eval->add_option("--checkpoint", v.eval_ckpt, "model checkpoint (.h5)")->required();
   v.eval->add_option("--tokens", v.eval_tokens, "token file: text bytes, .u16 or .u32")->required();
-  v.eval->add_option("--precision", v.eval_precision, "compute type (default: the checkpoint's)")
-      ->check(CLI::IsMember({"float", "double"}));
+  add_precision(v.eval, v.eval_precision, "compute type (default: the checkpoint's)");
   v.eval->add_option("--set", v.eval_common.sets, "override a config key: key=value (data.seq_len, data.batch)")
       ->take_all();
   v.eval->add_flag("--carry-state", v.eval_carry,
                  "stream the file as one sequence: each window starts from the previous one's state; "
                  "prints bits/token with and without the carried state");
-  v.eval->add_option("--max-memory", v.eval_common.max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_max_memory(v.eval, v.eval_common.max_memory);
 
   v.plan = app.add_subcommand("plan", "predicted peak memory per component for a configuration (no allocation)");
   v.plan->add_option("--config", v.plan_common.config_file, "JSON configuration file")->check(CLI::ExistingFile);
   v.plan->add_option("--set", v.plan_common.sets, "override a config key: key=value")->take_all();
   v.plan->add_option("--for", v.plan_workload, "train (default) or grad")->check(CLI::IsMember({"train", "grad"}));
-  v.plan->add_option("--precision", v.plan_precision, "compute type (default: run.precision)")
-      ->check(CLI::IsMember({"float", "double"}));
-  v.plan->add_option("--max-memory", v.plan_common.max_memory, "compare with this many bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_precision(v.plan, v.plan_precision, "compute type (default: run.precision)");
+  add_max_memory(v.plan, v.plan_common.max_memory, "compare with this many bytes (default: RAM)");
 
   v.inspect = app.add_subcommand("inspect", "print the configuration and the shapes in a checkpoint");
   v.inspect->add_option("checkpoint", v.inspect_path, "checkpoint (.h5)")->required();
-  v.inspect->add_flag("--no-verify", v.inspect_no_verify,
-                      "a quick look: do not read the tensors or check the digests (the structure is still checked)");
+  auto* no_verify = v.inspect->add_flag(
+      "--no-verify", v.inspect_no_verify,
+      "a quick look: do not read the tensors or check the digests (the structure is still checked)");
+  auto* upgrade = v.inspect->add_flag("--upgrade", v.inspect_upgrade,
+                                      "rewrite a format-1 or format-2 file as format 3 (with digests), after "
+                                      "every check its format has; needs --out or --in-place");
+  upgrade->excludes(no_verify);
+  auto* up_out = v.inspect->add_option("--out", v.inspect_out, "--upgrade: the format-3 file to write (a new file)");
+  auto* in_place = v.inspect->add_flag("--in-place", v.inspect_in_place, "--upgrade: replace CKPT (atomically)");
+  up_out->needs(upgrade)->excludes(in_place);
+  in_place->needs(upgrade);
 
 }
 
@@ -455,10 +483,8 @@ void add_hf_verbs(CLI::App& app, Verbs& v) {
   v.import_hf = app.add_subcommand("import-hf", "write a checkpoint from a Hugging Face MambaForCausalLM folder");
   v.import_hf->add_option("--from", v.hf_from, "folder: config.json and model.safetensors (or its index)")->required();
   v.import_hf->add_option("--out", v.hf_import_out, "checkpoint to write (.h5)")->required();
-  v.import_hf->add_option("--precision", v.hf_precision, "stored parameter type (default double)")
-      ->check(CLI::IsMember({"float", "double"}));
-  v.import_hf->add_option("--max-memory", v.hf_max_memory, "refuse sizes predicted to need more bytes (default: RAM)")
-      ->check(unsigned_integer());
+  add_precision(v.import_hf, v.hf_precision, "stored parameter type (default double)");
+  add_max_memory(v.import_hf, v.hf_max_memory);
 
   v.export_hf = app.add_subcommand("export-hf", "write a Mamba checkpoint as a folder MambaForCausalLM loads");
   v.export_hf->add_option("--checkpoint", v.hf_checkpoint, "model checkpoint (.h5, model.arch = mamba)")->required();
@@ -497,7 +523,10 @@ int run_verb(const Verbs& v) {
   } else if (*v.plan) {
     return run_plan(v.plan_common, v.plan_workload, v.plan_precision);  // "": run.precision
   } else if (*v.inspect) {
-    run_inspect(v.inspect_path, !v.inspect_no_verify);
+    if (v.inspect_upgrade)
+      run_upgrade(v.inspect_path, v.inspect_out, v.inspect_in_place);
+    else
+      run_inspect(v.inspect_path, !v.inspect_no_verify);
   } else if (*v.import_hf) {
     run_import_hf(v.hf_from, v.hf_import_out, v.hf_precision, v.hf_max_memory);
   } else if (*v.export_hf) {

@@ -264,9 +264,7 @@ double DistributedEngine<S>::compute_sequence_blockwise(const ParamSet<S>& param
                                                         const ParamSet<S>& grad) {
   const TokenView x = my_windows(x_all);
   const std::vector<View2<S>> state = my_carried_rows(params, x_all.extent(0));
-  const index_t T = grid_.layout().seq_end(x.extent(1)) - grid_.layout().seq_begin(x.extent(1));
-  const index_t blen = seq_pass_->block_length(T, x.extent(1));
-  stats_.blocks = (T + blen - 1) / blen;
+  stats_.blocks = seq_pass_->range_blocks(x.extent(1)).n;
   const double loss = seq_pass_->compute(
       params, x, target_count(x_all), carried_ ? &state : nullptr, grad,
       [this](const std::function<void()>& fn) { timed(fn); }, before_backward_);

@@ -11,7 +11,7 @@ namespace ash::dist {
 
 namespace {
 
-constexpr int tag_y = 21, tag_g = 22, tag_halo = 23;
+constexpr int tag_y = 21, tag_g = 22, tag_halo = 23, tag_h = 24, tag_replay = 25;
 
 // acc ← map ∘ acc for element-wise affine maps x ↦ a ⊙ x + b: acc_b = a ⊙ acc_b + b,
 // acc_a = a ⊙ acc_a (contiguous views of one size).
@@ -36,6 +36,10 @@ struct SequenceBlockwise<S>::Pass : BlockwisePass<S> {
   TokenView x_all, x, x_head;
   View2<S> y, yo;  // whole range, block-major: y_k and y_{k+1} (forward); y_k and g (backward)
   View2<S> ta, tb;  // one block: the recomputation's inputs and outputs
+  // Whether this range starts (ends) inside one of one process's blocks: then its
+  // first block replays from the state the range before reaches (sends its own).
+  bool replay_in = false, replay_out = false;
+  View2<S> h_replay;  // [Bt·P, N]: such a state, received
   const std::vector<View2<S>>* carried = nullptr;
   std::function<void(const std::function<void()>&)> timed;
 
@@ -68,7 +72,11 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   ps.x_head = token_block(x_rows, t_a, (t_b < T_all ? t_b + 1 : t_b) - t_a);
   ps.carried = carried;
   ps.timed = timed;
-  const TokenBlocks blocks(block_length(t_b - t_a, T_all), t_b - t_a);
+  const TokenBlocks blocks = range_blocks(T_all);
+  // One process's blocks: the whole window with a window T̄, else blockwise_block_length.
+  const index_t L = window(T_all) ? T_all : blockwise_block_length(opts_, T_all);
+  ps.replay_in = lay.seq_rank > 0 && t_a % L != 0;
+  ps.replay_out = lay.seq_rank + 1 < lay.S && t_b % L != 0;
   const index_t H = window(T_all) ? WindowHalo<S>::halo_length(lay, T_all, opts_.truncate) : 0;
   ps.start(params, ps.x, targets, blocks, opts_, carried, false,
            [&](const BlockwiseShape& sh) { return sequence_blockwise_workspace(opts_, sh, T_all, H); }, grad);
@@ -82,6 +90,7 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   recomputed.plan(ps.ws.backward);
   ps.ta = recomputed.view2("ash::seqblocks::y_block");
   ps.tb = recomputed.view2("ash::seqblocks::y_block_next");
+  ps.h_replay = recomputed.view2("ash::seqblocks::h_replay");
   const double loss = ps.last ? head(params, ps, grad) : 0.0;
   backward(params, ps, grad);
   layer_.release();
@@ -89,14 +98,17 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   return loss;
 }
 
-// Layer by layer over the range: the range's state map from its blocks, the
-// scan over the ranks, then the block-wise forward from the state before the range.
+// Layer by layer over the range, the state passed from range to range: layer
+// k of range s starts from the state range s − 1 ended layer k with, so every
+// range scans its tokens from the bits one process carries to them and stores
+// (16-bit kept inputs, block states) exactly its values. A wavefront: range s
+// runs layer k while range s − 1 runs layer k + 1 (K + S − 1 steps, not K·S).
 template <class S>
 void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
   const auto& lay = grid_.layout();
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = ps.blocks();
-  const index_t BP = ps.Bt * params.dims().width, N = params.dims().state;
+  const bool head_range = lay.seq_rank == 0, tail_range = lay.seq_rank == lay.S - 1;
   auto keep = [&](int c) {
     if (c <= ps.seg.top() && !ps.kept_input(c).empty())
       for (index_t j = 0; j < blk.n; ++j) ps.kept_input(c).put(ps.blk(ps.y, j), ps.T, blk.start(j), blk.size(j), exec);
@@ -107,41 +119,33 @@ void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
   else
     ps.timed([&] { recv(ps.y, lay.layer_rank - 1, tag_y, grid_.layers()); });
   keep(ps.k0);
-  Workspace<S> maps;  // the range's and a block's state maps
+  Workspace<S> maps;  // the state at the range's end, for the next range
   maps.plan(ps.ws.forward);
-  const View2<S> prod = maps.view2("ash::seqblocks::range_prod"), hl = maps.view2("ash::seqblocks::range_h"),
-                 pj = maps.view2("ash::seqblocks::block_prod"), hj = maps.view2("ash::seqblocks::block_h");
+  const View2<S> h_end = maps.view2("ash::seqblocks::h_end");
   for (int k = ps.k0; k < ps.k1; ++k) {
     const auto layer = params.layer(k);
-    Kokkos::deep_copy(exec, prod, S(1));
-    Kokkos::deep_copy(exec, hl, S(0));
-    for (index_t j = 0; j < blk.n; ++j) {  // the range's map h_end = prod ⊙ h_before + hl, block after block
-      const auto act_j = first_rows(ps.act, ps.fw->rows(j));
-      ssm_layer_project(layer, ps.blk(ps.y, j), act_j, exec);
-      ssm_layer_state_map(layer, ps.fw->shape(j), act_j, pj, hj, exec);
-      compose_after(prod, hl, pj, hj, exec);
-    }
     const View2<S> h0 = ps.carried ? (*ps.carried)[std::size_t(k - ps.k0)] : View2<S>();
-    if (h0.extent(0) > 0 && lay.seq_rank == 0) {  // the first range starts from the carried state:
-      Kokkos::deep_copy(exec, hj, h0);              // its map's end state, prod ⊙ h0 + hl (pj: scratch)
-      compose_after(pj, hj, prod, hl, exec);
-      Kokkos::deep_copy(exec, hl, hj);
+    if (!head_range) {  // the state before the range: the previous range's end state
+      ps.timed([&] { recv(h_end, lay.seq_rank - 1, tag_h, grid_.seq()); });
+      ps.fw->start_from(k, h_end, exec);
+    } else if (h0.extent(0) > 0) {
+      ps.fw->start_from(k, h0, exec);  // the first range starts from the carried state
     }
-    exec.fence();
-    ps.timed([&] { exscan_affine(prod, hl, grid_.seq()); });  // hl: h before this range (0 on the first)
-    if (lay.seq_rank > 0) ps.fw->start_from(k, hl, exec);
-    if (h0.extent(0) > 0 && lay.seq_rank == 0) ps.fw->start_from(k, h0, exec);
     for (index_t j = 0; j < blk.n; ++j) {
       const View2<S> h = ps.fw->advance(layer, k, j, ps.blk(ps.y, j), first_rows(ps.act, ps.fw->rows(j)),
                                         ps.blk(ps.yo, j), exec);
-      if (h0.extent(0) > 0 && j + 1 == blk.n && lay.seq_rank == lay.S - 1) Kokkos::deep_copy(exec, h0, h);
+      if (j + 1 == blk.n) Kokkos::deep_copy(exec, h_end, h);
     }
-    if (h0.extent(0) > 0) {  // every range holds the window's end state (the next window's start)
-      exec.fence();
-      ps.timed([&] { broadcast(h0, lay.S - 1, grid_.seq()); });
-    }
+    exec.fence();
+    if (!tail_range) ps.timed([&] { send(h_end, lay.seq_rank + 1, tag_h, grid_.seq()); });
+    if (tail_range && h0.extent(0) > 0) Kokkos::deep_copy(exec, h0, h_end);
     std::swap(ps.y, ps.yo);
     keep(k + 1);
+  }
+  if (ps.carried) {  // every range holds the window's end states (the next window's start), sent after
+    exec.fence();    // the wavefront so that no range waits on the last one layer by layer
+    for (const auto& h0 : *ps.carried)
+      if (h0.extent(0) > 0) ps.timed([&] { broadcast(h0, lay.S - 1, grid_.seq()); });
   }
   if (!ps.last) {
     exec.fence();
@@ -149,11 +153,17 @@ void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
   }
 }
 
+// One process replays a block from its kept state at the block's start. A
+// range that starts inside a block gets the state that replay reaches at its
+// first token from the range before (per layer), which sends it from its last
+// block; the last block goes first so that the next range waits least.
 template <class S>
 void SequenceBlockwise<S>::recompute(const ParamSet<S>& params, Pass& ps, int c, int k) {
+  const auto& lay = grid_.layout();
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = ps.blocks();
-  for (index_t j = 0; j < blk.n; ++j) {
+  for (index_t i = 0; i < blk.n; ++i) {
+    const index_t j = i == 0 ? blk.n - 1 : i - 1;
     const index_t t0 = blk.start(j), Tj = blk.size(j), rows = ps.fw->rows(j);
     const View2<S> dst = ps.blk(ps.y, j);
     View2<S> a = k == c ? dst : first_rows(ps.ta, rows), b = first_rows(ps.tb, rows);
@@ -162,12 +172,39 @@ void SequenceBlockwise<S>::recompute(const ParamSet<S>& params, Pass& ps, int c,
     else
       ps.kept_input(c).get(a, ps.T, t0, Tj, exec);
     const auto act_j = first_rows(ps.act, rows);
-    for (int l = c; l < k; ++l) {  // y_{l+1} = layer l (y_l), from the state the forward saw
+    for (int l = c; l < k; ++l) {  // y_{l+1} = layer l (y_l), from the state one process's replay has there
       const View2<S> out = l + 1 == k ? dst : b;
-      ps.fw->replay(params.layer(l), l, j, a, act_j, out, exec);
+      const bool in = j == 0 && ps.replay_in, send_on = j + 1 == blk.n && ps.replay_out;
+      if (in) ps.timed([&] { recv(ps.h_replay, lay.seq_rank - 1, tag_replay, grid_.seq()); });
+      const View2<S> h = ps.fw->replay(params.layer(l), l, j, a, act_j, out, exec, in ? ps.h_replay : View2<S>());
+      if (send_on) {
+        exec.fence();
+        ps.timed([&] { send(h, lay.seq_rank + 1, tag_replay, grid_.seq()); });
+      }
       std::swap(a, b);
     }
   }
+}
+
+// Layer k's state before the range for its backward: one process's replay of
+// layer k (from y_k as recomputed) at the range's first token when the range
+// starts inside a block (the range before replays layer k on its last block
+// and sends the end state), else the kept state.
+template <class S>
+View2<S> SequenceBlockwise<S>::replayed_start(const ParamSet<S>& params, Pass& ps, int k) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  if (ps.replay_in) ps.timed([&] { recv(ps.h_replay, lay.seq_rank - 1, tag_replay, grid_.seq()); });
+  if (ps.replay_out) {
+    const index_t j = blk.n - 1;
+    const bool from_in = j == 0 && ps.replay_in;
+    const View2<S> h = ps.fw->replay(params.layer(k), k, j, ps.blk(ps.y, j), first_rows(ps.act, ps.fw->rows(j)),
+                                     first_rows(ps.tb, ps.fw->rows(j)), exec, from_in ? ps.h_replay : View2<S>());
+    exec.fence();
+    ps.timed([&] { send(h, lay.seq_rank + 1, tag_replay, grid_.seq()); });
+  }
+  return ps.replay_in ? ps.h_replay : ps.fw->state_before(k, 0);
 }
 
 // The head on y_K recomputed from its segment, like one process (so 16-bit
@@ -253,9 +290,10 @@ void SequenceBlockwise<S>::layers_carried(const ParamSet<S>& params, Pass& ps, c
         Kokkos::deep_copy(exec, carry.A, S(1));
         carry.valid = true;
       }
+      const View2<S> h_first = replayed_start(params, ps, k);
       for (index_t j = blk.n - 1; j >= 0; --j)
-        whole_.backward_block(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j), ps.fw->state_before(k, j),
-                              &carry, grad.layer(k));
+        whole_.backward_block(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j),
+                              j == 0 ? h_first : ps.fw->state_before(k, j), &carry, grad.layer(k));
     }
   }
 }
@@ -288,8 +326,9 @@ void SequenceBlockwise<S>::layers_window(const ParamSet<S>& params, Pass& ps, co
       halo.exchange(ps.y, exec);
       halo.extend(ps.y, halo.received(), y_ext, exec);
       halo.extend(g, g_halo, g_ext, exec);  // again per layer: the halo rows are masked
-      layer_.backward_window_range(params.layer(k), SeqShape{Bt, Te, DocStarts(x_ext)}, y_ext, g_ext,
-                                   ps.fw->state_before(k, 0), ps.T, grad.layer(k));
+      const View2<S> h_first = replayed_start(params, ps, k);
+      layer_.backward_window_range(params.layer(k), SeqShape{Bt, Te, DocStarts(x_ext)}, y_ext, g_ext, h_first,
+                                   ps.T, grad.layer(k));
     }
   }
 }

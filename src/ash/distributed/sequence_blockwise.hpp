@@ -1,20 +1,27 @@
 #pragma once
 // E3 with the memory levers on sequence ranks (docs/design.md §2 E4, §8):
 // each rank holds one token range of every window, cut into token blocks.
-// The state before a range is a scan over the ranges of the same layer, so
-// the pass runs layer by layer over the range:
-//  forward   per block the projections and the block's affine state map,
-//            composed over the range; an exclusive scan over the sequence
-//            ranks gives h before the range; then the one block-wise forward
-//            from it, keeping the state before every (layer, block) and every
-//            m-th layer input in the storage format (run.storage).
+// The state before a range is where the range before it ended, so the pass
+// runs layer by layer over the range:
+//  forward   layer k starts from the end state of layer k on the previous
+//            range (a wavefront over the sequence ranks: the bits one process
+//            carries, so a range stores exactly one process's values, §2) and
+//            runs the one block-wise forward, keeping the state before every
+//            (layer, block) and every m-th layer input in the storage format
+//            (run.storage).
 //  backward  layers top down: y_k recomputed block by block from its
-//            segment's kept input and the kept states; μ's carry map over the
+//            segment's kept input and the kept states (a range that starts
+//            inside one of one process's blocks replays its first block from
+//            the state the range before it reaches there, as one process
+//            replays that block from its start); μ's carry map over the
 //            range composed from the blocks' (last first) and scanned over the
 //            ranks in reverse; then E3's backward_block per block, last first.
 //            With a window T̄ (paper mode) the range is one block and each
 //            layer's backward reads a halo of T̄ − 1 tokens of y_k and g from
 //            the next range instead (window_halo.hpp), as without levers.
+// A range's blocks are one process's blocks cut at the range's ends
+// (sequence_blocks), so it keeps the states one process keeps and replays
+// what one process replays: 16-bit storage rounds the same values (issue 35).
 // Whole-range buffers: y and the next y (forward), y_k and g (backward), in
 // block-major row order (block j's Bt·Tj rows contiguous, so a block is a
 // subview). Layer ranks exchange whole ranges (R × S).
@@ -35,8 +42,12 @@ class SequenceBlockwise {
   // opts: adjoint-exact with a memory lever; grid.layout().S > 1.
   SequenceBlockwise(const Grid& grid, const EngineOptions& opts);
   std::string name() const { return blockwise_name(layer_.name(), opts_); }
-  // Tokens per block of a range of T tokens of windows of T_all.
-  index_t block_length(index_t T, index_t T_all) const { return sequence_block_length(opts_, T, T_all); }
+  // This rank's range of windows of T_all tokens in blocks: one process's blocks
+  // cut at the range's ends (sequence_blocks).
+  TokenBlocks range_blocks(index_t T_all) const {
+    const auto& l = grid_.layout();
+    return sequence_blocks(opts_, T_all, l.seq_begin(T_all), l.seq_end(T_all));
+  }
   // x_rows: this replica's windows [Bt, T_all]; targets: the whole batch's
   // target count; carried (or null): this rank's layers' states of these
   // windows (read on the first range, written on every rank from the last).
@@ -57,6 +68,9 @@ class SequenceBlockwise {
   void layers_window(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
   // y_k of every block into ps.y from its segment's start c.
   void recompute(const ParamSet<S>& params, Pass& ps, int c, int k);
+  // h of layer k before the range as one process's backward has it (its replay
+  // from the block start before the range, received), or the kept state.
+  View2<S> replayed_start(const ParamSet<S>& params, Pass& ps, int k);
   bool window(index_t T_all) const { return opts_.truncate > 0 && opts_.truncate < T_all; }
   EngineOptions whole_opts() const {
     EngineOptions o = opts_;

@@ -60,13 +60,11 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
   w.block.projections(rb, sh.P, sh.N, e);
   w.range.add("ash::seqblocks::y", e, {sh.Bt * sh.T, sh.P}, true).add("ash::seqblocks::y_next", e,
                                                                         {sh.Bt * sh.T, sh.P}, true);
-  // h_end = prod ⊙ h_before + h over the range, and a block's
-  w.forward.add("ash::seqblocks::range_prod", e, {BP, N}, true)
-      .add("ash::seqblocks::range_h", e, {BP, N}, true)
-      .add("ash::seqblocks::block_prod", e, {BP, N}, true)
-      .add("ash::seqblocks::block_h", e, {BP, N}, true);
-  w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true).add("ash::seqblocks::y_block_next", e, {rb, sh.P},
-                                                                      true);
+  // the state at the range's end, sent to the next range (and received from the one before)
+  w.forward.add("ash::seqblocks::h_end", e, {BP, N}, true);
+  w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
+      .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true)
+      .add("ash::seqblocks::h_replay", e, {BP, N}, true);  // a replay's state from the range before
   for (const char* l : {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
                         "ash::seqblocks::block_v", "ash::seqblocks::ones"})
     w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
@@ -105,7 +103,7 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
               "carried state: expected [batch·P, N] per layer");
   }
   seg = LayerSegments(k0, k1, K, last, opts.layer_checkpoint);
-  ws = spec(shape(blocks.len));
+  ws = spec(shape(blocks.len < T ? blocks.len : T));  // the longest block (a range may be shorter than the grid)
   const auto n = LayerSegments::counts(k0, k1, K, last, opts.layer_checkpoint);
   require(n.starts == index_t(seg.starts.size()) && n.longest == index_t(seg.longest()),
           "block-wise pass: LayerSegments::counts disagrees with the segments");
@@ -191,6 +189,12 @@ index_t sequence_block_length(const EngineOptions& opts, index_t T, index_t T_al
   EngineOptions whole = opts;
   whole.truncate = 0;
   return blockwise_block_length(whole, T);
+}
+
+TokenBlocks sequence_blocks(const EngineOptions& opts, index_t T_all, index_t t_a, index_t t_b) {
+  if (opts.truncate > 0 && opts.truncate < T_all) return TokenBlocks(t_b - t_a, t_b - t_a);
+  const index_t L = blockwise_block_length(opts, T_all);
+  return TokenBlocks(L, t_b - t_a, t_a % L);
 }
 
 template <class S>

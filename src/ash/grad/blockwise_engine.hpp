@@ -38,6 +38,12 @@ index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, i
 // (dist::SequenceBlockwise): the whole range with a window T̄ < T_all (its
 // backward reads a halo past the range), else one process's length without a window.
 index_t sequence_block_length(const EngineOptions& opts, index_t T, index_t T_all);
+// The blocks of a sequence rank's range [t_a, t_b) of windows of T_all: one
+// process's blocks (blockwise_block_length of T_all) cut at the range's ends, so
+// that a block starts where one process's does or at the range's start; with a
+// window T̄ < T_all the whole range (one process's window is one block). The
+// longest is at most sequence_block_length(opts, t_b − t_a, T_all).
+TokenBlocks sequence_blocks(const EngineOptions& opts, index_t T_all, index_t t_a, index_t t_b);
 
 // "adjoint-exact (..., bf16 storage, layer checkpoint m[, carried state])": a
 // method's name with the levers of opts.

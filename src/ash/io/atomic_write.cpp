@@ -78,20 +78,6 @@ std::string random_suffix() {
   return s;
 }
 
-// Creates "<path>.tmp.XXXXXX" (mkstemp's rule: O_CREAT | O_EXCL, a fresh
-// random suffix while the name exists; O_NOFOLLOW besides), so nothing planted
-// at a predictable name, a symbolic link least of all, is ever written through.
-// Mode 0644 less the umask, as a plain create. Sets *tmp to the name.
-int create_temporary(const std::string& path, std::string* tmp) {
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    *tmp = path + ".tmp." + random_suffix();
-    const int fd = ::open(tmp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd >= 0 || errno != EEXIST) return fd;
-  }
-  errno = EEXIST;
-  return -1;
-}
-
 }  // namespace
 
 // Writes the whole file in memory (HDF5's core driver, no backing store),
@@ -122,38 +108,53 @@ void write_atomically(const std::string& path, const std::function<void(hid_t)>&
     require(H5Fget_file_image(file, image.data(), image.size()) == n, "HDF5: cannot copy the image of '" + path + "'");
   }
   fix_superblock_checksum(image);
-  std::string tmp;
-  const int fd = create_temporary(path, &tmp);
-  require(fd >= 0,
-          "cannot create '" + tmp + "': " + std::strerror(errno) + " (does the directory exist and is it writable?)");
-  auto fail = [&](const std::string& what) {
-    const int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error("cannot write '" + path + "': " + what + ": " + std::strerror(err) +
-                (err == ENOSPC || err == EFBIG || err == EDQUOT ? " (disk full or file size limit); " : "; ") +
-                "the previous file, if any, is unchanged");
-  };
-  for (std::size_t done = 0; done < image.size();) {
-    const ssize_t w = ::write(fd, image.data() + done, image.size() - done);
+  AtomicFile f(path);
+  f.write(image.data(), image.size());
+  f.commit();
+}
+
+// mkstemp's rule (O_CREAT | O_EXCL, a fresh random suffix while the name
+// exists) with O_NOFOLLOW besides; mode 0644 less the umask, as a plain create.
+AtomicFile::AtomicFile(const std::string& path) : path_(path) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    tmp_ = path + ".tmp." + random_suffix();
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ >= 0 || errno != EEXIST) break;
+  }
+  require(fd_ >= 0,
+          "cannot create '" + tmp_ + "': " + std::strerror(errno) + " (does the directory exist and is it writable?)");
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::write(const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = EIO;
-      fail("write");
-    }
-    done += std::size_t(w);
+    if (w <= 0) fail("write", w == 0 ? EIO : errno);
+    p += w;
+    n -= std::size_t(w);
   }
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error("cannot write '" + path + "': close: " + std::strerror(err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
-  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) fail("fsync", errno);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("close", errno);
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw Error("cannot rename '" + tmp_ + "' to '" + path_ + "': " + std::strerror(errno));
+  committed_ = true;
+}
+
+void AtomicFile::fail(const std::string& what, int err) {
+  throw Error("cannot write '" + path_ + "': " + what + ": " + std::strerror(err) +
+              (err == ENOSPC || err == EFBIG || err == EDQUOT ? " (disk full or file size limit); " : "; ") +
+              "the previous file, if any, is unchanged");
 }
 
 }  // namespace ash::io

@@ -353,6 +353,22 @@ Reader open_checkpoint(const std::string& path, const char* what, bool verify = 
   return r;
 }
 
+// /loss of a gradient file: a finite float scalar.
+double read_loss(const Reader& r) {
+  const std::string& path = r.path;
+  require(r.has("/loss", ObjectKind::dataset), "'" + path + "' lacks /loss");
+  Handle ds(H5Dopen2(r.file, "/loss", H5P_DEFAULT), H5Dclose);
+  require(ds.ok(), "'" + path + "': cannot open /loss (corrupt file)");
+  Handle sp(H5Dget_space(ds), H5Sclose);
+  Handle ft(H5Dget_type(ds), H5Tclose);
+  require(sp.ok() && H5Sget_simple_extent_ndims(sp) == 0 && ft.ok() && is_f32_or_f64(ft),
+          "'" + path + "': /loss is not a float scalar");
+  double loss = 0;
+  read_dataset(ds, "/loss", H5T_NATIVE_DOUBLE, &loss, r.info.format_version >= 3, path);
+  require(std::isfinite(loss), "'" + path + "': /loss is not finite");
+  return loss;
+}
+
 }  // namespace
 
 template <class S>
@@ -505,18 +521,76 @@ ParamSet<double> load_gradients(const std::string& path, const ModelDims& dims, 
   require(r.info.dims == dims, "'" + path + "' holds gradients of other model sizes");
   ParamSet<double> g(dims);
   read_paramset(r, "/grad", g);
-  if (loss) {
-    require(r.has("/loss", ObjectKind::dataset), "'" + path + "' lacks /loss");
-    Handle ds(H5Dopen2(r.file, "/loss", H5P_DEFAULT), H5Dclose);
-    require(ds.ok(), "'" + path + "': cannot open /loss (corrupt file)");
-    Handle sp(H5Dget_space(ds), H5Sclose);
-    Handle ft(H5Dget_type(ds), H5Tclose);
-    require(sp.ok() && H5Sget_simple_extent_ndims(sp) == 0 && ft.ok() && is_f32_or_f64(ft),
-            "'" + path + "': /loss is not a float scalar");
-    read_dataset(ds, "/loss", H5T_NATIVE_DOUBLE, loss, r.info.format_version >= 3, path);
-    require(std::isfinite(*loss), "'" + path + "': /loss is not finite");
-  }
+  if (loss) *loss = read_loss(r);
   return g;
+}
+
+namespace {
+
+// Every value of `path` read in its stored type S and written by this build's
+// writer: the same tensors, header values and stored configuration, with
+// format 3's digests. A file holds parameters (with what training added) or
+// gradients, as the writers make them.
+template <class S>
+void upgrade_as(const std::string& path, const std::string& out) {
+  CheckpointInfo info;
+  bool grads = false, carry = false;
+  std::vector<std::int64_t> carry_shape(3, 0);
+  {
+    const Reader r = open_checkpoint(path, "checkpoint");
+    info = r.info;
+    grads = r.has("/grad", ObjectKind::group);
+    require(!(grads && r.has("/params", ObjectKind::group)),
+            "'" + path + "' holds both /params and /grad, which no writer makes; not upgraded");
+    if (grads) {
+      ParamSet<S> g(info.dims);
+      read_paramset(r, "/grad", g);
+      const double loss = read_loss(r);
+      save_gradients(out, info.config, loss, g);
+      return;
+    }
+    carry = r.has("/train/carry_state", ObjectKind::dataset);
+    if (carry) {
+      Handle ds(H5Dopen2(r.file, "/train/carry_state", H5P_DEFAULT), H5Dclose);
+      Handle sp(H5Dget_space(ds), H5Sclose);
+      hsize_t dims[3] = {0, 0, 0};
+      require(ds.ok() && sp.ok() && H5Sget_simple_extent_ndims(sp) == 3 &&
+                  H5Sget_simple_extent_dims(sp, dims, nullptr) == 3,
+              "'" + path + "': /train/carry_state is not three-dimensional");
+      for (int i = 0; i < 3; ++i) carry_shape[std::size_t(i)] = std::int64_t(dims[i]);
+    }
+  }
+  const auto params = load_checkpoint<S>(path);
+  ParamSet<S> m(info.dims), v(info.dims);
+  std::int64_t opt_step = 0;
+  const bool opt = load_optimizer_state(path, m, v, &opt_step);
+  std::vector<View2<S>> state;
+  if (carry) {
+    for (std::int64_t k = 0; k < carry_shape[0]; ++k)
+      state.emplace_back("ash::upgrade::carry_state", carry_shape[1], carry_shape[2]);
+    load_carried_state(path, state);
+  }
+  save_checkpoint(out, info.config, params, info.step, info.data_cursor,
+                  OptimizerState<S>{opt ? &m : nullptr, opt ? &v : nullptr, opt_step, carry ? &state : nullptr,
+                                    info.data_tokens, info.data_fingerprint});
+}
+
+}  // namespace
+
+CheckpointInfo upgrade_checkpoint(const std::string& path, const std::string& out) {
+  // Every check the old format has, before anything is read for writing.
+  const CheckpointInfo before = inspect_checkpoint(path, Verify::all);
+  require(before.format_version < checkpoint_format_version,
+          "'" + path + "' is already checkpoint format " + std::to_string(before.format_version));
+  if (before.precision == "float")
+    upgrade_as<float>(path, out);
+  else
+    upgrade_as<double>(path, out);
+  // What was written, read back with every check of format 3.
+  const CheckpointInfo after = inspect_checkpoint(out, Verify::all);
+  require(after.format_version == checkpoint_format_version && after.finite_values == before.finite_values,
+          "'" + out + "': the upgraded file does not hold the values of '" + path + "'");
+  return before;
 }
 
 template void save_checkpoint<float>(const std::string&, const Config&, const ParamSet<float>&, std::int64_t,

@@ -10,7 +10,7 @@
 //   /optimizer  m/<param path>, v/<param path>, attribute step (after ash train)
 //   /train      carry_state [K, Bt·P, N] (data.carry_state only)
 //   gradients:  /loss (scalar), /grad/<same path as under /params>
-// Files are built in memory, written to "<path>.tmp.<pid>", fsynced and
+// Files are built in memory, written to a new "<path>.tmp.XXXXXX", fsynced and
 // renamed, so a failed write never replaces a good file. Reading is strict
 // (docs/file_format.md): a closed schema (only hard links, only the format's
 // objects, each dataset of the shape the model sizes give, checked before
@@ -103,5 +103,16 @@ void save_gradients(const std::string& path, const Config& cfg, double loss, con
 
 // Reads /grad/* of a gradient file into a ParamSet with the given sizes.
 ParamSet<double> load_gradients(const std::string& path, const ModelDims& dims, double* loss = nullptr);
+
+// `ash inspect --upgrade`: rewrites a checkpoint or gradient file of format 1
+// or 2 as format 3 at `out` (which may be `path`: the write is atomic, so the
+// old file stays until the new one is complete). First every check its format
+// has (inspect_checkpoint with Verify::all: the structure and shapes, Fletcher-32
+// in format 2, every value finite), then every value read in its stored
+// precision and written by save_checkpoint / save_gradients (the same tensors,
+// header values and stored configuration, with digests), then `out` read back
+// with every check of format 3. Returns the old file's information. ash::Error
+// when a check fails (nothing is written) or the file is already format 3.
+CheckpointInfo upgrade_checkpoint(const std::string& path, const std::string& out);
 
 }  // namespace ash

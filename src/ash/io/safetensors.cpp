@@ -1,16 +1,12 @@
 #include "ash/io/safetensors.hpp"
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,7 +15,7 @@
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/sizes.hpp"
-#include "ash/io/atomic_write.hpp"  // temporary_suffix_chars: the one alphabet of temporary names
+#include "ash/io/atomic_write.hpp"  // AtomicFile: the one temporary-file write
 #include "ash/kernels/half_storage.hpp"
 
 namespace fs = std::filesystem;
@@ -384,78 +380,6 @@ const SafetensorsReader& SafetensorsSet::file_of(const std::string& name) const 
 
 namespace {
 
-// Six characters of io::temporary_suffix_chars, unpredictable (the kernel's random
-// bytes; the clock, the PID and a counter mixed if none can be had).
-std::string random_suffix() {
-  static std::atomic<std::uint64_t> counter{0};
-  std::uint64_t bits = 0;
-  if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != ssize_t(sizeof bits)) {
-    timespec now{};
-    ::clock_gettime(CLOCK_REALTIME, &now);
-    bits = std::uint64_t(now.tv_sec) * 0x9e3779b97f4a7c15ull ^ std::uint64_t(now.tv_nsec) ^
-           std::uint64_t(::getpid()) << 32 ^ counter.fetch_add(1);
-    bits ^= bits >> 31, bits *= 0xbf58476d1ce4e5b9ull, bits ^= bits >> 29;  // splitmix64's finaliser
-  }
-  constexpr std::uint64_t n = sizeof(io::temporary_suffix_chars) - 1;
-  std::string s(6, '0');
-  for (auto& c : s) {
-    c = io::temporary_suffix_chars[bits % n];
-    bits /= n;
-  }
-  return s;
-}
-
-// io/atomic_write's write_atomically for a byte stream: "<path>.tmp.XXXXXX" created with
-// O_EXCL | O_NOFOLLOW (nothing planted at a name is written through), written,
-// fsynced and renamed over `path`; removed on any failure, so `path` is unchanged.
-class AtomicFile {
- public:
-  explicit AtomicFile(const std::string& path) : path_(path) {
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      tmp_ = path + ".tmp." + random_suffix();
-      fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-      if (fd_ >= 0 || errno != EEXIST) break;
-    }
-    require(fd_ >= 0, "cannot create '" + tmp_ + "': " + std::strerror(errno) +
-                          " (does the directory exist and is it writable?)");
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
-  }
-  void write(const void* data, std::size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail("write", w == 0 ? EIO : errno);
-      p += w;
-      n -= std::size_t(w);
-    }
-  }
-  void commit() {
-    if (::fsync(fd_) != 0) fail("fsync", errno);
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) fail("close", errno);
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
-      throw Error("cannot rename '" + tmp_ + "' to '" + path_ + "': " + std::strerror(errno));
-    committed_ = true;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what, int err) {
-    throw Error("cannot write '" + path_ + "': " + what + ": " + std::strerror(err) +
-                (err == ENOSPC || err == EFBIG || err == EDQUOT ? " (disk full or file size limit); " : "; ") +
-                "the previous file, if any, is unchanged");
-  }
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
 std::string json_string(const std::string& s, const std::string& what) {
   try {
     return nlohmann::json(s).dump();  // escapes as serde_json does: \" \\ \b \f \n \r \t, \u00xx
@@ -469,7 +393,7 @@ std::string json_string(const std::string& s, const std::string& what) {
 std::vector<std::pair<std::string, std::string>> torch_metadata() { return {{"format", "pt"}}; }
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
-  AtomicFile f(path);
+  io::AtomicFile f(path);
   f.write(bytes.data(), bytes.size());
   f.commit();
 }
@@ -527,7 +451,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
   require(header.size() <= max_safetensors_header, where + ": the header would be " + std::to_string(header.size()) +
                                                        " bytes, above the format's limit");
 
-  AtomicFile f(path);
+  io::AtomicFile f(path);
   unsigned char len[8];
   std::uint64_t n = header.size();
   for (auto& b : len) b = static_cast<unsigned char>(n & 0xffu), n >>= 8;

@@ -10,13 +10,18 @@
 namespace ash {
 
 // [0, T) in pieces of `len` tokens (the last may be shorter): piece j covers
-// [start(j), end(j)).
+// [start(j), end(j)). With a phase p (0 ≤ p < len), the pieces are those of a
+// grid of `len` that started p tokens before 0, cut at 0: the first is len − p
+// tokens (a sequence rank's range on one process's block grid).
 struct TokenBlocks {
-  index_t len = 1, n = 1, T = 1;
+  index_t len = 1, n = 1, T = 1, phase = 0;
   TokenBlocks() = default;
-  KOKKOS_INLINE_FUNCTION TokenBlocks(index_t len_, index_t T_) : len(len_), n((T_ + len_ - 1) / len_), T(T_) {}
-  KOKKOS_INLINE_FUNCTION index_t start(index_t j) const { return j * len; }
-  KOKKOS_INLINE_FUNCTION index_t end(index_t j) const { return (j + 1) * len < T ? (j + 1) * len : T; }  // exclusive
+  KOKKOS_INLINE_FUNCTION TokenBlocks(index_t len_, index_t T_, index_t phase_ = 0)
+      : len(len_), n((T_ + phase_ + len_ - 1) / len_), T(T_), phase(phase_) {}
+  KOKKOS_INLINE_FUNCTION index_t start(index_t j) const { return j == 0 ? 0 : j * len - phase; }
+  KOKKOS_INLINE_FUNCTION index_t end(index_t j) const {  // exclusive
+    return (j + 1) * len - phase < T ? (j + 1) * len - phase : T;
+  }
   KOKKOS_INLINE_FUNCTION index_t size(index_t j) const { return end(j) - start(j); }
 };
 

@@ -43,11 +43,13 @@ View2<S> BlockwiseForward<S>::advance(const LayerParams<S>& p, int k, index_t j,
 }
 
 template <class S>
-void BlockwiseForward<S>::replay(const LayerParams<S>& p, int k, index_t j, const View2<S>& y,
-                                 const LayerActivations<S>& act, const View2<S>& yo, const ExecSpace& exec) const {
+View2<S> BlockwiseForward<S>::replay(const LayerParams<S>& p, int k, index_t j, const View2<S>& y,
+                                     const LayerActivations<S>& act, const View2<S>& yo, const ExecSpace& exec,
+                                     const View2<S>& from) const {
   require(keep_, "BlockwiseForward: block states are not kept");
-  Kokkos::deep_copy(exec, h_run_, state_before(k, j));
+  Kokkos::deep_copy(exec, h_run_, from.extent(0) > 0 ? from : state_before(k, j));
   ssm_layer_forward(p, shape(j), y, act, yo, h_run_, exec);
+  return h_run_;
 }
 
 template class BlockwiseForward<float>;

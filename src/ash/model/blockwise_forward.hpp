@@ -33,9 +33,11 @@ class BlockwiseForward {
   // block (valid until the next call).
   View2<S> advance(const LayerParams<S>& p, int k, index_t j, const View2<S>& y, const LayerActivations<S>& act,
                    const View2<S>& yo, const ExecSpace& exec = ExecSpace());
-  // Layer k on block j again, from the kept state before it (kept block states only).
-  void replay(const LayerParams<S>& p, int k, index_t j, const View2<S>& y, const LayerActivations<S>& act,
-              const View2<S>& yo, const ExecSpace& exec = ExecSpace()) const;
+  // Layer k on block j again, from the kept state before it (kept block states
+  // only) or from `from` when given ([Bt·P, N]). Returns the state after the
+  // block (valid until the next call).
+  View2<S> replay(const LayerParams<S>& p, int k, index_t j, const View2<S>& y, const LayerActivations<S>& act,
+                  const View2<S>& yo, const ExecSpace& exec = ExecSpace(), const View2<S>& from = View2<S>()) const;
   // h before block j of layer k (kept block states only).
   View2<S> state_before(int k, index_t j) const;
 

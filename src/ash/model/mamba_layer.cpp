@@ -120,17 +120,8 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
   }
   const auto& sc = act.scan;
   impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_dt, S(0), act.dlow);
-  impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_B, S(0), sc.beta);
-  impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_C, S(0), sc.gamma);
   impl::gemm<S>(exec, "N", "T", S(1), act.dlow, p.dt_proj, S(0), sc.delta);
-  impl::decay_rates(p.A_log, sc.a, exec);
-  {
-    auto delta = sc.delta;
-    auto bd = p.dt_bias;
-    Kokkos::parallel_for(
-        "ash::mamba::delta", Range2(exec, {0, 0}, {M, E}),
-        KOKKOS_LAMBDA(const index_t m, const index_t e) { delta(m, e) = impl::softplus(delta(m, e) + bd(e)); });
-  }
+  selective_scan_inputs(p.x_B, p.x_C, p.A_log, p.dt_bias, sc, exec);
   selective_scan_forward(p.D, s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   {
     auto so = act.s;

@@ -210,18 +210,28 @@ void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in
 template <class S>
 void ssm_layer_project(const LayerParams<S>& p, const View2<S>& y_in, const LayerActivations<S>& act,
                        const ExecSpace& exec) {
-  const index_t M = y_in.extent(0), P = y_in.extent(1);
   impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec);
   impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.W_delta, S(0), act.delta);
-  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.W_B, S(0), act.beta);
-  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.W_C, S(0), act.gamma);
-  impl::decay_rates(p.A_log, act.a, exec);
+  selective_scan_inputs(p.W_B, p.W_C, p.A_log, p.b_delta, act, exec);
+}
+
+template <class S>
+void selective_scan_inputs(const Unmanaged2<S>& W_B, const Unmanaged2<S>& W_C, const Unmanaged2<S>& A_log,
+                           const Unmanaged1<S>& bias, const LayerActivations<S>& act, const ExecSpace& exec) {
+  const index_t M = act.delta.extent(0), P = act.delta.extent(1);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, W_B, S(0), act.beta);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, W_C, S(0), act.gamma);
+  impl::decay_rates(A_log, act.a, exec);
   auto delta = act.delta;
-  auto bd = p.b_delta;
+  auto bd = bias;
   // Two-dimensional: no 64-bit division per element (a host's cost here).
   Kokkos::parallel_for(
       "ash::layer_delta", Range2(exec, {0, 0}, {M, P}),
       KOKKOS_LAMBDA(const index_t m, const index_t q) { delta(m, q) = softplus(delta(m, q) + bd(q)); });
+}
+
+bool forward_scan_is_sequential(index_t T, index_t Bt, index_t P, const ExecSpace& exec) {
+  return forward_chunks(T, Bt, P, exec).n == 1;
 }
 
 template <class S>
@@ -430,6 +440,8 @@ void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in
                                             const LayerActivations<S>&, const View2<S>&, const BlockRows&,          \
                                             const LayerCotangents<S>&, const ParamPartials<S>&,                    \
                                             const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
+  template void selective_scan_inputs<S>(const Unmanaged2<S>&, const Unmanaged2<S>&, const Unmanaged2<S>&,         \
+                                        const Unmanaged1<S>&, const LayerActivations<S>&, const ExecSpace&);     \
   template void selective_scan_forward<S>(const Unmanaged1<S>&, const SeqShape&, const View2<S>&,                 \
                                          const LayerActivations<S>&, const View2<S>&, const View2<S>&,             \
                                          const ExecSpace&);                                                        \

@@ -91,11 +91,25 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io = View2<S>(),
                        const ExecSpace& exec = ExecSpace());
 
+// Whether the forward scan of Bt sequences of T tokens and P channels on `exec`
+// runs token by token in one chunk (a host with Bt·P ≥ 8 threads' worth of
+// channels, or T ≤ 64): then cutting the tokens anywhere and carrying the state
+// across the cut gives the same bits; chunked, only cuts where a block starts do.
+bool forward_scan_is_sequential(index_t T, index_t Bt, index_t P, const ExecSpace& exec = ExecSpace());
+
 // The scan alone, on projections already in act (what ssm_layer_forward runs
 // after ssm_layer_project).
 template <class S>
 void ssm_layer_scan(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in, const LayerActivations<S>& act,
                     const View2<S>& y_out, const View2<S>& state_io = View2<S>(), const ExecSpace& exec = ExecSpace());
+
+// The scan core's inputs from ŷ (act.yhat) and Δ before its bias (act.delta),
+// how both architectures' projections end: β = ŷ W_Bᵀ, γ = ŷ W_Cᵀ,
+// a = −exp(A_log), Δ ← softplus(Δ + bias).
+template <class S>
+void selective_scan_inputs(const Unmanaged2<S>& W_B, const Unmanaged2<S>& W_C, const Unmanaged2<S>& A_log,
+                           const Unmanaged1<S>& bias, const LayerActivations<S>& act,
+                           const ExecSpace& exec = ExecSpace());
 
 // The selective-scan core both architectures share (docs/design.md §1): over
 // the P channels of act (ŷ is the scan input: an SSM-ResNet's normed input, a

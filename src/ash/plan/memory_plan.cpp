@@ -153,7 +153,12 @@ struct Planner {
     // A window T̄ < T: each range one block, and a halo of T̄ − 1 tokens from the next range.
     const bool window = o.truncate > 0 && o.truncate < cfg.data.seq_len;
     const std::int64_t blen = sequence_block_length(o, Ti, cfg.data.seq_len);
-    const double nb = double((Ti + blen - 1) / blen), rb = B * double(blen), state = B * P * N * S;
+    // The most blocks a range has (one process's blocks cut at the range's ends).
+    std::int64_t nblocks = 1;
+    const std::int64_t Tall = cfg.data.seq_len, Sr = cfg.dist.seq_ranks;
+    for (std::int64_t s = 0; s < Sr; ++s)
+      nblocks = std::max<std::int64_t>(nblocks, sequence_blocks(o, Tall, Tall * s / Sr, Tall * (s + 1) / Sr).n);
+    const double nb = double(nblocks), rb = B * double(blen), state = B * P * N * S;
     const double H = window ? double(std::min<std::int64_t>(o.truncate - 1, Ti)) : 0.0, Te = T + H;
     const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), cfg.data.seq_len, std::int64_t(H));
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
@@ -161,8 +166,8 @@ struct Planner {
     persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
     persistent.push_back({"block projections", ws.block.bytes()});
     if (o.carry_state) persistent.push_back({"carried state", carried_state()});
-    phases.push_back({"forward", {{"range state maps (product, state; a block's)", ws.forward.bytes()}}});
-    const Items blocks{{"recomputed blocks (in, out)", ws.backward.bytes()},
+    phases.push_back({"forward", {{"the state at the range's end (to the next range)", ws.forward.bytes()}}});
+    const Items blocks{{"recomputed blocks (in, out), a replay's state", ws.backward.bytes()},
                        {"carry maps (range, block; ones)", ws.carry_maps.bytes()}};
     if (lr.head) {
       Items head_phase(blocks.begin(), blocks.begin() + 1);
