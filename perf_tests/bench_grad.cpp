@@ -2,7 +2,7 @@
 //   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
 //                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
-//                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16]
+//                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16] [--arch ssm-resnet|mamba]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
 // (what `ash eval` runs), the baseline the gradient's cost is measured against.
 // --profile prints the time per kernel (KernelProfiler) of the last repetition. Peak bytes are the Kokkos Tools
@@ -12,7 +12,9 @@
 // (docs/design.md §6): the backend's default, the wave buffers (a host's) or
 // the fused kernels (every backend's default); rows carry it as "e3_form".
 // --matmul is run.matmul (float only; docs/design.md §6) for the forward and
-// every engine; rows carry it as "matmul".
+// every engine; rows carry it as "matmul". --arch mamba benchmarks a Mamba (model.arch,
+// design.md §1; expand 2, conv kernel 4, dt_rank ⌈D/16⌉, transformers' defaults) of
+// D = --width: E1 and E3's exact mode are what it runs.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -64,12 +66,13 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   const double med = times[times.size() / 2];
   if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
   const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
-  const bool fused = e3 && ash::e3_fused_form(o, T);
+  const bool fused = e3 && !d.mamba() && ash::e3_fused_form(o, T);  // a Mamba's scan runs the waves
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
           {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"}, {"matmul", ash::matmul_name(o.matmul)},
           {"seconds", med},           {"us_per_token", 1e6 * med / double(batch * T)},
           {"peak_bytes", peak},       {"space", space}, {"loss", loss},
-          {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab}};
+          {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab},
+          {"arch", ash::arch_name(d.arch)}};
 }
 
 }  // namespace
@@ -79,7 +82,7 @@ int main(int argc, char* argv[]) {
   ash::MemoryTracker::install();
   CLI::App app{"AdjointSharding gradient-engine benchmark"};
   std::string engines = "backprop,adjoint,adjoint:256,adjoint:64,adjoint-exact", Ts = "256,1024,4096",
-              precision = "double", json_out, e3_form = "auto", matmul = "fp32";
+              precision = "double", json_out, e3_form = "auto", matmul = "fp32", arch = "ssm-resnet";
   ash::ModelDims d;
   long long batch = 1, chunk = 64, wave = 0;
   bool profile = false;
@@ -103,13 +106,15 @@ int main(int argc, char* argv[]) {
       ->check(CLI::IsMember({"auto", "waves", "fused"}));
   app.add_option("--matmul", matmul, "run.matmul: fp32, tf32 or bf16 (float only)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
+  app.add_option("--arch", arch, "model.arch: ssm-resnet or mamba")->check(CLI::IsMember({"ssm-resnet", "mamba"}));
   CLI11_PARSE(app, argc, argv);
+  d.arch = ash::parse_arch(arch);
 
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];
-  std::printf("# %s\n# Kokkos %d, exec space %s, concurrency %d; V=%lld P=%lld N=%lld K=%lld batch=%lld %s\n",
+  std::printf("# %s\n# Kokkos %d, exec space %s, concurrency %d; %s V=%lld P=%lld N=%lld K=%lld batch=%lld %s\n",
               cmd.c_str(), KOKKOS_VERSION, ash::ExecSpace::name(), int(ash::ExecSpace().concurrency()),
-              (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
+              arch.c_str(), (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
               precision.c_str());
   std::printf("%-28s %8s %12s %14s %14s %8s %10s\n", "engine", "T", "seconds", "us/token", "peak", "vs E1",
               "loss");
