@@ -4,6 +4,7 @@
 #include "ash/kernels/blas.hpp"
 #include "ash/kernels/chunked_scan.hpp"
 #include "ash/kernels/rms_norm.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 namespace ash {
 
@@ -48,6 +49,8 @@ MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_
       gyhat("ash::mamba::cot::gyhat", rows, d.width),
       norm_part(Kokkos::view_alloc(std::string("ash::mamba::cot::norm_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), d.width),
+      conv_part(Kokkos::view_alloc(std::string("ash::mamba::cot::conv_part"), Kokkos::WithoutInitializing),
+                impl::row_blocks(rows), d.inner() * (d.conv_kernel + 1)),
       scan(rows, d.inner(), d.state, scan_partials) {}
 
 template <class S>
@@ -225,27 +228,44 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
         }
         gx(m, e) = acc;
       });
+  // Into w_conv and b_conv in two levels (kernels/row_sums.hpp): one thread per
+  // (row block, channel) walks its rows in order and adds each tap into its
+  // partial sums (consecutive channels read adjacent memory, where one thread per
+  // (channel, tap) over the whole window read a new cache line per token), then
+  // each (channel, tap) adds its blocks in order: bitwise repeatable.
+  const index_t taps = Kc + 1, nblk = impl::row_blocks(M);  // tap Kc is the bias
+  auto part = cot.conv_part;
+  require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == E * taps,
+          "mamba_mixer_backward_dense: conv partial sums of another size");
+  Kokkos::parallel_for(
+      "ash::mamba::conv_backward_w", Range(exec, 0, nblk * E), KOKKOS_LAMBDA(const index_t i) {
+        const index_t blk = i / E, e = i % E, c0 = e * taps;
+        const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
+        for (index_t j = 0; j < taps; ++j) part(blk, c0 + j) = 0;
+        for (index_t m = blk * impl::reduce_rows; m < r1; ++m) {
+          const index_t b = m / T, t = m % T;
+          const S gcm = gc(m, e);
+          part(blk, c0 + Kc) += gcm;
+          // the forward's taps: back from the token, none before the window or its document
+          for (index_t k = 0; k < Kc && k <= t; ++k) {
+            part(blk, c0 + Kc - 1 - k) += gcm * x(m - k, e);
+            if (docs.at(b, t - k)) break;
+          }
+        }
+      });
   auto gw = grad.conv_weight;
   auto gb = grad.conv_bias;
   Kokkos::parallel_for(
-      "ash::mamba::conv_backward_w", Range(exec, 0, E * (Kc + 1)), KOKKOS_LAMBDA(const index_t i) {
-        const index_t e = i / (Kc + 1), j = i % (Kc + 1), k = Kc - 1 - j;  // tap j reads k tokens back
-        S acc = 0;
-        for (index_t b = 0; b < Bt; ++b) {
-          index_t first = 0;  // the first token of the document holding t
-          for (index_t t = 0; t < T; ++t) {
-            if (docs.at(b, t)) first = t;
-            const index_t m = b * T + t;
-            if (j == Kc)
-              acc += gc(m, e);
-            else if (t - k >= first)
-              acc += gc(m, e) * x(m - k, e);
-          }
-        }
-        if (j == Kc)
-          gb(e) += acc;
-        else
-          gw(e, j) += acc;
+      "ash::mamba::conv_backward_w_sum", impl::BlockSumPolicy(exec, E * taps, impl::block_sum_team),
+      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+        const index_t c = team.league_rank(), e = c / taps, j = c % taps;
+        const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, c); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          if (j == Kc)
+            gb(e) += acc;
+          else
+            gw(e, j) += acc;
+        });
       });
   impl::gemm<S>(exec, "T", "N", S(1), cot.gx, act.yhat, S(1), grad.in_x);
   impl::gemm<S>(exec, "T", "N", S(1), cot.gz, act.yhat, S(1), grad.in_z);

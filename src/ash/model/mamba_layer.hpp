@@ -72,6 +72,7 @@ struct MambaCotangents {
   View2<S> gdlow;  // ∂L/∂δ [M, R]
   View2<S> gyhat;  // ∂L/∂ŷ [M, D]
   View2<S> norm_part;  // RMSNorm's weight-gradient partial sums [row_blocks(M), D]
+  View2<S> conv_part;  // the conv's weight and bias partial sums [row_blocks(M), E·(Kc+1)]
   LayerCotangents<S> scan;  // the scan core's, over E channels
   // scan_partials = false leaves the scan's row-block partial sums empty (E3
   // runs the scan's VJP per wave, into its own wave cotangents).

@@ -200,7 +200,7 @@ struct Planner {
   // A Mamba (model.arch = "mamba"): E1 or E3 over the whole window (mamba_backprop);
   // under E2 (ash eval's sizing) the forward alone, one block at a time.
   std::string mamba(Items& persistent, Phases& phases) const {
-    const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
+    const double E = double(cfg.model.inner()), R = double(cfg.model.rank()), Kc = double(cfg.model.conv_kernel);
     const std::string layer_inputs = " layer inputs";
     const double rb = std::ceil(M / double(impl::reduce_rows));
     const LayerShape scan{std::int64_t(B), Ti, cfg.model.inner(), cfg.model.state, std::size_t(S)};
@@ -221,7 +221,7 @@ struct Planner {
       const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
       phases.push_back({"backward of the top block",
                         {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
-                         {"cotangents (whole window)", (M * (3 * E + R + P) + rb * P) * S + cot_e},
+                         {"cotangents (whole window)", (M * (3 * E + R + P) + rb * (P + E * (Kc + 1))) * S + cot_e},
                          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}}});
       phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
       return "adjoint-exact (model.arch=mamba)";
@@ -231,12 +231,13 @@ struct Planner {
     phases.push_back(
         {"head",
          {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
-    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E
+    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm and conv partials; the scan's LayerCotangents over E
     // (its workspace spec) and E1's scan carries over E (e1_reverse_scan's, for each call)
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, true, scan.scalar_bytes).bytes();
     phases.push_back({"backward of the top block",
                       {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
-                       {"mu + cotangents (whole window)", M * E * N * S + (M * (3 * E + R + P) + rb * P) * S + cot_e},
+                       {"mu + cotangents (whole window)",
+                        M * E * N * S + (M * (3 * E + R + P) + rb * (P + E * (Kc + 1))) * S + cot_e},
                        {"E1 chunk carries", e1_scan_workspace(o.chunk, scan).bytes()}}});
     phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
     return "backprop (model.arch=mamba)";
