@@ -60,11 +60,12 @@ MambaState<S>::MambaState(index_t batch, const ModelDims& d)
 
 namespace {
 
-// mamba_layer_forward, with a carried state or (null) without.
+// mamba_layer_forward, with a carried state or (null) without; without y_out
+// (extent 0) it stops after the gate, or before the scan: mamba_layer_activations.
 template <class S>
 void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                   const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>* state,
-                  const ExecSpace& exec) {
+                  const ExecSpace& exec, MambaUpTo upto = MambaUpTo::gate) {
   const index_t M = y_in.extent(0), E = d.inner(), T = s.T, Kc = d.conv_kernel;
   require(M == s.rows() && index_t(act.x.extent(0)) == M, "mamba_layer_forward: activations of another size");
   const bool carry = state != nullptr;
@@ -134,6 +135,7 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
         "ash::mamba::delta", Range2(exec, {0, 0}, {M, E}),
         KOKKOS_LAMBDA(const index_t m, const index_t e) { delta(m, e) = impl::softplus(delta(m, e) + bd(e)); });
   }
+  if (upto == MambaUpTo::scan_inputs) return;
   selective_scan_forward(p.D, s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   {
     auto so = act.s;
@@ -143,6 +145,7 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
         "ash::mamba::gate", Range2(exec, {0, 0}, {M, E}),
         KOKKOS_LAMBDA(const index_t m, const index_t e) { o(m, e) = so(m, e) * silu(z(m, e)); });
   }
+  if (y_out.extent(0) == 0) return;
   Kokkos::deep_copy(exec, y_out, y_in);
   impl::gemm<S>(exec, "N", "T", S(1), act.o, p.out_proj, S(1), y_out);
 }
@@ -160,6 +163,68 @@ void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const
                          const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>& state,
                          const ExecSpace& exec) {
   forward_impl(p, d, s, y_in, act, y_out, &state, exec);
+}
+
+template <class S>
+void mamba_layer_activations(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y_in, const MambaActivations<S>& act, MambaUpTo upto,
+                             const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, View2<S>(), static_cast<const MambaState<S>*>(nullptr), exec, upto);
+}
+
+template <class S>
+void mamba_gate_backward_first(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                               const MambaCotangents<S>& cot, const ExecSpace& exec) {
+  const index_t M = act.z.extent(0), E = act.z.extent(1);
+  impl::gemm<S>(exec, "N", "N", S(1), g, p.out_proj, S(0), cot.gz);  // ∂L/∂o, until the second half
+  auto go = cot.gz;
+  auto gs = cot.gs;
+  auto z = act.z;
+  Kokkos::parallel_for(
+      "ash::mamba::gate_backward_s", Range2(exec, {0, 0}, {M, E}),
+      KOKKOS_LAMBDA(const index_t m, const index_t e) { gs(m, e) = go(m, e) * silu(z(m, e)); });
+}
+
+template <class S>
+void mamba_gate_backward_second(const MambaActivations<S>& act, const View2<S>& g, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const ExecSpace& exec) {
+  const index_t M = act.z.extent(0), E = act.z.extent(1);
+  auto gz = cot.gz;
+  auto so = act.s;
+  auto z = act.z;
+  auto o = act.o;
+  Kokkos::parallel_for(
+      "ash::mamba::gate_backward_z", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
+        const S zv = z(m, e), sv = so(m, e);
+        o(m, e) = sv * silu(zv);
+        gz(m, e) = gz(m, e) * sv * silu_grad(zv);
+      });
+  impl::gemm<S>(exec, "T", "N", S(1), g, act.o, S(1), grad.out_proj);
+}
+
+template <class S>
+void mamba_scan_output_rows(const Unmanaged1<S>& D, const SeqShape& s, const MambaActivations<S>& act,
+                            const BlockRows& rows, const View3<S>& hprev, const View3<S>& A, const ExecSpace& exec) {
+  const auto& sc = act.scan;
+  const index_t E = sc.delta.extent(1), N = sc.beta.extent(1), R = s.batch * rows.W;
+  require(rows.T == s.T && index_t(hprev.extent(0)) >= R && index_t(A.extent(0)) >= R &&
+              index_t(hprev.extent(1)) == E && index_t(hprev.extent(2)) == N && index_t(A.extent(1)) == E &&
+              index_t(A.extent(2)) == N,
+          "mamba_scan_output_rows: wave buffers of another size");
+  auto so = act.s;
+  auto u = sc.yhat;
+  auto delta = sc.delta;
+  auto beta = sc.beta;
+  auto gamma = sc.gamma;
+  const BlockRows map = rows;
+  Kokkos::parallel_for(
+      "ash::mamba::scan_output_rows", Range(exec, 0, R * E), KOKKOS_LAMBDA(const index_t i) {
+        const index_t r = i / E, e = i % E, m = map(r);
+        const S du = delta(m, e) * u(m, e);
+        S out = 0;
+        for (index_t n = 0; n < N; ++n) out += gamma(m, n) * (A(r, e, n) * hprev(r, e, n) + du * beta(m, n));
+        so(m, e) = D(e) * u(m, e) + out;
+      });
 }
 
 template <class S>
@@ -284,6 +349,16 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
   template void mamba_layer_forward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,             \
                                        const View2<S>&, const MambaActivations<S>&, const View2<S>&,              \
                                        const MambaState<S>&, const ExecSpace&);                                   \
+  template void mamba_layer_activations<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,         \
+                                           const View2<S>&, const MambaActivations<S>&, MambaUpTo,                \
+                                           const ExecSpace&);                                                     \
+  template void mamba_gate_backward_first<S>(const MambaLayerParams<S>&, const MambaActivations<S>&,              \
+                                             const View2<S>&, const MambaCotangents<S>&, const ExecSpace&);       \
+  template void mamba_gate_backward_second<S>(const MambaActivations<S>&, const View2<S>&,                        \
+                                              const MambaCotangents<S>&, const MambaLayerParams<S>&,              \
+                                              const ExecSpace&);                                                  \
+  template void mamba_scan_output_rows<S>(const Unmanaged1<S>&, const SeqShape&, const MambaActivations<S>&,     \
+                                          const BlockRows&, const View3<S>&, const View3<S>&, const ExecSpace&);  \
   template void mamba_gate_backward<S>(const MambaLayerParams<S>&, const MambaActivations<S>&, const View2<S>&,   \
                                        const MambaCotangents<S>&, const MambaLayerParams<S>&, const ExecSpace&);  \
   template void mamba_mixer_backward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,            \
