@@ -42,10 +42,11 @@ void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangen
 namespace {
 
 // E3 for a Mamba (docs/design.md §2): the forward keeps each block's input
-// y_{k-1} only; the reverse pass recomputes one block's projections from it
-// (one MambaActivations, projections only, reused by every block), and E3's
-// scan machinery forms μ, h^{t-1} and A^t wave by wave for the scan's VJP,
-// so no [M, E, N] buffer of the whole window exists.
+// y_{k-1} only; the reverse pass recomputes one block's activations from it up
+// to the scan's inputs (one MambaActivations, projections only, reused by every
+// block), and E3's scan machinery forms μ, h^{t-1} and A^t wave by wave for the
+// scan's VJP and the scan's output s (so the scan runs forward once per block
+// in the reverse pass), and no [M, E, N] buffer of the whole window exists.
 template <class S>
 double mamba_adjoint_exact(const EngineOptions& opts, const ParamSet<S>& params, const TokenView& x,
                            const ParamSet<S>& grad, const ExecSpace& exec) {
@@ -61,24 +62,27 @@ double mamba_adjoint_exact(const EngineOptions& opts, const ParamSet<S>& params,
   for (int k = 0; k < K; ++k) mamba_layer_forward(params.mamba_layer(k), d, s, ys[k], act, ys[k + 1], exec);
   const View2<S> g("ash::g", s.rows(), d.width);
   const double loss = head_loss<S>(params.global(), x, ys[K], g, &gglobal, opts.head_chunk, 0, exec);
-  const View2<S> y_out = ys[K];  // y_K's buffer takes each recomputed block's output (unread)
-  ys[K] = View2<S>();
+  ys[K] = View2<S>();  // the recomputation stops at the gate: no block output again
   {
     const MambaCotangents<S> cot(s.rows(), d, false);
     Workspace<S> work;
     for (int k = K - 1; k >= 0; --k) {
       const auto p = params.mamba_layer(k);
       const auto gk = grad.mamba_layer(k);
-      mamba_layer_forward(p, d, s, ys[k], act, y_out, exec);  // block k's projections again
-      mamba_gate_backward(p, act, g, cot, gk, exec);
+      // block k's activations again, up to the scan's inputs: the waves below
+      // replay h^{t-1} and A^t, which give s without a second forward scan
+      mamba_layer_activations(p, d, s, ys[k], act, MambaUpTo::scan_inputs, exec);
+      mamba_gate_backward_first(p, act, g, cot, exec);  // ∂L/∂s needs no s
       const auto& sg = cot.scan;
       const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                         const View3<S>& A, const LayerCotangents<S>& wc) {
+        mamba_scan_output_rows(p.D, s, act, rb, hprev, A, exec);
         selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
                                      ScanParamGrads<S>{gk.A_log, gk.D, gk.dt_bias}, exec);
         impl::mamba_wave_rows(s, rb, wc, sg, exec);
       };
       adjoint_exact_scan_waves(opts, work, s, act.scan, cot.gs, on_wave, exec);
+      mamba_gate_backward_second(act, g, cot, gk, exec);  // s complete: o, W_out's gradient, ∂L/∂z
       mamba_mixer_backward_dense(p, d, s, ys[k], act, cot, gk, g, exec);
       ys[k] = View2<S>();
     }

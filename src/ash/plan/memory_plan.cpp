@@ -210,7 +210,7 @@ struct Planner {
       return "forward only (model.arch=mamba: E1 and E3 are its gradients yet)";
     }
     if (o.method == Method::adjoint_exact) {
-      // E3: the K+1 layer inputs, one block's projections (recomputed per block), and
+      // E3: the K+1 layer inputs (K in the backward), one block's activations (recomputed per block), and
       // in the backward MambaCotangents with the scan's cotangents of every row (no
       // row partials) and E3's scan workspace (its spec): waves, never [M, E, N].
       persistent.push_back({"block projections (one block)", mamba_acts(M, false)});
@@ -220,7 +220,7 @@ struct Planner {
            {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
       const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
       phases.push_back({"backward of the top block",
-                        {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
+                        {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
                          {"cotangents (whole window)", (M * (3 * E + R + P) + rb * (P + E * (Kc + 1))) * S + cot_e},
                          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}}});
       phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
