@@ -177,26 +177,34 @@ void e3_waves(const ScanView<S>& L, const Chunks chunks, index_t Bt, const View3
 }  // namespace impl
 
 namespace {
-EngineOptions scan_wave_options(const EngineOptions& opts) {
+// A Mamba's scan runs the wave form, whose three [Bt·W, E, N] buffers the VJPs
+// read right after the scans: on a host, "auto" sizes W so that each holds at most
+// 2^19 numbers (one 64-token chunk at E·N = 8192; the default 1024 tokens made
+// them 32 MiB each there, and the gradient 1.6x slower: perf_tests/RESULTS.md),
+// and never more than the default's 1024 tokens.
+EngineOptions scan_wave_options(const EngineOptions& opts, index_t state_per_token) {
   EngineOptions o = opts;
   o.e3_fused = false;
   o.detach_inputs = false;
   o.truncate = 0;
+  constexpr index_t host_wave_state = index_t(1) << 19, host_wave = 1024;
+  if (host_backend && o.wave == 0)
+    o.wave = std::max<index_t>(1, std::min(host_wave, host_wave_state / std::max<index_t>(1, state_per_token)));
   return o;
 }
 }  // namespace
 
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh) {
-  return adjoint_exact_workspace(scan_wave_options(opts), sh);
+  return adjoint_exact_workspace(scan_wave_options(opts, sh.batch * sh.P * sh.N), sh);
 }
 
 template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
                               const ExecSpace& exec) {
-  const EngineOptions opts = scan_wave_options(opts_in);
-  require(opts.chunk >= 1 && opts.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
   const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
+  require(opts_in.chunk >= 1 && opts_in.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
+  const EngineOptions opts = scan_wave_options(opts_in, Bt * P * N);
   const index_t C = opts.chunk < T ? opts.chunk : T;
   const Chunks chunks(C, T);
   const index_t W = e3_wave_length(opts, T, Bt * P * N);
