@@ -57,6 +57,15 @@ if "$ASH_PY_VENV/bin/python" -c "import torch" 2>/dev/null && \
     --no-deps --no-build-isolation "einops==0.8.1" "mamba-ssm==2.3.2.post1" || \
     echo "[setup] mamba-ssm could not be installed: mamba_baseline_smoke will be skipped" >&2
 fi
+# mambapy: the parallel scan transformers runs with use_mambapy=True (without the package it
+# silently runs its recurrent loop), for perf_tests/mamba_cpu_vs_hf.py and its ctest smoke;
+# --no-deps: it needs only torch.
+if "$ASH_PY_VENV/bin/python" -c "import torch" 2>/dev/null && \
+   ! "$ASH_PY_VENV/bin/python" -c "import mambapy.pscan" 2>/dev/null; then
+  echo "[setup] adding mambapy to $ASH_PY_VENV"
+  "$ASH_PY_VENV/bin/pip" install -q --disable-pip-version-check --no-deps "mambapy==1.2.0" || \
+    echo "[setup] mambapy could not be installed: mamba_cpu_vs_hf_smoke will be skipped" >&2
+fi
 export ASH_CMAKE_ARGS="${ASH_CMAKE_ARGS:-} -DASH_ORACLE_PYTHON=$ASH_VENV/bin/python"
 export ASH_CMAKE_ARGS="$ASH_CMAKE_ARGS -DASH_ENABLE_PYTHON=ON -DPython_EXECUTABLE=$ASH_PY_VENV/bin/python"
 source "$(dirname "${BASH_SOURCE[0]}")/../cmake/setup.sh"

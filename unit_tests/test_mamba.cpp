@@ -6,6 +6,7 @@
 // the oracle of python/tests/test_mamba.py; this checks the same code without Python.
 #include <algorithm>
 
+#include "ash/kernels/row_sums.hpp"
 #include "test_helpers.hpp"
 
 namespace ash::test {
@@ -102,6 +103,36 @@ TEST_P(MambaFD, EveryTensorMatchesCentralDifferences) {
 INSTANTIATE_TEST_SUITE_P(Cases, MambaFD,
                          ::testing::Values(FDCase{1, true, false, 4}, FDCase{2, false, false, 3},
                                            FDCase{2, true, true, 4}, FDCase{3, false, true, 2}));
+
+// The conv's weight and bias gradients are sums over row blocks of impl::reduce_rows
+// tokens (two-level, mamba_mixer_backward_dense): a window of several blocks, with
+// documents that start just before, at and after block boundaries and a conv reach
+// that crosses them, against central differences, for E1 and E3.
+TEST(Mamba, ConvGradientOverSeveralRowBlocks) {
+  const auto d = mamba_dims(1, true, 4);
+  auto ps = fd_model(d, 77);
+  const index_t T = impl::reduce_rows + 22, B = 2;  // rows 0..2·T-1: three blocks
+  const index_t rb = impl::reduce_rows;
+  auto x = with_starts(random_tokens(B, T, d.vocab, 78), {rb - 2, rb + 1, T + 10, 2 * rb, 2 * rb + 2});
+  const auto loss_of = [&](const ParamSet<double>& q) { return forward_loss(q, x); };
+  const auto f1 = finite_difference(ps, loss_of, 1e-3), f2 = finite_difference(ps, loss_of, 5e-4);
+  std::vector<double> fd(f1.size());
+  for (std::size_t i = 0; i < fd.size(); ++i) fd[i] = (4 * f2[i] - f1[i]) / 3;
+  for (const auto method : {Method::backprop, Method::adjoint_exact}) {
+    ParamSet<double> grad(d);
+    EngineOptions o;
+    o.method = method;
+    make_engine<double>(o)->compute(ps, x, grad);
+    const auto g = to_host(grad);
+    int checked = 0;
+    for (const auto& t : grad.tensors())
+      if (t.name.find("conv_") != std::string::npos) {
+        EXPECT_LE(rel_l2(g, fd, t.offset, t.size()), 1e-6) << t.name << " (" << method_name(method) << ")";
+        ++checked;
+      }
+    EXPECT_EQ(checked, 2);
+  }
+}
 
 // A document's numbers are those of the document alone: the conv and the scan see
 // nothing before a start (the loss of a window of two documents is the

@@ -201,26 +201,34 @@ void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangen
 }  // namespace impl
 
 namespace {
-// The scan part alone runs the wave form; detachment is its caller's (the dense VJPs).
-EngineOptions scan_wave_options(const EngineOptions& opts) {
+// The scan part alone runs the wave form; detachment is its caller's (the dense
+// VJPs), the window T̄ its own. A Mamba's scan: its three [Bt·W, E, N] wave
+// buffers are read by the VJPs right after the scans, so on a host "auto"
+// sizes W so that each holds at most 2^19 numbers (one 64-token chunk at
+// E·N = 8192; the default 1024 tokens made them 32 MiB each there, and the
+// gradient 1.6x slower: perf_tests/RESULTS.md), never more than 1024 tokens.
+EngineOptions scan_wave_options(const EngineOptions& opts, index_t state_per_token) {
   EngineOptions o = opts;
   o.e3_fused = false;
   o.detach_inputs = false;
+  constexpr index_t host_wave_state = index_t(1) << 19, host_wave = 1024;
+  if (host_backend && o.wave == 0)
+    o.wave = std::max<index_t>(1, std::min(host_wave, host_wave_state / std::max<index_t>(1, state_per_token)));
   return o;
 }
 }  // namespace
 
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh) {
-  return adjoint_exact_workspace(scan_wave_options(opts), sh);
+  return adjoint_exact_workspace(scan_wave_options(opts, sh.batch * sh.P * sh.N), sh);
 }
 
 template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
                               const ExecSpace& exec) {
-  const EngineOptions opts = scan_wave_options(opts_in);
-  require(opts.chunk >= 1 && opts.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
   const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
+  require(opts_in.chunk >= 1 && opts_in.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
+  const EngineOptions opts = scan_wave_options(opts_in, Bt * P * N);
   const index_t C = opts.chunk < T ? opts.chunk : T;
   const Chunks chunks(C, T);
   const index_t W = e3_wave_length(opts, T, Bt * P * N);
@@ -276,16 +284,21 @@ void AdjointExactLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStor
   const ExecSpace& exec = this->exec_;
   const MambaLayerParams<S>& p = lp.mamba;
   const MambaLayerParams<S>& gk = lgrad.mamba;
-  const auto& act = store.mamba_activations(p, k, exec);
+  // The block's activations again only up to the scan's inputs: the waves
+  // replay h^{t-1} and A^t, which give the scan's output s without a second
+  // forward scan, and the gate's VJP is split around them (∂L/∂s needs no s).
+  const auto& act = store.mamba_activations(p, k, exec, MambaUpTo::scan_inputs);
   const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, false);
-  mamba_gate_backward(p, act, g, cot, gk, exec);
+  mamba_gate_backward_first(p, act, g, cot, exec);
   const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                     const View3<S>& A, const LayerCotangents<S>& wc) {
+    mamba_scan_output_rows(p.D, s, act, rb, hprev, A, exec);
     selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
                                  ScanParamGrads<S>{gk.A_log, gk.D, gk.dt_bias}, exec);
     impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
   };
   adjoint_exact_scan_waves(opts_, work_, s, act.scan, cot.gs, on_wave, exec);
+  mamba_gate_backward_second(act, g, cot, gk, exec);  // s complete: o, W_out's gradient, ∂L/∂z
   mamba_mixer_backward_dense(p, lp.dims, s, store.input(k), act, cot, gk, opts_.detach_inputs ? View2<S>() : g,
                              exec);
 }

@@ -32,13 +32,10 @@ const MambaActivations<S>& ActivationStore<S>::mamba_scratch() {
 
 template <class S>
 const MambaActivations<S>& ActivationStore<S>::mamba_activations(const MambaLayerParams<S>& p, int k,
-                                                                 const ExecSpace& exec) {
+                                                                 const ExecSpace& exec, MambaUpTo upto) {
   if (keeps_acts()) return kept_mamba(k);
   const auto& act = mamba_scratch();
-  if (mamba_y_scratch_.extent(0) == 0)
-    mamba_y_scratch_ = View2<S>(Kokkos::view_alloc(std::string("ash::store::mamba_y_out"), Kokkos::WithoutInitializing),
-                                s_.rows(), d_.width);
-  mamba_layer_forward(p, d_, s_, input(k), act, mamba_y_scratch_, exec);
+  mamba_layer_activations(p, d_, s_, input(k), act, upto, exec);
   return act;
 }
 
@@ -64,7 +61,10 @@ void ActivationStore<S>::release(int k) {
   ys_.at(k - k0_) = View2<S>();
   if (!acts_.empty()) acts_.at(k - k0_) = LayerActivations<S>();
   if (!mamba_acts_.empty()) mamba_acts_.at(k - k0_) = MambaActivations<S>();
-  if (k == k0_) mamba_y_scratch_ = View2<S>();  // no block is recomputed after the range's first
+  if (k == k0_) {  // no block is recomputed after the range's first
+    mamba_scratch_ = MambaActivations<S>();
+    has_mamba_scratch_ = false;
+  }
 }
 
 template <class S>

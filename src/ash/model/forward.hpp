@@ -40,14 +40,14 @@ class ActivationStore {
   const LayerActivations<S>& scratch();
 
   // A Mamba's (d.mamba()): block k's kept activations (keeps_acts() only);
-  // the kept ones or block k's forward run again from y_{k-1} into one
-  // scratch shared by all blocks (its output into a scratch [M, D] row
-  // buffer, unread: the gate's s and o need the scan, not only projections);
-  // the scratch forward_layers() uses when nothing is kept.
+  // the kept ones or block k's activations computed again from y_{k-1}, as
+  // far as `upto` (mamba_layer_activations: no out_proj, no residual), into
+  // one scratch shared by all blocks; the scratch forward_layers() uses when
+  // nothing is kept.
   bool mamba() const { return d_.mamba(); }
   const MambaActivations<S>& kept_mamba(int k) const { return mamba_acts_.at(k - k0_); }
-  const MambaActivations<S>& mamba_activations(const MambaLayerParams<S>& p, int k,
-                                               const ExecSpace& exec = ExecSpace());
+  const MambaActivations<S>& mamba_activations(const MambaLayerParams<S>& p, int k, const ExecSpace& exec = ExecSpace(),
+                                               MambaUpTo upto = MambaUpTo::gate);
   const MambaActivations<S>& mamba_scratch();
 
  private:
@@ -60,7 +60,6 @@ class ActivationStore {
   bool has_scratch_ = false;
   std::vector<MambaActivations<S>> mamba_acts_;
   MambaActivations<S> mamba_scratch_;
-  View2<S> mamba_y_scratch_;
   bool has_mamba_scratch_ = false;
 };
 

@@ -4,6 +4,7 @@
 #include "ash/kernels/blas.hpp"
 #include "ash/kernels/chunked_scan.hpp"
 #include "ash/kernels/rms_norm.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 namespace ash {
 
@@ -48,6 +49,8 @@ MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_
       gyhat("ash::mamba::cot::gyhat", rows, d.width),
       norm_part(Kokkos::view_alloc(std::string("ash::mamba::cot::norm_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), d.width),
+      conv_part(Kokkos::view_alloc(std::string("ash::mamba::cot::conv_part"), Kokkos::WithoutInitializing),
+                impl::row_blocks(rows), d.inner() * (d.conv_kernel + 1)),
       scan(rows, d.inner(), d.state, scan_partials) {}
 
 template <class S>
@@ -57,11 +60,12 @@ MambaState<S>::MambaState(index_t batch, const ModelDims& d)
 
 namespace {
 
-// mamba_layer_forward, with a carried state or (null) without.
+// mamba_layer_forward, with a carried state or (null) without; without y_out
+// (extent 0) it stops after the gate, or before the scan: mamba_layer_activations.
 template <class S>
 void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                   const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>* state,
-                  const ExecSpace& exec) {
+                  const ExecSpace& exec, MambaUpTo upto = MambaUpTo::gate) {
   const index_t M = y_in.extent(0), E = d.inner(), T = s.T, Kc = d.conv_kernel;
   require(M == s.rows() && index_t(act.x.extent(0)) == M, "mamba_layer_forward: activations of another size");
   const bool carry = state != nullptr;
@@ -122,6 +126,7 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
   impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_dt, S(0), act.dlow);
   impl::gemm<S>(exec, "N", "T", S(1), act.dlow, p.dt_proj, S(0), sc.delta);
   selective_scan_inputs(p.x_B, p.x_C, p.A_log, p.dt_bias, sc, exec);
+  if (upto == MambaUpTo::scan_inputs) return;
   selective_scan_forward(p.D, s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   {
     auto so = act.s;
@@ -131,6 +136,7 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
         "ash::mamba::gate", Range2(exec, {0, 0}, {M, E}),
         KOKKOS_LAMBDA(const index_t m, const index_t e) { o(m, e) = so(m, e) * silu(z(m, e)); });
   }
+  if (y_out.extent(0) == 0) return;
   Kokkos::deep_copy(exec, y_out, y_in);
   impl::gemm<S>(exec, "N", "T", S(1), act.o, p.out_proj, S(1), y_out);
 }
@@ -148,6 +154,68 @@ void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const
                          const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>& state,
                          const ExecSpace& exec) {
   forward_impl(p, d, s, y_in, act, y_out, &state, exec);
+}
+
+template <class S>
+void mamba_layer_activations(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y_in, const MambaActivations<S>& act, MambaUpTo upto,
+                             const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, View2<S>(), static_cast<const MambaState<S>*>(nullptr), exec, upto);
+}
+
+template <class S>
+void mamba_gate_backward_first(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                               const MambaCotangents<S>& cot, const ExecSpace& exec) {
+  const index_t M = act.z.extent(0), E = act.z.extent(1);
+  impl::gemm<S>(exec, "N", "N", S(1), g, p.out_proj, S(0), cot.gz);  // ∂L/∂o, until the second half
+  auto go = cot.gz;
+  auto gs = cot.gs;
+  auto z = act.z;
+  Kokkos::parallel_for(
+      "ash::mamba::gate_backward_s", Range2(exec, {0, 0}, {M, E}),
+      KOKKOS_LAMBDA(const index_t m, const index_t e) { gs(m, e) = go(m, e) * silu(z(m, e)); });
+}
+
+template <class S>
+void mamba_gate_backward_second(const MambaActivations<S>& act, const View2<S>& g, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const ExecSpace& exec) {
+  const index_t M = act.z.extent(0), E = act.z.extent(1);
+  auto gz = cot.gz;
+  auto so = act.s;
+  auto z = act.z;
+  auto o = act.o;
+  Kokkos::parallel_for(
+      "ash::mamba::gate_backward_z", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
+        const S zv = z(m, e), sv = so(m, e);
+        o(m, e) = sv * silu(zv);
+        gz(m, e) = gz(m, e) * sv * silu_grad(zv);
+      });
+  impl::gemm<S>(exec, "T", "N", S(1), g, act.o, S(1), grad.out_proj);
+}
+
+template <class S>
+void mamba_scan_output_rows(const Unmanaged1<S>& D, const SeqShape& s, const MambaActivations<S>& act,
+                            const BlockRows& rows, const View3<S>& hprev, const View3<S>& A, const ExecSpace& exec) {
+  const auto& sc = act.scan;
+  const index_t E = sc.delta.extent(1), N = sc.beta.extent(1), R = s.batch * rows.W;
+  require(rows.T == s.T && index_t(hprev.extent(0)) >= R && index_t(A.extent(0)) >= R &&
+              index_t(hprev.extent(1)) == E && index_t(hprev.extent(2)) == N && index_t(A.extent(1)) == E &&
+              index_t(A.extent(2)) == N,
+          "mamba_scan_output_rows: wave buffers of another size");
+  auto so = act.s;
+  auto u = sc.yhat;
+  auto delta = sc.delta;
+  auto beta = sc.beta;
+  auto gamma = sc.gamma;
+  const BlockRows map = rows;
+  Kokkos::parallel_for(
+      "ash::mamba::scan_output_rows", Range(exec, 0, R * E), KOKKOS_LAMBDA(const index_t i) {
+        const index_t r = i / E, e = i % E, m = map(r);
+        const S du = delta(m, e) * u(m, e);
+        S out = 0;
+        for (index_t n = 0; n < N; ++n) out += gamma(m, n) * (A(r, e, n) * hprev(r, e, n) + du * beta(m, n));
+        so(m, e) = D(e) * u(m, e) + out;
+      });
 }
 
 template <class S>
@@ -216,27 +284,44 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
         }
         gx(m, e) = acc;
       });
+  // Into w_conv and b_conv in two levels (kernels/row_sums.hpp): one thread per
+  // (row block, channel) walks its rows in order and adds each tap into its
+  // partial sums (consecutive channels read adjacent memory, where one thread per
+  // (channel, tap) over the whole window read a new cache line per token), then
+  // each (channel, tap) adds its blocks in order: bitwise repeatable.
+  const index_t taps = Kc + 1, nblk = impl::row_blocks(M);  // tap Kc is the bias
+  auto part = cot.conv_part;
+  require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == E * taps,
+          "mamba_mixer_backward_dense: conv partial sums of another size");
+  Kokkos::parallel_for(
+      "ash::mamba::conv_backward_w", Range(exec, 0, nblk * E), KOKKOS_LAMBDA(const index_t i) {
+        const index_t blk = i / E, e = i % E, c0 = e * taps;
+        const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
+        for (index_t j = 0; j < taps; ++j) part(blk, c0 + j) = 0;
+        for (index_t m = blk * impl::reduce_rows; m < r1; ++m) {
+          const index_t b = m / T, t = m % T;
+          const S gcm = gc(m, e);
+          part(blk, c0 + Kc) += gcm;
+          // the forward's taps: back from the token, none before the window or its document
+          for (index_t k = 0; k < Kc && k <= t; ++k) {
+            part(blk, c0 + Kc - 1 - k) += gcm * x(m - k, e);
+            if (docs.at(b, t - k)) break;
+          }
+        }
+      });
   auto gw = grad.conv_weight;
   auto gb = grad.conv_bias;
   Kokkos::parallel_for(
-      "ash::mamba::conv_backward_w", Range(exec, 0, E * (Kc + 1)), KOKKOS_LAMBDA(const index_t i) {
-        const index_t e = i / (Kc + 1), j = i % (Kc + 1), k = Kc - 1 - j;  // tap j reads k tokens back
-        S acc = 0;
-        for (index_t b = 0; b < Bt; ++b) {
-          index_t first = 0;  // the first token of the document holding t
-          for (index_t t = 0; t < T; ++t) {
-            if (docs.at(b, t)) first = t;
-            const index_t m = b * T + t;
-            if (j == Kc)
-              acc += gc(m, e);
-            else if (t - k >= first)
-              acc += gc(m, e) * x(m - k, e);
-          }
-        }
-        if (j == Kc)
-          gb(e) += acc;
-        else
-          gw(e, j) += acc;
+      "ash::mamba::conv_backward_w_sum", impl::BlockSumPolicy(exec, E * taps, impl::block_sum_team),
+      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+        const index_t c = team.league_rank(), e = c / taps, j = c % taps;
+        const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, c); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          if (j == Kc)
+            gb(e) += acc;
+          else
+            gw(e, j) += acc;
+        });
       });
   impl::gemm<S>(exec, "T", "N", S(1), cot.gx, act.yhat, S(1), grad.in_x);
   impl::gemm<S>(exec, "T", "N", S(1), cot.gz, act.yhat, S(1), grad.in_z);
@@ -255,6 +340,16 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
   template void mamba_layer_forward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,             \
                                        const View2<S>&, const MambaActivations<S>&, const View2<S>&,              \
                                        const MambaState<S>&, const ExecSpace&);                                   \
+  template void mamba_layer_activations<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,         \
+                                           const View2<S>&, const MambaActivations<S>&, MambaUpTo,                \
+                                           const ExecSpace&);                                                     \
+  template void mamba_gate_backward_first<S>(const MambaLayerParams<S>&, const MambaActivations<S>&,              \
+                                             const View2<S>&, const MambaCotangents<S>&, const ExecSpace&);       \
+  template void mamba_gate_backward_second<S>(const MambaActivations<S>&, const View2<S>&,                        \
+                                              const MambaCotangents<S>&, const MambaLayerParams<S>&,              \
+                                              const ExecSpace&);                                                  \
+  template void mamba_scan_output_rows<S>(const Unmanaged1<S>&, const SeqShape&, const MambaActivations<S>&,     \
+                                          const BlockRows&, const View3<S>&, const View3<S>&, const ExecSpace&);  \
   template void mamba_gate_backward<S>(const MambaLayerParams<S>&, const MambaActivations<S>&, const View2<S>&,   \
                                        const MambaCotangents<S>&, const MambaLayerParams<S>&, const ExecSpace&);  \
   template void mamba_mixer_backward<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,            \

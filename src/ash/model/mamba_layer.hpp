@@ -39,6 +39,20 @@ template <class S>
 void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                          const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec = ExecSpace());
 
+// How far mamba_layer_activations goes: through the gate (act.s and act.o), or
+// to the scan's inputs only (r, ŷ, x, z, c, u, δ, Δ, β, γ, a; act.s and act.o
+// unwritten), for a reverse pass that forms s from the h^{t-1} and A^t it
+// replays anyway (mamba_scan_output_rows) instead of running the scan twice.
+enum class MambaUpTo { gate, scan_inputs };
+
+// The forward without out_proj and the residual (y_out is not written): what a
+// recomputation needs (E3 recomputes each block from its kept input; the block's
+// output is not needed again, and out_proj is one of the block's largest products).
+template <class S>
+void mamba_layer_activations(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y_in, const MambaActivations<S>& act, MambaUpTo upto = MambaUpTo::gate,
+                             const ExecSpace& exec = ExecSpace());
+
 // What one block carries from one call to the next (recurrent generation,
 // transformers' and mamba-ssm's step): per sequence b and channel e, row b·E + e
 // of each view. Zero (the constructor's) is the state before any token.
@@ -72,6 +86,7 @@ struct MambaCotangents {
   View2<S> gdlow;  // ∂L/∂δ [M, R]
   View2<S> gyhat;  // ∂L/∂ŷ [M, D]
   View2<S> norm_part;  // RMSNorm's weight-gradient partial sums [row_blocks(M), D]
+  View2<S> conv_part;  // the conv's weight and bias partial sums [row_blocks(M), E·(Kc+1)]
   LayerCotangents<S> scan;  // the scan core's, over E channels
   // scan_partials = false leaves the scan's row-block partial sums empty (E3
   // runs the scan's VJP per wave, into its own wave cotangents).
@@ -85,6 +100,27 @@ template <class S>
 void mamba_gate_backward(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
                          const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad,
                          const ExecSpace& exec = ExecSpace());
+
+// mamba_gate_backward in two halves around the scan's reverse pass, for activations
+// of MambaUpTo::scan_inputs (act.s is formed during that pass):
+// first ∂L/∂o = g W_out^T into cot.gz (held there until the second half) and
+// cot.gs = ∂L/∂s = ∂L/∂o ⊙ SiLU(z), which needs no s;
+template <class S>
+void mamba_gate_backward_first(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                               const MambaCotangents<S>& cot, const ExecSpace& exec = ExecSpace());
+// then, once act.s is complete, act.o = s ⊙ SiLU(z), W_out's gradient and
+// cot.gz = ∂L/∂z: the same numbers as mamba_gate_backward.
+template <class S>
+void mamba_gate_backward_second(const MambaActivations<S>& act, const View2<S>& g, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const ExecSpace& exec = ExecSpace());
+// The scan's output s of the rows of one wave (row r of the wave's buffers is
+// window row rows(r)), from its h^{t-1} and A^t ([Bt·W, E, N], as E3 hands them
+// to the scan's VJP): s^t = D ⊙ u^t + Σ_n γ^t_n (A^t_n h^{t-1}_n + Δ^t u^t β^t_n),
+// the forward scan's step in its order of operations, into act.s.
+template <class S>
+void mamba_scan_output_rows(const Unmanaged1<S>& D, const SeqShape& s, const MambaActivations<S>& act,
+                            const BlockRows& rows, const View3<S>& hprev, const View3<S>& A,
+                            const ExecSpace& exec = ExecSpace());
 
 // Reverse mode, second half, given μ ([M, E, N], overwritten) and the stored
 // h^{t-1} and A^t of act.scan: every other parameter's gradient added to grad,

@@ -206,15 +206,15 @@ struct Planner {
   // A Mamba (model.arch = "mamba"): LocalEngine with E1, E2 or E3 over the whole
   // window (the methods' Mamba paths, grad/layer_adjoint.hpp).
   std::string mamba(Items& persistent, Phases& phases) const {
-    const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
+    const double E = double(cfg.model.inner()), R = double(cfg.model.rank()), Kc = double(cfg.model.conv_kernel);
     const std::string layer_inputs = " layer inputs";
     const double rb = std::ceil(M / double(impl::reduce_rows));
     const LayerShape scan{std::int64_t(B), Ti, cfg.model.inner(), cfg.model.state, std::size_t(S)};
     if (o.method == Method::adjoint_exact) {
-      // E3 (exact, detached or windowed): the K+1 layer inputs, one block's
-      // activations (its forward run again per block into them; the output into
-      // a scratch that takes y_K's place), and in the backward MambaCotangents with
-      // the scan's cotangents of every row (no row partials) and E3's scan
+      // E3 (exact, detached or windowed): the K+1 layer inputs (K in the
+      // backward), one block's activations (computed again per block up to the
+      // scan's inputs; the waves form s), and in the backward MambaCotangents
+      // with the scan's cotangents of every row (no row partials) and E3's scan
       // workspace (its spec, the window's included): waves, never [M, E, N].
       persistent.push_back({"block projections (one block)", mamba_acts(M, false)});
       persistent.push_back({"g (dL/dy)", M * P * S});
@@ -223,8 +223,8 @@ struct Planner {
            {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
       const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
       phases.push_back({"backward of the top block",
-                        {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S},
-                         {"cotangents (whole window)", (M * (3 * E + R + P) + rb * P) * S + cot_e},
+                        {{std::to_string(K) + layer_inputs, double(K) * M * P * S},
+                         {"cotangents (whole window)", (M * (3 * E + R + P) + rb * (P + E * (Kc + 1))) * S + cot_e},
                          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}}});
       phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
       return std::string("adjoint-exact") + (o.detach_inputs ? ", detached" : "") +
@@ -236,14 +236,14 @@ struct Planner {
     phases.push_back(
         {"head",
          {{std::to_string(K + 1) + layer_inputs, double(K + 1) * M * P * S}, {"head chunk", head(M, hc, true)}}});
-    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm partials; the scan's LayerCotangents over E;
+    // MambaCotangents: ∂s, ∂z, ∂x [E], ∂δ [R], ∂ŷ [D], norm and conv partials; the scan's LayerCotangents over E;
     // the method's workspace spec over E without cotangents: μ [M, E, N] (and E1's scan carries)
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, true, scan.scalar_bytes).bytes();
     const WorkspaceSpec ws = o.method == Method::backprop ? backprop_workspace(o, scan, false)
                                                           : adjoint_workspace(o, scan, false);
     const double carries = ws.bytes("ash::e1::chunk_");
     Items back{{std::to_string(K) + layer_inputs, double(K) * M * P * S},
-               {"mu + cotangents (whole window)", ws.bytes() - carries + (M * (3 * E + R + P) + rb * P) * S + cot_e}};
+               {"mu + cotangents (whole window)", ws.bytes() - carries + (M * (3 * E + R + P) + rb * (P + E * (Kc + 1))) * S + cot_e}};
     if (o.method == Method::backprop) back.push_back({"E1 chunk carries", carries});
     phases.push_back({"backward of the top block", back});
     phases.push_back({"embedding backward", {{"embedding backward segments", emb_partial(M)}}});
