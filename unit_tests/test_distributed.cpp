@@ -631,6 +631,45 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
     }
 }
 
+// A Mamba on data and layer ranks (whole windows, tied embeddings: the last
+// layer rank holds the embedding's copy): the busiest rank's plan against the
+// largest measured Kokkos peak, for E1, E2 and E3.
+TEST(Distributed, MambaPlanIsTheBusiestRanksPeak) {
+  for (const std::string engine : {"backprop", "adjoint", "adjoint-exact"})
+    for (const Lay& l : layouts(4)) {
+      if (l.D > 2 || l.R * l.D == 1) continue;  // a replica needs a window; one process is test_mamba's
+      Config c = layout_config(tiny_dims(4, 64, 16, 8), l.R, l.D, 2);
+      for (const std::string& kv : std::vector<std::string>{"model.arch=mamba", "data.seq_len=512", "grad.chunk=32",
+                                                             "grad.wave=64", "grad.engine=" + engine})
+        c.set(kv);
+      c.validate();
+      const auto st = c.settings();
+      const auto d = st.model;
+      const dist::Grid grid(st);
+      const std::string sp = MemSpace::name();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto base = MemoryTracker::current(sp);
+      MemoryTracker::reset_peak();
+      {
+        ParamSet<float> params(d, grid.range(d));
+        initialize(params, d.seed);
+        ParamSet<float> grad(d, grid.range(d));
+        const auto x = random_tokens(2, 512, d.vocab, 5);
+        dist::DistributedEngine<float> engine(grid, st.grad, st.dist.pipeline_blocks, true);
+        engine.compute(params, x, grad);
+        Kokkos::fence();
+      }
+      std::uint64_t peak = MemoryTracker::peak(sp) - base;
+      MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+      const double planned = plan_memory(st, Workload::grad, 4).total(), measured = double(peak);
+      const std::string what = "mamba " + engine + " R=" + std::to_string(l.R) + " D=" + std::to_string(l.D);
+      if (world_rank() == 0)
+        std::printf("  plan/measured %.3f (%.2f / %.2f MiB): %s\n", planned / measured, planned / 1048576.0,
+                    measured / 1048576.0, what.c_str());
+      EXPECT_LE(std::fabs(planned - measured), 0.05 * measured) << what;  // the promise is 10 %
+    }
+}
+
 TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {
   if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   const auto d = tiny_dims(2);

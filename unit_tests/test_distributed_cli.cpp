@@ -44,6 +44,14 @@ std::vector<double> losses(const std::string& run_dir) {
   return out;
 }
 
+std::vector<double> grad_norms(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);)
+    out.push_back(nlohmann::json::parse(line).at("grad_norm").get<double>());
+  return out;
+}
+
 void expect_same_losses(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-12 * std::abs(ref[i])) << what << " step " << i + 1;
@@ -146,6 +154,78 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
       EXPECT_EQ(both, losses(tmp_path("n2R2"))) << "same-layout resume is bitwise";
     }
   }
+}
+
+// A Mamba on data and layer ranks (whole windows): `ash grad` for E1, E2 (truncated too) and
+// E3 (exact, detached, windowed), tied and untied embeddings, equals one process; training on
+// 2 and 4 ranks gives one process's losses and resumes across layouts; sequence ranks refuse.
+TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
+  const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
+                           "--set data.seq_len=24 --set data.batch=4 ";
+  for (const bool tied : {true, false}) {
+    const std::string tie = std::string("--set model.tie_embeddings=") + (tied ? "true " : "false ");
+    const auto ckpt = tmp_path(tied ? "mt.h5" : "mu.h5");
+    ASSERT_EQ(run("init " + dims + tie + "--out " + ckpt).code, 0);
+    const auto d = inspect_checkpoint(ckpt).dims;
+    ASSERT_TRUE(d.mamba() && d.tie_embeddings == tied);
+    const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --set data.batch=4 --chunk 4 ";
+    for (const std::string engine : {std::string("--engine backprop "), std::string("--engine adjoint "),
+                                     std::string("--engine adjoint --truncate 7 "),
+                                     std::string("--engine adjoint-exact "),
+                                     std::string("--engine adjoint-exact --detach-inputs "),
+                                     std::string("--engine adjoint-exact --detach-inputs --truncate 7 ")}) {
+      const auto one = tmp_path("m_one.h5");
+      ASSERT_EQ(run(g + engine + "--out " + one).code, 0) << engine;
+      double l1 = 0;
+      const auto a = to_host(load_gradients(one, d, &l1));
+      struct Lay {
+        int n, R, D;
+      };
+      for (const auto& [n, R, D] : {Lay{2, 2, 1}, Lay{2, 1, 2}, Lay{4, 2, 2}, Lay{3, 3, 1}}) {
+        if (!tied && n != 2) continue;  // untied: the two np 2 layouts suffice
+        const auto what = engine + (tied ? "tied" : "untied") + " n" + std::to_string(n) + " R" + std::to_string(R);
+        const auto got = tmp_path("m_got.h5");
+        const auto r = mpirun(n, g + engine + "--set dist.layer_ranks=" + std::to_string(R) + " --out " + got);
+        ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+        EXPECT_NE(r.out.find("on " + std::to_string(R) + " layer rank(s) x " + std::to_string(D) + " data rank(s)"),
+                  std::string::npos) << r.out;
+        double l2 = 0;
+        expect_close(to_host(load_gradients(got, d, &l2)), a, d, 1e-12, what);
+        EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
+      }
+    }
+  }
+  // Training: one process, then 2 layer ranks, 2 data ranks and 2 x 2; a resume from 2 layer
+  // ranks on 4 ranks (2 x 2) continues one process's losses.
+  auto dir = [&](const std::string& n) {
+    std::filesystem::remove_all(tmp_path(n));
+    return " --set run.out_dir=" + tmp_path(n);
+  };
+  const std::string mtrain = train + " --set model.arch=mamba --set model.layers=3";
+  ASSERT_EQ(run(mtrain + dir("mamba1")).code, 0);
+  const auto ref = losses(tmp_path("mamba1"));
+  ASSERT_EQ(ref.size(), 6u);
+  for (const auto& [n, R] : {std::pair{2, 2}, std::pair{2, 1}, std::pair{4, 2}}) {
+    const auto name = "mamba_n" + std::to_string(n) + "R" + std::to_string(R);
+    const auto r = mpirun(n, mtrain + dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
+    ASSERT_EQ(r.code, 0) << r.out;
+    expect_same_losses(losses(tmp_path(name)), ref, name);
+    // The norm under the clip: a tied embedding's copy on the last layer rank counts once.
+    expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path("mamba1")), name + " grad_norm");
+  }
+  const auto ra = mpirun(2, mtrain + dir("mamba_a") + " --until 3 --set dist.layer_ranks=2");
+  ASSERT_EQ(ra.code, 0) << ra.out;
+  const auto rb = mpirun(4, mtrain + dir("mamba_b") + " --resume " + tmp_path("mamba_a") +
+                                "/checkpoint.h5 --set dist.layer_ranks=2");
+  ASSERT_EQ(rb.code, 0) << rb.out;
+  auto both = losses(tmp_path("mamba_a"));
+  for (double l : losses(tmp_path("mamba_b"))) both.push_back(l);
+  expect_same_losses(both, ref, "mamba R=2 then 2 x 2");
+  // Sequence ranks need the conv's halo: refused by name, on every rank, before any work.
+  const auto rs = mpirun(2, mtrain + dir("mamba_seq") + " --set dist.seq_ranks=2");
+  EXPECT_NE(rs.code, 0);
+  EXPECT_NE(rs.out.find("dist.seq_ranks > 1 (sequence ranks: the conv's K-1-token halo) is not available for "
+                        "model.arch=mamba"), std::string::npos) << rs.out;
 }
 
 // The memory levers under rank layouts (bf16 storage, layer checkpointing,

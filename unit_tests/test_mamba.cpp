@@ -403,11 +403,14 @@ TEST(Mamba, Configuration) {
     c.set(k);
     expect_error([&] { c.validate(); }, std::string(k).substr(0, std::string(k).find('=')));
   }
-  // E2 and E3's detached and windowed modes run; the levers and MPI do not yet, each named.
-  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4"}) {
+  // E2 and E3's detached and windowed modes run, on data and layer ranks too; the levers and
+  // sequence ranks do not yet, each named.
+  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "dist.layer_ranks=2",
+                          "dist.data_ranks=2"}) {
     Config c = m;
     c.set(set);
     if (std::string(set) == "grad.truncate=4") c.set("grad.engine=adjoint");
+    if (std::string(set) == "dist.layer_ranks=2") c.set("model.layers=2");
     EXPECT_NO_THROW(require_mamba_supported(c.settings())) << set;
   }
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
@@ -416,7 +419,7 @@ TEST(Mamba, Configuration) {
            {"data.carry_state=true", "data.carry_state=true"},
            {"grad.layer_checkpoint=2", "grad.layer_checkpoint"},
            {"grad.token_block=8", "grad.token_block"},
-           {"dist.layer_ranks=2", "dist.* (several MPI ranks)"}}) {
+           {"dist.seq_ranks=2", "dist.seq_ranks > 1 (sequence ranks: the conv's K-1-token halo)"}}) {
     Config c = m;
     c.set(set);
     if (set.rfind("dist", 0) == 0) c.set("model.layers=2");

@@ -13,7 +13,7 @@ namespace ash::dist {
 
 namespace {
 
-constexpr int tag_y = 11, tag_g = 12, tag_halo = 13;
+constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -36,7 +36,8 @@ struct DistributedEngine<S>::Pass {
 };
 
 template <class S>
-DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks)
+DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks,
+                                        bool whole_windows)
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
@@ -46,6 +47,10 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set);
   // on sequence ranks with a lever, each range in token blocks.
+  require(!whole_windows || (grid.layout().S == 1 && !opts.low_memory()),
+          "model.arch=mamba on several ranks runs whole windows on data and layer ranks (no dist.seq_ranks > 1, "
+          "no memory lever)");
+  if (whole_windows) return;  // E3 too: compute_pipeline, g handed back once (backward_whole)
   if (opts.exact_adjoint() && grid.layout().S == 1)
     block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
   else if (opts.exact_adjoint() && opts.low_memory())
@@ -197,7 +202,7 @@ void DistributedEngine<S>::backward_detached(const ParamSet<S>& params, Pass& ps
   if (!lay.last()) ps.g = View2<S>("ash::g", ps.shape().rows(), params.dims().width);
   timed([&] { broadcast(ps.g, lay.R - 1, grid_.layers()); });
   for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
-    layer_->backward(params.layer(k), k, ps.store, ps.g, grad.layer(k));
+    layer_->backward(params.layer_ref(k), k, ps.store, ps.g, grad.layer_ref(k));  // either architecture
     ps.store.release(k);
   }
 }
@@ -212,7 +217,7 @@ void DistributedEngine<S>::backward_whole(const ParamSet<S>& params, Pass& ps, c
     timed([&] { recv(ps.g, lay.layer_rank + 1, tag_g, lc); });
   }
   for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
-    layer_->backward(params.layer(k), k, ps.store, ps.g, grad.layer(k));
+    layer_->backward(params.layer_ref(k), k, ps.store, ps.g, grad.layer_ref(k));
     ps.store.release(k);
   }
   if (!lay.first()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
@@ -352,8 +357,33 @@ double DistributedEngine<S>::finish(double loss, const ParamSet<S>& grad) {
     timed([&] { allreduce_sum(grad.data(), grid_.replicas()); });
     loss = allreduce_sum(loss, grid_.replicas());
   }
+  sum_tied_embedding(grad);
   MPI_Bcast(&loss, 1, MPI_DOUBLE, lay.R - 1, grid_.layers());
   return loss;
+}
+
+template <class S>
+void DistributedEngine<S>::sum_tied_embedding(const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const auto& d = grad.dims();
+  if (!d.mamba() || !d.tie_embeddings || lay.R == 1 || !(lay.first() || lay.last())) return;
+  const MPI_Comm lc = grid_.layers();
+  const auto& t = grad.tensor("embedding");
+  const Unmanaged1<S> mine = grad.flat(t);
+  View1<S> out("ash::dist::tied_out", t.size()), in("ash::dist::tied_in", t.size());
+  Kokkos::deep_copy(out, mine);
+  timed([&] {  // first sends then receives, last the other way round: no deadlock
+    if (lay.first()) {
+      send(out, lay.R - 1, tag_tied, lc);
+      recv(in, lay.R - 1, tag_tied, lc);
+    } else {
+      recv(in, 0, tag_tied, lc);
+      send(out, 0, tag_tied, lc);
+    }
+  });
+  Kokkos::parallel_for(
+      "ash::dist::tied_embedding_sum", Range(layer_->execution_space(), 0, t.size()),
+      KOKKOS_LAMBDA(const index_t i) { mine(i) += in(i); });
 }
 
 template <class S>

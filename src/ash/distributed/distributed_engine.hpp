@@ -24,6 +24,10 @@
 //  replicas  the gradient is summed over the ranks that own the same layers
 //            (data and sequence); the loss and g are already scaled by the
 //            whole batch's target count.
+//  Mamba     (whole_windows) every engine runs the pipeline on whole windows
+//            (E3 as one token block, g handed back once); with tied
+//            embeddings the first and last layer ranks each hold the
+//            embedding and exchange their gradient parts, so both hold the sum.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -44,7 +48,10 @@ template <class S>
 class DistributedEngine final : public GradientEngine<S> {
  public:
   // pipeline_blocks: token blocks per window for E3 (0: 4 per layer rank).
-  DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0);
+  // whole_windows: a Mamba, whose layers have no block-wise forms yet: E3
+  // runs the pipeline on whole windows.
+  DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0,
+                    bool whole_windows = false);
   std::string name() const override;
   // params and grad are this rank's shard (LayerRange grid.range(dims)); x is
   // the whole batch, the same on every rank. Returns L on every rank.
@@ -85,6 +92,9 @@ class DistributedEngine final : public GradientEngine<S> {
   void backward_whole(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);      // g_k handed over once
   // Replica sums of the gradient and loss, the loss on every rank, stats.
   double finish(double loss, const ParamSet<S>& grad);
+  // A tied Mamba on R > 1: the first rank's embedding part plus the last
+  // rank's head part, on both (a + b on one, b + a on the other: bitwise equal).
+  void sum_tied_embedding(const ParamSet<S>& grad);
   template <class Fn>
   void timed(Fn&& fn) {  // time spent in MPI, for the busy fraction
     const auto t0 = std::chrono::steady_clock::now();

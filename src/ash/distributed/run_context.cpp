@@ -35,13 +35,13 @@ RunContext<S>::RunContext(const Settings& st) : range_(LayerRange::all(st.model)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   }
   if (world > 1 || st.dist.multi_rank()) {
-    require(!st.model.mamba(), "several MPI ranks (dist.*, mpiexec) are not available for model.arch=mamba yet");
     require(inited, "dist.* asks for several ranks: run under mpiexec");
     mpi_ = std::make_unique<Mpi>();
     mpi_->grid = std::make_unique<dist::Grid>(st);
     range_ = mpi_->grid->range(st.model);
     root_ = rank == 0;
-    auto e = std::make_unique<dist::DistributedEngine<S>>(*mpi_->grid, st.grad, st.dist.pipeline_blocks);
+    auto e = std::make_unique<dist::DistributedEngine<S>>(*mpi_->grid, st.grad, st.dist.pipeline_blocks,
+                                                          st.model.mamba());
     mpi_->engine = e.get();
     engine_ = std::move(e);
     return;
@@ -122,11 +122,20 @@ void RunContext<S>::save_gradients(const std::string& path, const Config& cfg, d
 }
 
 template <class S>
-std::function<double(double)> RunContext<S>::norm_reducer() const {
+std::function<double(double)> RunContext<S>::norm_reducer(const ParamSet<S>& grad) const {
 #ifdef ASH_HAVE_MPI
   if (mpi_) {
     const MPI_Comm lc = mpi_->grid->layers();
-    return [lc](double ss) { return dist::allreduce_sum(ss, lc); };
+    const auto& lay = mpi_->grid->layout();
+    const auto& d = grad.dims();
+    double copy_ss = 0;  // the last rank's copy of a tied embedding (the first rank counts it)
+    if (d.mamba() && d.tie_embeddings && lay.R > 1 && lay.last()) {
+      const auto e = grad.flat(grad.tensor("embedding"));
+      Kokkos::parallel_reduce(
+          "ash::dist::tied_copy_norm", Range(0, index_t(e.extent(0))),
+          KOKKOS_LAMBDA(const index_t i, double& acc) { acc += double(e(i)) * double(e(i)); }, copy_ss);
+    }
+    return [lc, copy_ss](double ss) { return dist::allreduce_sum(ss - copy_ss, lc); };
   }
 #endif
   return {};

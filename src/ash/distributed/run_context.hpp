@@ -54,8 +54,10 @@ class RunContext {
   void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<S>& params, std::int64_t step,
                        std::int64_t cursor, const OptimizerState<S>& opt);
   void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad);
-  // Sum of squares over the layer shards (the gradient norm); empty on one process.
-  std::function<double(double)> norm_reducer() const;
+  // Sum of squares over the layer shards (the gradient norm of grad, this
+  // rank's shard); empty on one process. A tied Mamba's embedding copy on the
+  // last layer rank counts once (its squares are taken out there).
+  std::function<double(double)> norm_reducer(const ParamSet<S>& grad) const;
 
   // Collective decisions (§7): true on every rank when mine is true on any;
   // the largest value of any rank; fn on the root, its ash::Error an error on every rank.

@@ -23,7 +23,9 @@ LayerRange LayerRange::block(const ModelDims& d, int r, int R) {
   LayerRange lr;
   lr.k0 = r * base + (r < extra ? r : extra);
   lr.k1 = lr.k0 + base + (r < extra ? 1 : 0);
-  lr.embedding = r == 0;
+  // A Mamba with tied embeddings: the last rank's head is the embedding, so
+  // it holds a copy (kept equal: E4 sums the two gradient parts on both ranks).
+  lr.embedding = r == 0 || (d.mamba() && d.tie_embeddings && r == R - 1);
   lr.head = r == R - 1;
   return lr;
 }
@@ -146,8 +148,8 @@ LayerParams<S> ParamSet<S>::layer(int k) const {
   // Every SSM-ResNet-only path (the block-wise and MPI engines) asks for its
   // layers here: a Mamba is refused, never run wrong.
   require(!dims_.mamba(), "this engine or verb is not available for model.arch=mamba yet (grad.engine=backprop, "
-                          "adjoint and adjoint-exact over the whole window in one process, ash eval, generate, init, "
-                          "inspect)");
+                          "adjoint and adjoint-exact over whole windows in one process or on data and layer ranks, "
+                          "ash eval, generate, init, inspect)");
   require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
                               std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
   return layers_[k - range_.k0];

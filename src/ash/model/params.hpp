@@ -77,7 +77,9 @@ struct GlobalParams {
 
 // The part of the model one ParamSet holds (docs/design.md §2, E4): layers
 // [k0, k1), the embedding when it is the first block, the final norm and head
-// when it is the last. A rank of a layer-sharded run allocates only its range.
+// when it is the last (a Mamba with tied embeddings: the last block holds a
+// copy of the embedding, its head). A rank of a layer-sharded run allocates
+// only its range.
 struct LayerRange {
   int k0 = 0, k1 = 0;
   bool embedding = true, head = true;

@@ -80,6 +80,10 @@ struct Planner {
 
   // Parameters of this rank's shard (embedding on the first, final norm and head on the last).
   double shard_parameters() const {
+    if (cfg.model.mamba()) {  // the shard's own layout (a tied Mamba's last rank: its embedding copy)
+      const auto l = param_layout(cfg.model, lr);
+      return l.empty() ? 0.0 : double(l.back().offset + l.back().size());
+    }
     const double per_layer = P * P + 3 * P * N + 3 * P;
     return double(K) * per_layer + (lr.embedding ? V * P : 0) + (lr.head ? P + V * P : 0);
   }
@@ -331,7 +335,9 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   Items persistent;  // engine memory held across the phases below
   // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
   // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
-  const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
+  // A Mamba runs whole windows on every layout (no block-wise forms yet).
+  const bool blockwise =
+      !cfg.model.mamba() && cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
   const bool seq_blocks = blockwise && Sq > 1;
   plan.engine = cfg.model.mamba() ? pl.mamba(persistent, phases)
                 : seq_blocks        ? pl.sequence_blockwise(scalar_bytes, persistent, phases)

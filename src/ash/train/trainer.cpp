@@ -408,7 +408,7 @@ TrainSummary Trainer<S>::run() {
       throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step_) + "; stopped; " +
                   last_good());
     const double lr = learning_rate(opt_.options(), opt_.step());
-    const double gnorm = opt_.update(params_, grad_, ctx_.norm_reducer());
+    const double gnorm = opt_.update(params_, grad_, ctx_.norm_reducer(grad_));
     const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
     train_s += step_s;
     ++step_;
