@@ -222,6 +222,72 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaE3,
                                   std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
+// The block-wise engine on a Mamba (grad.token_block, docs/design.md §8): token
+// blocks of 1 token up to more than Kc−1, blocks shorter than the conv's reach
+// (the conv's carry then passes through several blocks), document starts inside
+// a block, on a block's first token and within a block's first Kc−1 tokens,
+// batch 2, T odd; exact and detached; layer checkpoints m = 1..K+1 and 16-bit
+// storage of the kept inputs. The gradient equals the whole window's (E3 in
+// one block) to 1e-12 in double, and is the same for every m bit for bit.
+struct BlockCase {
+  int K;
+  index_t batch, T;
+  std::int64_t Kc;
+  bool docs;
+};
+
+void PrintTo(const BlockCase& c, std::ostream* os) {
+  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "");
+}
+
+class MambaBlockwise : public ::testing::TestWithParam<BlockCase> {};
+
+TEST_P(MambaBlockwise, EqualsWholeWindow) {
+  const auto c = GetParam();
+  const auto d = mamba_dims(c.K, c.K % 2 == 0, c.Kc);
+  auto ps = fd_model(d, 80 + c.K);
+  auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
+  // Starts on block boundaries and inside a block's first Kc−1 tokens for the block lengths below.
+  if (c.docs)
+    x = with_starts(x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
+                                    : std::vector<index_t>{2, 5, 9});
+  for (const bool detach : {false, true})
+    for (const index_t chunk : {1, 2}) {
+      EngineOptions whole = engine_options("adjoint-exact", 0, detach);
+      whole.chunk = chunk;
+      double lw = 0;
+      const auto gw = grad_of(whole, ps, x, &lw);
+      for (const index_t tb : {1, 2, 3, 5}) {
+        std::vector<double> g_m1;
+        for (int m = 1; m <= c.K + 1; ++m) {
+          EngineOptions o = whole;
+          o.token_block = tb;
+          o.layer_checkpoint = m;
+          double lb = 0;
+          const auto gb = grad_of(o, ps, x, &lb);
+          const std::string what = std::string(detach ? "detached" : "exact") + ", chunk " + std::to_string(chunk) +
+                                   ", token_block " + std::to_string(tb) + ", m " + std::to_string(m);
+          EXPECT_NEAR(lb, lw, 1e-13 * lw) << what;
+          expect_close(gb, gw, d, 1e-12, what);
+          if (m == 1)
+            g_m1 = gb;
+          else
+            EXPECT_EQ(gb, g_m1) << what << ": not bitwise the m = 1 gradient";
+        }
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MambaBlockwise,
+                         ::testing::Values(BlockCase{2, 2, 13, 4, true}, BlockCase{1, 1, 11, 3, false},
+                                           BlockCase{2, 1, 9, 2, true}, BlockCase{3, 2, 7, 3, true},
+                                           BlockCase{1, 2, 11, 4, false}),
+                         [](const ::testing::TestParamInfo<BlockCase>& i) {
+                           const BlockCase& c = i.param;
+                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
+                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                         });
+
 namespace {
 
 // E2's truncated gradient of a Mamba by explicit products on the host (docs/design.md §2):
