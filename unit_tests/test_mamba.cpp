@@ -288,6 +288,42 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaBlockwise,
                                   std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
+// 16-bit storage of a Mamba's kept layer inputs (run.storage, with token blocks and
+// m = 2): float storage's gradient to within the SSM-ResNet's tolerances
+// (test_low_memory.cpp). Float storage over token blocks is the whole window's to
+// float rounding (the blocks' weight-gradient sums add in another order: not bitwise).
+TEST(Mamba, BlockwiseSixteenBitStorage) {
+  ModelDims d = mamba_dims(4, false, 4);
+  d.width = 16;
+  d.state = 4;
+  const auto ps = cast_model<float>(random_model<double>(d, 51));
+  const auto x = with_starts(random_tokens(2, 64, d.vocab, 52), {20, 64 + 33});
+  const auto opts = [](Storage st, index_t tb) {
+    EngineOptions o = engine_options("adjoint-exact");
+    o.chunk = 8;
+    o.storage = st;
+    o.layer_checkpoint = tb > 0 ? 2 : 1;
+    o.token_block = tb;
+    return o;
+  };
+  double lw = 0, lf = 0, lb = 0, lh = 0;
+  const auto gw = grad_of(opts(Storage::full, 0), ps, x, &lw);
+  const auto gf = grad_of(opts(Storage::full, 24), ps, x, &lf);
+  const auto gb = grad_of(opts(Storage::bf16, 24), ps, x, &lb);
+  const auto gh = grad_of(opts(Storage::fp16, 24), ps, x, &lh);
+  expect_close(gf, gw, d, 1e-5, "float storage, token blocks");
+  EXPECT_NE(gb, gf);  // the storage is really rounded
+  for (const auto& t : param_layout(d)) {
+    EXPECT_GE(cosine(gb, gf, t.offset, t.size()), 0.999) << t.name;
+    EXPECT_LE(rel_l2(gb, gf, t.offset, t.size()), 2e-2) << t.name;
+    EXPECT_GE(cosine(gh, gf, t.offset, t.size()), 0.99999) << t.name;
+    EXPECT_LE(rel_l2(gh, gf, t.offset, t.size()), 3e-3) << t.name;
+  }
+  EXPECT_NEAR(lf, lw, 1e-6 * lw);
+  EXPECT_NEAR(lb, lf, 1e-2 * lf);
+  EXPECT_NEAR(lh, lf, 2e-3 * lf);
+}
+
 namespace {
 
 // E2's truncated gradient of a Mamba by explicit products on the host (docs/design.md §2):
