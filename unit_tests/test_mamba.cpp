@@ -484,19 +484,17 @@ TEST(Mamba, Configuration) {
     c.set(k);
     expect_error([&] { c.validate(); }, std::string(k).substr(0, std::string(k).find('=')));
   }
-  // E2 and E3's detached and windowed modes run; the levers and MPI do not yet, each named.
-  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4"}) {
+  // E2 and E3's detached and windowed modes run, and E3's levers but the carried state;
+  // the carried state and MPI do not yet, each named.
+  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "run.storage=bf16",
+                          "run.storage=fp16", "grad.layer_checkpoint=2", "grad.token_block=8"}) {
     Config c = m;
     c.set(set);
     if (std::string(set) == "grad.truncate=4") c.set("grad.engine=adjoint");
     EXPECT_NO_THROW(require_mamba_supported(c.settings())) << set;
   }
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
-           {"run.storage=bf16", "run.storage=bf16"},
-           {"run.storage=fp16", "run.storage=fp16"},
            {"data.carry_state=true", "data.carry_state=true"},
-           {"grad.layer_checkpoint=2", "grad.layer_checkpoint"},
-           {"grad.token_block=8", "grad.token_block"},
            {"dist.layer_ranks=2", "dist.* (several MPI ranks)"}}) {
     Config c = m;
     c.set(set);
@@ -511,7 +509,11 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
   for (const std::string engine : {"grad.engine=backprop", "grad.engine=adjoint-exact", "grad.engine=adjoint",
                                    "grad.engine=adjoint grad.truncate=16", "grad.engine=backprop grad.detach_inputs=true",
                                    "grad.engine=adjoint-exact grad.detach_inputs=true",
-                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.truncate=16"})
+                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.truncate=16",
+                                   "grad.engine=adjoint-exact grad.token_block=128",
+                                   "grad.engine=adjoint-exact grad.token_block=96 grad.layer_checkpoint=2 run.storage=bf16",
+                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.token_block=64 "
+                                   "grad.layer_checkpoint=3"})
   for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
     Config c = mamba_config(mamba_dims(2, false, 4, 0));
     for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
@@ -547,16 +549,15 @@ TEST(Mamba, EnginesRefuse) {
   auto ps = random_model<double>(d, 1);
   const auto x = random_tokens(1, 8, d.vocab, 2);
   ParamSet<double> grad(d);
-  // The memory levers (the block-wise engine) refuse a Mamba, naming the levers.
-  for (int lever = 0; lever < 4; ++lever) {
-    EngineOptions o = engine_options("adjoint-exact");
-    if (lever == 0) o.token_block = 4;
-    if (lever == 1) o.layer_checkpoint = 2;
-    if (lever == 2) o.storage = Storage::bf16;
-    if (lever == 3) o.carry_state = true;
-    expect_error([&] { make_engine<double>(o)->compute(ps, x, grad); },
-                 "grad.token_block and data.carry_state are not available for model.arch=mamba");
-  }
+  // The block-wise engine refuses a Mamba's carried state, and the levers on anything but E3.
+  EngineOptions o = engine_options("adjoint-exact");
+  o.token_block = 4;
+  o.carry_state = true;
+  expect_error([&] { make_engine<double>(o)->compute(ps, x, grad); },
+               "data.carry_state is not available for model.arch=mamba");
+  o = engine_options("adjoint");
+  o.token_block = 4;
+  expect_error([&] { make_engine<double>(o); }, "need grad.engine = adjoint-exact");
   // A window on the exact gradient stays undefined, as for an SSM-ResNet.
   expect_error([&] { make_engine<double>(engine_options("adjoint-exact", 4, false)); }, "needs grad.detach_inputs");
   std::vector<View2<double>> state(1, View2<double>("s", 8, 3));

@@ -404,11 +404,9 @@ void require_mamba_supported(const Settings& st) {
   if (!st.model.mamba()) return;
   const auto no = [](const std::string& what) {
     return what + " is not available for model.arch=mamba yet (only grad.engine=backprop, adjoint or adjoint-exact, "
-                  "grad.detach_inputs and grad.truncate, over the whole window in one process)";
+                  "grad.detach_inputs and grad.truncate, and with adjoint-exact grad.token_block, "
+                  "grad.layer_checkpoint and run.storage, in one process)";
   };
-  require(st.grad.storage == Storage::full, no("run.storage=" + storage_name(st.grad.storage)));
-  require(st.grad.layer_checkpoint == 1, no("grad.layer_checkpoint"));
-  require(st.grad.token_block == 0, no("grad.token_block"));
   require(!st.data.carry_state, no("data.carry_state=true"));
   require(!st.dist.multi_rank(), no("dist.* (several MPI ranks)"));
 }
