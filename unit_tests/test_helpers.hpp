@@ -302,6 +302,17 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b,
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
 }
 
+// The cosine of a and b over [off, off + n).
+inline double cosine(const std::vector<double>& a, const std::vector<double>& b, std::size_t off, std::size_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (std::size_t i = off; i < off + n; ++i) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return ab / std::sqrt(aa * bb);
+}
+
 // Per-tensor relative L2 error of got against ref is at most tol.
 inline void expect_close(const std::vector<double>& got, const std::vector<double>& ref, const ModelDims& d,
                          double tol, const std::string& what = "") {

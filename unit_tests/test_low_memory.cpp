@@ -139,16 +139,6 @@ EngineOptions lowmem(Storage st, index_t m, index_t block, bool detach = false, 
   return o;
 }
 
-double cosine(const std::vector<double>& a, const std::vector<double>& b, std::size_t off, std::size_t n) {
-  double ab = 0, aa = 0, bb = 0;
-  for (std::size_t i = off; i < off + n; ++i) {
-    ab += a[i] * b[i];
-    aa += a[i] * a[i];
-    bb += b[i] * b[i];
-  }
-  return ab / std::sqrt(aa * bb);
-}
-
 }  // namespace
 
 template <class S>

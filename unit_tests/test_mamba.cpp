@@ -243,6 +243,108 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaE3,
                                   std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
+// The block-wise engine on a Mamba (grad.token_block, docs/design.md §8): token
+// blocks of 1 token up to more than Kc−1, blocks shorter than the conv's reach
+// (the conv's carry then passes through several blocks), document starts inside
+// a block, on a block's first token and within a block's first Kc−1 tokens,
+// batch 2, T odd; exact and detached; layer checkpoints m = 1..K+1 and 16-bit
+// storage of the kept inputs. The gradient equals the whole window's (E3 in
+// one block) to 1e-12 in double, and is the same for every m bit for bit.
+struct BlockCase {
+  int K;
+  index_t batch, T;
+  std::int64_t Kc;
+  bool docs;
+};
+
+void PrintTo(const BlockCase& c, std::ostream* os) {
+  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "");
+}
+
+class MambaBlockwise : public ::testing::TestWithParam<BlockCase> {};
+
+TEST_P(MambaBlockwise, EqualsWholeWindow) {
+  const auto c = GetParam();
+  const auto d = mamba_dims(c.K, c.K % 2 == 0, c.Kc);
+  auto ps = fd_model(d, 80 + c.K);
+  auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
+  // Starts on block boundaries and inside a block's first Kc−1 tokens for the block lengths below.
+  if (c.docs)
+    x = with_starts(x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
+                                    : std::vector<index_t>{2, 5, 9});
+  for (const bool detach : {false, true})
+    for (const index_t chunk : {1, 2}) {
+      EngineOptions whole = engine_options("adjoint-exact", 0, detach);
+      whole.chunk = chunk;
+      double lw = 0;
+      const auto gw = grad_of(whole, ps, x, &lw);
+      for (const index_t tb : {1, 2, 3, 5}) {
+        std::vector<double> g_m1;
+        for (int m = 1; m <= c.K + 1; ++m) {
+          EngineOptions o = whole;
+          o.token_block = tb;
+          o.layer_checkpoint = m;
+          double lb = 0;
+          const auto gb = grad_of(o, ps, x, &lb);
+          const std::string what = std::string(detach ? "detached" : "exact") + ", chunk " + std::to_string(chunk) +
+                                   ", token_block " + std::to_string(tb) + ", m " + std::to_string(m);
+          EXPECT_NEAR(lb, lw, 1e-13 * lw) << what;
+          expect_close(gb, gw, d, 1e-12, what);
+          if (m == 1)
+            g_m1 = gb;
+          else
+            EXPECT_EQ(gb, g_m1) << what << ": not bitwise the m = 1 gradient";
+        }
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MambaBlockwise,
+                         ::testing::Values(BlockCase{2, 2, 13, 4, true}, BlockCase{1, 1, 11, 3, false},
+                                           BlockCase{2, 1, 9, 2, true}, BlockCase{3, 2, 7, 3, true},
+                                           BlockCase{1, 2, 11, 4, false}),
+                         [](const ::testing::TestParamInfo<BlockCase>& i) {
+                           const BlockCase& c = i.param;
+                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
+                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                         });
+
+// 16-bit storage of a Mamba's kept layer inputs (run.storage, with token blocks and
+// m = 2): float storage's gradient to within the SSM-ResNet's tolerances
+// (test_low_memory.cpp). Float storage over token blocks is the whole window's to
+// float rounding (the blocks' weight-gradient sums add in another order: not bitwise).
+TEST(Mamba, BlockwiseSixteenBitStorage) {
+  ModelDims d = mamba_dims(4, false, 4);
+  d.width = 16;
+  d.state = 4;
+  const auto ps = cast_model<float>(random_model<double>(d, 51));
+  const auto x = with_starts(random_tokens(2, 64, d.vocab, 52), {20, 64 + 33});
+  const auto opts = [](Storage st, index_t tb) {
+    EngineOptions o = engine_options("adjoint-exact");
+    o.chunk = 8;
+    o.storage = st;
+    o.layer_checkpoint = tb > 0 ? 2 : 1;
+    o.token_block = tb;
+    return o;
+  };
+  double lw = 0, lf = 0, lb = 0, lh = 0;
+  const auto gw = grad_of(opts(Storage::full, 0), ps, x, &lw);
+  const auto gf = grad_of(opts(Storage::full, 24), ps, x, &lf);
+  const auto gb = grad_of(opts(Storage::bf16, 24), ps, x, &lb);
+  const auto gh = grad_of(opts(Storage::fp16, 24), ps, x, &lh);
+  expect_close(gf, gw, d, 1e-5, "float storage, token blocks");
+  EXPECT_NE(gb, gf);  // the storage is really rounded
+  for (const auto& t : param_layout(d)) {
+    EXPECT_GE(cosine(gb, gf, t.offset, t.size()), 0.999) << t.name;
+    EXPECT_LE(rel_l2(gb, gf, t.offset, t.size()), 2e-2) << t.name;
+    EXPECT_GE(cosine(gh, gf, t.offset, t.size()), 0.99999) << t.name;
+    EXPECT_LE(rel_l2(gh, gf, t.offset, t.size()), 3e-3) << t.name;
+  }
+  EXPECT_NEAR(lf, lw, 1e-6 * lw);
+  EXPECT_NEAR(lb, lf, 1e-2 * lf);
+  EXPECT_NEAR(lh, lf, 2e-3 * lf);
+}
+
 namespace {
 
 // E2's truncated gradient of a Mamba by explicit products on the host (docs/design.md §2):
@@ -403,9 +505,11 @@ TEST(Mamba, Configuration) {
     c.set(k);
     expect_error([&] { c.validate(); }, std::string(k).substr(0, std::string(k).find('=')));
   }
-  // E2 and E3's detached and windowed modes run, on data and layer ranks too; the levers and
-  // sequence ranks do not yet, each named.
-  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "dist.layer_ranks=2",
+  // E2 and E3's detached and windowed modes run, on data and layer ranks too, and E3's
+  // levers in one process; the carried state, sequence ranks and the levers on several
+  // ranks do not yet, each named.
+  for (const char* set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "run.storage=bf16",
+                          "run.storage=fp16", "grad.layer_checkpoint=2", "grad.token_block=8", "dist.layer_ranks=2",
                           "dist.data_ranks=2"}) {
     Config c = m;
     c.set(set);
@@ -414,16 +518,22 @@ TEST(Mamba, Configuration) {
     EXPECT_NO_THROW(require_mamba_supported(c.settings())) << set;
   }
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
-           {"run.storage=bf16", "run.storage=bf16"},
-           {"run.storage=fp16", "run.storage=fp16"},
            {"data.carry_state=true", "data.carry_state=true"},
-           {"grad.layer_checkpoint=2", "grad.layer_checkpoint"},
-           {"grad.token_block=8", "grad.token_block"},
            {"dist.seq_ranks=2", "dist.seq_ranks > 1 (sequence ranks: the conv's K-1-token halo)"}}) {
     Config c = m;
     c.set(set);
     if (set.rfind("dist", 0) == 0) c.set("model.layers=2");
     if (set.rfind("data.carry", 0) == 0) c.set("data.sequential=true");
+    expect_error([&] { require_mamba_supported(c.settings()); }, key + " is not available for model.arch=mamba");
+  }
+  for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
+           {"grad.token_block=8", "grad.token_block on several MPI ranks"},
+           {"grad.layer_checkpoint=2", "grad.layer_checkpoint on several MPI ranks"},
+           {"run.storage=bf16", "run.storage=bf16 on several MPI ranks"}}) {
+    Config c = m;
+    c.set(set);
+    c.set("model.layers=2");
+    c.set("dist.layer_ranks=2");
     expect_error([&] { require_mamba_supported(c.settings()); }, key + " is not available for model.arch=mamba");
   }
 }
@@ -433,7 +543,11 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
   for (const std::string engine : {"grad.engine=backprop", "grad.engine=adjoint-exact", "grad.engine=adjoint",
                                    "grad.engine=adjoint grad.truncate=16", "grad.engine=backprop grad.detach_inputs=true",
                                    "grad.engine=adjoint-exact grad.detach_inputs=true",
-                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.truncate=16"})
+                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.truncate=16",
+                                   "grad.engine=adjoint-exact grad.token_block=128",
+                                   "grad.engine=adjoint-exact grad.token_block=96 grad.layer_checkpoint=2 run.storage=bf16",
+                                   "grad.engine=adjoint-exact grad.detach_inputs=true grad.token_block=64 "
+                                   "grad.layer_checkpoint=3"})
   for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
     Config c = mamba_config(mamba_dims(2, false, 4, 0));
     for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
@@ -469,16 +583,15 @@ TEST(Mamba, EnginesRefuse) {
   auto ps = random_model<double>(d, 1);
   const auto x = random_tokens(1, 8, d.vocab, 2);
   ParamSet<double> grad(d);
-  // The memory levers (the block-wise engine) refuse a Mamba, naming the levers.
-  for (int lever = 0; lever < 4; ++lever) {
-    EngineOptions o = engine_options("adjoint-exact");
-    if (lever == 0) o.token_block = 4;
-    if (lever == 1) o.layer_checkpoint = 2;
-    if (lever == 2) o.storage = Storage::bf16;
-    if (lever == 3) o.carry_state = true;
-    expect_error([&] { make_engine<double>(o)->compute(ps, x, grad); },
-                 "grad.token_block and data.carry_state are not available for model.arch=mamba");
-  }
+  // The block-wise engine refuses a Mamba's carried state, and the levers on anything but E3.
+  EngineOptions o = engine_options("adjoint-exact");
+  o.token_block = 4;
+  o.carry_state = true;
+  expect_error([&] { make_engine<double>(o)->compute(ps, x, grad); },
+               "data.carry_state is not available for model.arch=mamba");
+  o = engine_options("adjoint");
+  o.token_block = 4;
+  expect_error([&] { make_engine<double>(o); }, "need grad.engine = adjoint-exact");
   // A window on the exact gradient stays undefined, as for an SSM-ResNet.
   expect_error([&] { make_engine<double>(engine_options("adjoint-exact", 4, false)); }, "needs grad.detach_inputs");
   std::vector<View2<double>> state(1, View2<double>("s", 8, 3));

@@ -225,7 +225,7 @@ WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const Laye
 template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
-                              const ExecSpace& exec) {
+                              const ExecSpace& exec, const View2<S>& h0, ExactCarry<S>* carry) {
   const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
   require(opts_in.chunk >= 1 && opts_in.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
   const EngineOptions opts = scan_wave_options(opts_in, Bt * P * N);
@@ -239,20 +239,30 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
   const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);
   const View3<S> G = chunked_h || !window ? work.view3(buf::chunk_products) : View3<S>();
   const View3<S> Ms = window ? View3<S>() : work.view3(buf::mu_chunk_start);
+  require(!(window && carry), "adjoint-exact: a window runs on whole windows, not token blocks");
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
   const ExactCarry<S> none;
-  const View2<S> h0;
+  const ExactCarry<S>& cin = carry ? *carry : none;
   if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec);
-  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, none, exec);
-  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, none, window ? opts.truncate : 0, T, W, work, on_wave, exec);
+  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec);
+  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, cin, window ? opts.truncate : 0, T, W, work, on_wave, exec);
+  if (!carry) return;
+  if (index_t(carry->mu.extent(0)) != Bt) {  // a layer's first block allocates the carry
+    const WorkspaceSpec cs = adjoint_exact_carry_workspace(LayerShape{Bt, T, P, N, sizeof(S)});
+    carry->mu = make_view3<S>(*cs.find(buf::carry_mu));
+    carry->A = make_view3<S>(*cs.find(buf::carry_A));
+  }
+  impl::take_carry(L, Bt, chunks.n, Ms, *carry, exec);
 }
 
 template void adjoint_exact_scan_waves<float>(const EngineOptions&, Workspace<float>&, const SeqShape&,
                                               const LayerActivations<float>&, const View2<float>&,
-                                              const ScanWaveFn<float>&, const ExecSpace&);
+                                              const ScanWaveFn<float>&, const ExecSpace&, const View2<float>&,
+                                              ExactCarry<float>*);
 template void adjoint_exact_scan_waves<double>(const EngineOptions&, Workspace<double>&, const SeqShape&,
                                                const LayerActivations<double>&, const View2<double>&,
-                                               const ScanWaveFn<double>&, const ExecSpace&);
+                                               const ScanWaveFn<double>&, const ExecSpace&, const View2<double>&,
+                                               ExactCarry<double>*);
 
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
@@ -308,6 +318,38 @@ void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShap
                                           const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>* carry,
                                           const LayerParams<S>& grad) {
   run(p, sb, y_blk, project_block(p, sb, y_blk), g_blk, h0, carry, grad);
+}
+
+template <class S>
+void AdjointExactLayer<S>::backward_mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
+                                                const View2<S>& y_blk, const View2<S>& g_blk,
+                                                const MambaState<S>& before, ExactCarry<S>* carry,
+                                                const View2<S>& gconv, const MambaLayerParams<S>& grad) {
+  const ExecSpace& exec = this->exec_;
+  const index_t rows = sb.rows();
+  if (!mamba_act_ || index_t(mamba_act_->x.extent(0)) != rows) {
+    mamba_act_.reset();  // the old ones freed first
+    mamba_act_ = std::make_unique<MambaActivations<S>>(sb, d, LayerActivations<S>::projections_only);
+  }
+  if (index_t(mamba_state_.ssm.extent(0)) != index_t(before.ssm.extent(0))) mamba_state_ = MambaState<S>(sb.batch, d);
+  const MambaActivations<S>& act = *mamba_act_;
+  const auto& cot = mamba_cotangents(mamba_cot_, rows, d, false);
+  // The block's forward again, bit for bit the forward's: from a copy of the
+  // state it started from (the forward advances the state it is given); its
+  // output lands in ∂ŷ's rows, unused until the norm's VJP.
+  Kokkos::deep_copy(exec, mamba_state_.conv, before.conv);
+  Kokkos::deep_copy(exec, mamba_state_.ssm, before.ssm);
+  mamba_layer_forward(p, d, sb, y_blk, act, cot.gyhat, mamba_state_, exec);
+  mamba_gate_backward(p, act, g_blk, cot, grad, exec);
+  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                    const View3<S>& A, const LayerCotangents<S>& wc) {
+    selective_scan_backward_rows(p.D, sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+    impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
+  };
+  adjoint_exact_scan_waves(opts_, work_, sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry);
+  mamba_mixer_backward_block(p, d, sb, y_blk, act, cot, grad, opts_.detach_inputs ? View2<S>() : g_blk, before.conv,
+                             gconv, exec);
 }
 
 template <class S>
@@ -396,6 +438,8 @@ void AdjointExactLayer<S>::release() {
   block_work_.release();
   work_.release();
   mamba_cot_.reset();
+  mamba_act_.reset();
+  mamba_state_ = MambaState<S>();
 }
 
 template <class S>

@@ -7,6 +7,7 @@
 // (E2's full gradient in O(T)); detached with a window T̄ (E2's truncated sum
 // in O(T) by the block method of §2).
 #include <functional>
+#include <memory>
 
 #include "ash/grad/engine.hpp"
 #include "ash/grad/workspace.hpp"
@@ -59,10 +60,14 @@ WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh);
 template <class S>
 using ScanWaveFn = std::function<void(const BlockRows& rows, const View3<S>& mu, const View3<S>& hprev,
                                       const View3<S>& A, const LayerCotangents<S>& cot)>;
+// On a token block (a Mamba in the block-wise engine): h0 ([Bt·P, N], empty:
+// zero) the state before the block, carry as backward_block's (in: from the
+// block after, out: for the block before; no window).
 template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
-                              const ExecSpace& exec = ExecSpace());
+                              const ExecSpace& exec = ExecSpace(), const View2<S>& h0 = View2<S>(),
+                              ExactCarry<S>* carry = nullptr);
 // Its buffers: adjoint_exact_workspace's in the wave form.
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh);
 
@@ -93,6 +98,16 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
                              const LayerParams<S>& grad) override;
   void block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
                        const View3<S>& M, const View3<S>& v) override;
+  // A Mamba block on one token block of every sequence (the block-wise
+  // engine, blocks last to first): its forward again from y_blk and `before`
+  // (the MambaState the forward started the block from), the gate's VJP, the
+  // scan's E3 waves from before.ssm with the μ/A carry over E channels (as
+  // backward_block's), then mamba_mixer_backward_block with the conv's carry
+  // gconv (in: ∂L/∂ the conv state after the block; out: before it). g_blk:
+  // g_k in, g_{k-1} out (unchanged when detached).
+  void backward_mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
+                            const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before,
+                            ExactCarry<S>* carry, const View2<S>& gconv, const MambaLayerParams<S>& grad);
 
   // Implementation, public only because nvcc refuses an extended (KOKKOS_LAMBDA)
   // lambda inside a private or protected member function.
@@ -112,6 +127,8 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   Workspace<S> block_work_;  // projections of one token block (adjoint_exact_block_workspace)
   Workspace<S> work_;  // run()'s buffers (adjoint_exact_workspace); freed by release()
   std::unique_ptr<MambaCotangents<S>> mamba_cot_;  // a Mamba's, kept from block to block of a pass
+  std::unique_ptr<MambaActivations<S>> mamba_act_;  // a Mamba token block's, kept likewise
+  MambaState<S> mamba_state_;                       // the state a token block's forward runs again from
 };
 
 }  // namespace ash

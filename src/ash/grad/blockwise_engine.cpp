@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "ash/core/error.hpp"
@@ -200,9 +201,8 @@ TokenBlocks sequence_blocks(const EngineOptions& opts, index_t T_all, index_t t_
 template <class S>
 double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
-  require(!d.mamba(), "run.storage, grad.layer_checkpoint, grad.token_block and data.carry_state are not available "
-                      "for model.arch=mamba yet (its block-wise pass: the conv's reach across token blocks)");
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
+  if (d.mamba()) return compute_mamba(params, x, grad);
   const index_t T = x.extent(1);
   const double loss = compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T),
                                     RangeLinks<S>{}, state_, grad);
@@ -217,6 +217,7 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   const auto& d = params.dims();
   const LayerRange& lr = params.range();
   require(grad.range() == lr, "BlockwiseEngine: the gradient is not the parameters' range");
+  require(!d.mamba(), "the block-wise pass over MPI ranks is not available for model.arch=mamba yet");
   Range r;
   r.links = &links;
   r.state = state;
@@ -309,6 +310,126 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
     else
       r.links->g_out(j, g);
   }
+  return loss;
+}
+
+namespace {
+
+// The first `rows` rows of a Mamba block's activations (the last token block may be shorter).
+template <class S>
+MambaActivations<S> mamba_first_rows(const MambaActivations<S>& a, index_t rows) {
+  MambaActivations<S> o;
+  o.rstd = Kokkos::subview(a.rstd, std::make_pair(index_t(0), rows));
+  o.yhat = first_rows(a.yhat, rows);
+  o.x = first_rows(a.x, rows);
+  o.z = first_rows(a.z, rows);
+  o.c = first_rows(a.c, rows);
+  o.dlow = first_rows(a.dlow, rows);
+  o.s = first_rows(a.s, rows);
+  o.o = first_rows(a.o, rows);
+  o.scan = first_rows(a.scan, rows);
+  return o;
+}
+
+}  // namespace
+
+// A Mamba over token blocks (docs/design.md §8): as the SSM-ResNet's pass, the
+// state before every (layer, block) kept, here a MambaState (the conv's last
+// Kc−1 inputs and h), so any block of any layer runs again alone bit for bit
+// (mamba_layer_forward's carried form). Backward blocks last to first: per
+// layer the μ/A carry over E channels and the conv's carry, ∂L/∂ the conv
+// state a block read, into the block before (AdjointExactLayer::backward_mamba_block).
+template <class S>
+double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
+  require(!opts_.carry_state && !state_, "data.carry_state is not available for model.arch=mamba yet");
+  const MatmulScope matmul(opts_.matmul, sizeof(S));
+  const ExecSpace& exec = layer_.execution_space();
+  const auto& d = params.dims();
+  const int K = int(d.layers);
+  const index_t Bt = x.extent(0), T = x.extent(1), D = d.width, E = d.inner(), N = d.state;
+  const index_t Kc1 = d.conv_kernel - 1;
+  const TokenBlocks blk(block_length(T), T);
+  const DocStarts docs(x);
+  const auto shape = [&](index_t j) { return SeqShape{Bt, blk.size(j), docs.from(blk.start(j))}; };
+  const LayerSegments seg(0, K, K, true, opts_.layer_checkpoint);
+  std::vector<StoredRows<S>> kept(std::size_t(K + 1));
+  for (const int c : seg.starts)
+    if (c > 0) kept[std::size_t(c)] = StoredRows<S>(std::string(y_kept), opts_.storage, Bt * T, D);  // y_0: the embedding again
+  // The state before block j of layer k: slot j of conv[k], ssm[k] (block 0's: zero).
+  std::vector<View3<S>> conv, ssm;
+  for (int k = 0; k < K; ++k) {
+    conv.emplace_back("ash::lowmem::mamba_conv_start", blk.n, Bt * E, Kc1);
+    ssm.emplace_back("ash::lowmem::mamba_ssm_start", blk.n, Bt * E, N);
+  }
+  const auto before = [&](int k, index_t j) {
+    MambaState<S> st;
+    st.conv = Kokkos::subview(conv[std::size_t(k)], j, Kokkos::ALL(), Kokkos::ALL());
+    st.ssm = Kokkos::subview(ssm[std::size_t(k)], j, Kokkos::ALL(), Kokkos::ALL());
+    return st;
+  };
+  MambaState<S> run(Bt, d);
+  const MambaActivations<S> act(shape(0), d, LayerActivations<S>::projections_only);  // one block's
+  // The block's forward of layer k from the state kept before it (forward and recomputation alike).
+  const auto advance = [&](int k, index_t j, const View2<S>& y, const View2<S>& yo) {
+    const MambaState<S> b = before(k, j);
+    Kokkos::deep_copy(exec, run.conv, b.conv);
+    Kokkos::deep_copy(exec, run.ssm, b.ssm);
+    mamba_layer_forward(params.mamba_layer(k), d, shape(j), y, mamba_first_rows(act, index_t(y.extent(0))), yo, run, exec);
+  };
+  grad.fill_zero();
+  const index_t rb = Bt * blk.len;
+  {  // forward: blocks in order, the kept inputs stored
+    View2<S> ya(std::string(y_block), rb, D), yb(std::string(y_block_next), rb, D);
+    for (index_t j = 0; j < blk.n; ++j) {
+      const index_t rows = Bt * blk.size(j);
+      View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
+      embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
+      for (int k = 0; k < K; ++k) {
+        advance(k, j, y, yo);
+        if (j + 1 < blk.n) {
+          const MambaState<S> next = before(k, j + 1);
+          Kokkos::deep_copy(exec, next.conv, run.conv);
+          Kokkos::deep_copy(exec, next.ssm, run.ssm);
+        }
+        std::swap(y, yo);
+        if (!kept[std::size_t(k + 1)].empty()) kept[std::size_t(k + 1)].put(y, T, blk.start(j), blk.size(j), exec);
+      }
+    }
+  }
+  // Backward: blocks last to first, segments top down, each recomputed from its kept input.
+  const auto gglobal = grad.global();
+  std::vector<View2<S>> yseg;
+  for (int i = 0; i < seg.longest(); ++i) yseg.emplace_back(std::string(y_segment), rb, D);
+  const View2<S> gb(std::string(g_block), rb, D);
+  std::vector<ExactCarry<S>> carry(static_cast<std::size_t>(K));
+  std::vector<View2<S>> gconv;  // ∂L/∂ the conv state after the block, per layer (zero after the window)
+  for (int k = 0; k < K; ++k) gconv.emplace_back("ash::lowmem::mamba_conv_carry", Bt * E, Kc1);
+  double loss = 0;
+  for (index_t j = blk.n - 1; j >= 0; --j) {
+    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = Bt * Tj;
+    const TokenView xb = token_block(x, t0, Tj);
+    const View2<S> g = first_rows(gb, rows);
+    for (std::size_t i = seg.starts.size(); i-- > 0;) {
+      const int c = seg.starts[i], e = seg.end_of(i);
+      const View2<S> y0 = first_rows(yseg[0], rows);
+      if (c == 0)
+        embedding_forward(params.global().embedding, xb, y0, exec);
+      else
+        kept[std::size_t(c)].get(y0, T, t0, Tj, exec);
+      for (int k = c; k < e; ++k) advance(k, j, first_rows(yseg[k - c], rows), first_rows(yseg[k + 1 - c], rows));
+      if (e == K) {  // the head on y_K's rows: the block's share of L and g_K
+        const TokenView xh = token_block(x, t0, (blk.end(j) < T ? blk.end(j) + 1 : T) - t0);
+        loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,
+                             target_count(x), exec);
+      }
+      for (int k = std::min(e, K - 1); k >= c; --k)
+        layer_.backward_mamba_block(params.mamba_layer(k), d, shape(j), first_rows(yseg[k - c], rows), g, before(k, j),
+                                    blk.n > 1 ? &carry[std::size_t(k)] : nullptr, gconv[std::size_t(k)],
+                                    grad.mamba_layer(k));
+    }
+    embedding_backward(xb, g, gglobal.embedding, exec);
+  }
+  layer_.release();
   return loss;
 }
 

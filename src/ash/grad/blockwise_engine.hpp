@@ -175,6 +175,8 @@ class BlockwiseEngine final : public GradientEngine<S> {
 
  private:
   struct Range;  // one compute_range(): a BlockwisePass and the links
+  // A Mamba (model.arch = mamba), the whole model in one process.
+  double compute_mamba(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad);
   void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
   double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;

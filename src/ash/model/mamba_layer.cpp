@@ -246,10 +246,18 @@ void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, cons
   mamba_mixer_backward_dense(p, d, s, y_in, act, cot, grad, g, exec);
 }
 
+namespace {
+
+// mamba_mixer_backward_dense, on a token block when cb (the conv state before
+// it) and gcs (∂L/∂ the conv state after it, in; before it, out) are given.
 template <class S>
-void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
-                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
-                                const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
+void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                      const MambaActivations<S>& act, const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad,
+                      const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, const ExecSpace& exec) {
+  const bool block = gcs.extent(0) > 0;
+  require(!block || (index_t(cb.extent(0)) == s.batch * d.inner() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
+                     cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
+          "mamba_mixer_backward_block: conv states of another size");
   const index_t M = s.rows(), E = d.inner(), T = s.T, Bt = s.batch, Kc = d.conv_kernel;
   const auto& sc = act.scan;
   const auto& sg = cot.scan;
@@ -268,8 +276,8 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
       "ash::mamba::silu_backward", Range2(exec, {0, 0}, {M, E}),
       KOKKOS_LAMBDA(const index_t m, const index_t e) { gc(m, e) = gu(m, e) * silu_grad(c(m, e)); });
   // The conv's VJPs: into x (each token feeds the next Kc - 1 outputs of its
-  // document), and into w_conv and b_conv, one thread per (channel, tap) summing
-  // every token in order (deterministic; tap Kc is the bias).
+  // document; in a token block, also across the block's ends), and into w_conv
+  // and b_conv (below).
   const DocStarts docs = s.docs;
   auto w = p.conv_weight;
   auto x = act.x;
@@ -284,6 +292,37 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
         }
         gx(m, e) = acc;
       });
+  // Across the block's start: the later blocks' cotangent of the conv state
+  // after this block goes to the x rows it holds (older columns, of a block
+  // shorter than Kc−1, pass on to the state before), and the taps of the
+  // block's first tokens into the state before it add theirs.
+  if (block && Kc > 1)
+    Kokkos::parallel_for(
+        "ash::mamba::conv_backward_carry", Range(exec, 0, Bt * E), KOKKOS_LAMBDA(const index_t i) {
+          const index_t b = i / E, e = i % E, first = T - (Kc - 1);  // the token of the state after's column 0
+          index_t start = -Kc;  // the last start after column 0's token, as the forward's conv_state
+          for (index_t t = T - 1; t > first && t >= 0; --t)
+            if (docs.at(b, t)) {
+              start = t;
+              break;
+            }
+          for (index_t j = 0; j < Kc - 1; ++j) {  // first: every column that holds this block's x
+            const index_t t = first + j;
+            if (t >= 0 && t >= start) gx(b * T + t, e) += gcs(i, j);
+          }
+          index_t open = T;  // tokens [0, open) of the block read the state before (no start among them)
+          for (index_t t = 0; t < T; ++t)
+            if (docs.at(b, t)) {
+              open = t;
+              break;
+            }
+          for (index_t c = Kc - 2; c >= 0; --c) {  // descending: column c reads column c - T, not yet rewritten
+            S acc = 0;
+            if (c - T >= 0 && first + (c - T) >= start) acc += gcs(i, c - T);
+            for (index_t t = 0; t <= c && t < open; ++t) acc += w(e, c - t) * gc(b * T + t, e);
+            gcs(i, c) = acc;
+          }
+        });
   // Into w_conv and b_conv in two levels (kernels/row_sums.hpp): one thread per
   // (row block, channel) walks its rows in order and adds each tap into its
   // partial sums (consecutive channels read adjacent memory, where one thread per
@@ -302,11 +341,20 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
           const index_t b = m / T, t = m % T;
           const S gcm = gc(m, e);
           part(blk, c0 + Kc) += gcm;
-          // the forward's taps: back from the token, none before the window or its document
-          for (index_t k = 0; k < Kc && k <= t; ++k) {
+          // the forward's taps: back from the token, none before its document; in a
+          // token block, the taps before the block's first token read the conv state
+          // before it (unless a document starts in between)
+          index_t k = 0;
+          bool cut = false;
+          for (; k < Kc && k <= t; ++k) {
             part(blk, c0 + Kc - 1 - k) += gcm * x(m - k, e);
-            if (docs.at(b, t - k)) break;
+            if (docs.at(b, t - k)) {
+              cut = true;
+              break;
+            }
           }
+          if (block && !cut)
+            for (; k < Kc; ++k) part(blk, c0 + Kc - 1 - k) += gcm * cb(b * E + e, Kc - 1 - (k - t));
         }
       });
   auto gw = grad.conv_weight;
@@ -328,6 +376,24 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
   impl::gemm<S>(exec, "N", "N", S(1), cot.gx, p.in_x, S(0), cot.gyhat);
   impl::gemm<S>(exec, "N", "N", S(1), cot.gz, p.in_z, S(1), cot.gyhat);
   impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, cot.gyhat, grad.norm, g, true, cot.norm_part, exec);
+}
+
+}  // namespace
+
+template <class S>
+void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, View2<S>(), View2<S>(), exec);
+}
+
+template <class S>
+void mamba_mixer_backward_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
+                                const View2<S>& gconv, const ExecSpace& exec) {
+  require(gconv.extent(0) > 0 || d.conv_kernel == 1, "mamba_mixer_backward_block: needs the conv state's cotangent");
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, conv_before, gconv, exec);
 }
 
 #define ASH_INSTANTIATE(S)                                                                                        \
@@ -358,7 +424,11 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
                                         const ExecSpace&);                                                        \
   template void mamba_mixer_backward_dense<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,      \
                                               const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
-                                              const MambaLayerParams<S>&, const View2<S>&, const ExecSpace&);
+                                              const MambaLayerParams<S>&, const View2<S>&, const ExecSpace&); \
+  template void mamba_mixer_backward_block<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,      \
+                                              const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
+                                              const MambaLayerParams<S>&, const View2<S>&, const View2<S>&,          \
+                                              const View2<S>&, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

@@ -140,4 +140,18 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
                                 const MambaLayerParams<S>& grad, const View2<S>& g,
                                 const ExecSpace& exec = ExecSpace());
 
+// The same on a token block of a longer window (the block-wise engine,
+// blocks last to first): conv_before is the conv state the block's forward
+// read (MambaState::conv before its first token); gconv is on entry ∂L/∂(the
+// conv state after the block), what the later blocks' taps read of this
+// block's x (and, for blocks shorter than Kc−1, of earlier ones), zero after
+// the window's last block; on return ∂L/∂(the conv state before the block),
+// for the block before. The conv's weight gradient gets the taps into
+// conv_before; document starts cut both as the forward does.
+template <class S>
+void mamba_mixer_backward_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const MambaLayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
+                                const View2<S>& gconv, const ExecSpace& exec = ExecSpace());
+
 }  // namespace ash

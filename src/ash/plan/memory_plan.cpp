@@ -207,6 +207,42 @@ struct Planner {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     return (rows * (1 + P + 7 * E + R + 2 * N) + E * N + (h_and_A ? 2 * rows * E * N : 0.0)) * S;
   }
+  // A Mamba with a lever (BlockwiseEngine::compute_mamba): the kept inputs
+  // (run.storage), a MambaState before every (layer, block) and the running
+  // one, one block's activations; forward: a block's y and next y; backward:
+  // the segment's inputs and g of a block, the conv's carry per layer (and
+  // E3's μ/A carries over E channels with several blocks), and
+  // AdjointExactLayer::backward_mamba_block's block activations, state copy,
+  // cotangents and scan workspace, held from the first block on.
+  std::string mamba_blockwise(Items& persistent, Phases& phases) const {
+    const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
+    const double Kc1 = double(cfg.model.conv_kernel - 1), state = B * E * (Kc1 + N) * S;
+    const std::int64_t blen = blockwise_block_length(o, Ti);
+    const double nb = double((Ti + blen - 1) / blen), rows = B * double(blen);
+    const BlockwiseWorkspace ws = blockwise_workspace(o, pass(blen));
+    const LayerShape scan{std::int64_t(B), blen, cfg.model.inner(), cfg.model.state, std::size_t(S)};
+    persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
+    persistent.push_back({"Mamba states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
+    persistent.push_back({"block activations (one block)", mamba_acts(rows, false)});
+    phases.push_back({"forward", {{"block y, next y", 2 * rows * P * S}}});
+    const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
+    const double rbk = std::ceil(rows / double(impl::reduce_rows));
+    Items back{{"segment inputs + g of a block", ws.backward.bytes()},
+               {"conv carries (K)", double(K) * B * E * Kc1 * S},
+               {"E3 block activations + state copy", mamba_acts(rows, false) + state},
+               {"cotangents (one block)", (rows * (3 * E + R + P) + rbk * P) * S + cot_e},
+               {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}};
+    if (nb > 1) back.push_back({"E3 carries (mu, A over E per layer)", double(K) * 2 * B * E * N * S});
+    auto emb = back;
+    emb.push_back({"embedding backward segments", emb_partial(rows)});
+    back.push_back({"head chunk", head(rows, hc, true)});  // from the second block on, on top of E3's scratch
+    phases.push_back({"backward", back});
+    phases.push_back({"embedding backward", emb});
+    return "adjoint-exact" + std::string(o.detach_inputs ? ", detached" : "") + " over token blocks of " +
+           std::to_string(blen) + ", " + storage_name(o.storage) + " storage, layer checkpoint " +
+           std::to_string(o.layer_checkpoint) + " (model.arch=mamba)";
+  }
+
   // A Mamba (model.arch = "mamba"): LocalEngine with E1, E2 or E3 over the whole
   // window (the methods' Mamba paths, grad/layer_adjoint.hpp).
   std::string mamba(Items& persistent, Phases& phases) const {
@@ -339,7 +375,7 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   const bool blockwise =
       !cfg.model.mamba() && cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
   const bool seq_blocks = blockwise && Sq > 1;
-  plan.engine = cfg.model.mamba() ? pl.mamba(persistent, phases)
+  plan.engine = cfg.model.mamba() ? (blockwise ? pl.mamba_blockwise(persistent, phases) : pl.mamba(persistent, phases))
                 : seq_blocks        ? pl.sequence_blockwise(scalar_bytes, persistent, phases)
                 : blockwise         ? pl.blockwise(scalar_bytes, persistent, phases)
                                     : pl.whole_window(persistent, phases);
