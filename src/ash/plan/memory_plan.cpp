@@ -371,9 +371,10 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   Items persistent;  // engine memory held across the phases below
   // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
   // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
-  // A Mamba runs whole windows on every layout (no block-wise forms yet).
-  const bool blockwise =
-      !cfg.model.mamba() && cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
+  // A Mamba runs block-wise only with a lever in one process (whole windows on every
+  // rank layout: the pipeline's block-wise form takes no Mamba yet).
+  const bool blockwise = cfg.grad.exact_adjoint() &&
+                         (cfg.grad.low_memory() || (multi && Sq == 1)) && !(cfg.model.mamba() && multi);
   const bool seq_blocks = blockwise && Sq > 1;
   plan.engine = cfg.model.mamba() ? (blockwise ? pl.mamba_blockwise(persistent, phases) : pl.mamba(persistent, phases))
                 : seq_blocks        ? pl.sequence_blockwise(scalar_bytes, persistent, phases)
