@@ -221,19 +221,9 @@ void mamba_scan_output_rows(const Unmanaged1<S>& D, const SeqShape& s, const Mam
 template <class S>
 void mamba_gate_backward(const MambaLayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
                          const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad, const ExecSpace& exec) {
-  const index_t M = act.o.extent(0), E = act.o.extent(1);
-  impl::gemm<S>(exec, "T", "N", S(1), g, act.o, S(1), grad.out_proj);
-  impl::gemm<S>(exec, "N", "N", S(1), g, p.out_proj, S(0), cot.gs);  // ∂L/∂o for now
-  auto gs = cot.gs;
-  auto gz = cot.gz;
-  auto so = act.s;
-  auto z = act.z;
-  Kokkos::parallel_for(
-      "ash::mamba::gate_backward", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
-        const S go = gs(m, e), zv = z(m, e);
-        gz(m, e) = go * so(m, e) * silu_grad(zv);
-        gs(m, e) = go * silu(zv);
-      });
+  // The two halves E3 splits around its waves, back to back (o is formed again from s and z).
+  mamba_gate_backward_first(p, act, g, cot, exec);
+  mamba_gate_backward_second(act, g, cot, grad, exec);
 }
 
 template <class S>
