@@ -32,14 +32,10 @@ struct StackOptions {
   std::string storage = "float";
 };
 
-// The stack's options as a configuration, so that every one is checked as `ash grad`
-// checks it (sizes included: no narrowing of a layer count past 2^31, no negative width).
-ash::Config stack_config(const StackOptions& o, std::int64_t T) {
-  ash::Config cfg;
-  cfg.set("model.vocab=" + std::to_string(o.vocab));
-  cfg.set("model.width=" + std::to_string(o.width));
-  cfg.set("model.state=" + std::to_string(o.state));
-  cfg.set("model.layers=" + std::to_string(o.layers));
+// The E3 keys both stacks share (StackOptions, MambaStackOptions: the same
+// member names), set for windows of T tokens, then the whole configuration checked.
+template <class O>
+void set_engine_keys(ash::Config& cfg, const O& o, std::int64_t T) {
   cfg.set("data.seq_len=" + std::to_string(T < 2 ? 2 : T));
   cfg.set("data.batch=1");
   cfg.set("grad.engine=adjoint-exact");
@@ -50,6 +46,17 @@ ash::Config stack_config(const StackOptions& o, std::int64_t T) {
   cfg.set("grad.token_block=" + std::to_string(o.token_block));
   cfg.set("run.storage=" + o.storage);
   cfg.validate();
+}
+
+// The stack's options as a configuration, so that every one is checked as `ash grad`
+// checks it (sizes included: no narrowing of a layer count past 2^31, no negative width).
+ash::Config stack_config(const StackOptions& o, std::int64_t T) {
+  ash::Config cfg;
+  cfg.set("model.vocab=" + std::to_string(o.vocab));
+  cfg.set("model.width=" + std::to_string(o.width));
+  cfg.set("model.state=" + std::to_string(o.state));
+  cfg.set("model.layers=" + std::to_string(o.layers));
+  set_engine_keys(cfg, o, T);
   return cfg;
 }
 
@@ -174,16 +181,7 @@ std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaSt
   cfg.set("model.conv_kernel=" + std::to_string(o.conv_kernel));
   cfg.set("model.dt_rank=" + std::to_string(o.dt_rank));
   cfg.set("model.norm_eps=" + exact_double(o.norm_eps));
-  cfg.set("data.seq_len=" + std::to_string(T < 2 ? 2 : T));
-  cfg.set("data.batch=1");
-  cfg.set("grad.engine=adjoint-exact");
-  cfg.set("grad.truncate=" + std::to_string(o.truncate));
-  cfg.set("grad.chunk=" + std::to_string(o.chunk));
-  cfg.set(std::string("grad.detach_inputs=") + (o.detach_inputs ? "true" : "false"));
-  cfg.set("grad.layer_checkpoint=" + std::to_string(o.layer_checkpoint));
-  cfg.set("grad.token_block=" + std::to_string(o.token_block));
-  cfg.set("run.storage=" + o.storage);
-  cfg.validate();
+  set_engine_keys(cfg, o, T);
   const auto st = cfg.settings();
   return {st.model, st.grad};
 }
