@@ -18,6 +18,14 @@ constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14;
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// sum += part, elementwise (a free function: CUDA's extended lambdas may not sit in a private member).
+template <class S>
+void add_into(const ExecSpace& exec, const View1<S>& part, const Unmanaged1<S>& sum) {
+  Kokkos::parallel_for(
+      "ash::dist::tied_embedding_sum", Range(exec, 0, part.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) { sum(i) += part(i); });
+}
+
 }  // namespace
 
 // What one compute() works on: this replica's windows and this sequence
@@ -381,9 +389,7 @@ void DistributedEngine<S>::sum_tied_embedding(const ParamSet<S>& grad) {
       send(out, 0, tag_tied, lc);
     }
   });
-  Kokkos::parallel_for(
-      "ash::dist::tied_embedding_sum", Range(layer_->execution_space(), 0, t.size()),
-      KOKKOS_LAMBDA(const index_t i) { mine(i) += in(i); });
+  add_into(layer_->execution_space(), in, mine);
 }
 
 template <class S>
