@@ -591,6 +591,7 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
       {"dist.pipeline_blocks=0"},  // no lever: E3's pipeline over 4 blocks per layer rank
       {"grad.detach_inputs=true", "dist.pipeline_blocks=6"},
   };
+  for (const bool chunked_h : {!host_backend, host_backend})  // this backend's h form, then the other's
   for (const auto& levers : configs)
     for (const Lay& l : layouts(4, true)) {
       if (l.D > 2) continue;  // a replica needs a window
@@ -604,7 +605,8 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
         c.set(kv);
       for (const auto& kv : levers) c.set(kv);
       c.validate();
-      const auto st = c.settings();
+      auto st = c.settings();
+      st.grad.e3_chunked_h = chunked_h;
       const dist::Grid grid(st);
       const std::string sp = MemSpace::name();
       MPI_Barrier(MPI_COMM_WORLD);
@@ -624,6 +626,7 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
       const double planned = plan_memory(st, Workload::grad, 4).total(), measured = double(peak);
       std::string what = "R=" + std::to_string(l.R) + " S=" + std::to_string(l.S) + " D=" + std::to_string(l.D);
       for (const auto& kv : levers) what += " " + kv;
+      if (chunked_h) what += " (chunk-parallel h)";
       if (world_rank() == 0)
         std::printf("  plan/measured %.3f (%.2f / %.2f MiB): %s\n", planned / measured, planned / 1048576.0,
                     measured / 1048576.0, what.c_str());
