@@ -238,7 +238,13 @@ struct Planner {
     if (nb > 1) back.push_back({"E3 carries (mu, A over E per layer)", double(K) * 2 * B * E * N * S});
     auto emb = back;
     emb.push_back({"embedding backward segments", emb_partial(rows)});
-    back.push_back({"head chunk", head(rows, hc, true)});  // from the second block on, on top of E3's scratch
+    if (nb > 1) {
+      back.push_back({"head chunk", head(rows, hc, true)});  // from the second block on, on top of E3's scratch
+    } else {  // one block: the head runs before E3's scratch is allocated
+      phases.push_back({"head", {{"segment inputs + g of a block", ws.backward.bytes()},
+                                 {"conv carries (K)", double(K) * B * E * Kc1 * S},
+                                 {"head chunk", head(rows, hc, true)}}});
+    }
     phases.push_back({"backward", back});
     phases.push_back({"embedding backward", emb});
     return "adjoint-exact" + std::string(o.detach_inputs ? ", detached" : "") + " over token blocks of " +
