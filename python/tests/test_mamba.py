@@ -245,6 +245,14 @@ def test_cli_grad_and_eval_match_transformers(tmp_path, ash_cli, float64_slow_pa
                   "--set", f"data.batch={B}")
     printed = float(out.split("loss ")[1].split(" nats")[0])
     assert abs(printed - ref_loss) <= 1e-6, (out, ref_loss)
+    # --carry-state: the file as one stream in windows of 4 (conv state and h carried) is
+    # transformers' forward over the whole sequence (bits/token printed to 4 decimals)
+    whole = hf_loss_grads(model, ids.reshape(1, B * T), K, tied)[0] / np.log(2)
+    out = run_cli(ash_cli, "eval", "--checkpoint", path, "--tokens", tokens, "--set", "data.seq_len=4",
+                  "--carry-state")
+    carried = float(out.split("carried state: ")[1].split(" bits")[0])
+    fresh = float(out.split("each window from h = 0: ")[1].split(" bits")[0])
+    assert abs(carried - whole) <= 6e-5 < abs(fresh - whole), (out, whole)
 
 
 def test_documents_match_per_document_runs(tmp_path, float64_slow_path):
