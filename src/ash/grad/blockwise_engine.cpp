@@ -339,9 +339,11 @@ MambaActivations<S> mamba_first_rows(const MambaActivations<S>& a, index_t rows)
 // (mamba_layer_forward's carried form). Backward blocks last to first: per
 // layer the μ/A carry over E channels and the conv's carry, ∂L/∂ the conv
 // state a block read, into the block before (AdjointExactLayer::backward_mamba_block).
+// A carried state (data.carry_state) is block 0's state before, a constant:
+// ∂L/∂ it (the conv's carry and μ out of block 0) is dropped, as the SSM-ResNet's h0.
 template <class S>
 double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
-  require(!opts_.carry_state && !state_, "data.carry_state is not available for model.arch=mamba yet");
+  if (state_) check_carried_state(*state_, params.dims(), params.dims().layers, x.extent(0));
   const MatmulScope matmul(opts_.matmul, sizeof(S));
   const ExecSpace& exec = layer_.execution_space();
   const auto& d = params.dims();
@@ -355,7 +357,7 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
   std::vector<StoredRows<S>> kept(std::size_t(K + 1));
   for (const int c : seg.starts)
     if (c > 0) kept[std::size_t(c)] = StoredRows<S>(std::string(y_kept), opts_.storage, Bt * T, D);  // y_0: the embedding again
-  // The state before block j of layer k: slot j of conv[k], ssm[k] (block 0's: zero).
+  // The state before block j of layer k: slot j of conv[k], ssm[k] (block 0's: the carried state, or zero).
   std::vector<View3<S>> conv, ssm;
   for (int k = 0; k < K; ++k) {
     conv.emplace_back("ash::lowmem::mamba_conv_start", blk.n, Bt * E, Kc1);
@@ -367,6 +369,8 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
     st.ssm = Kokkos::subview(ssm[std::size_t(k)], j, Kokkos::ALL(), Kokkos::ALL());
     return st;
   };
+  if (state_)
+    for (int k = 0; k < K; ++k) mamba_state_from_carried((*state_)[std::size_t(k)], before(k, 0), exec);
   MambaState<S> run(Bt, d);
   const MambaActivations<S> act(shape(0), d, LayerActivations<S>::projections_only);  // one block's
   // The block's forward of layer k from the state kept before it (forward and recomputation alike).
@@ -390,6 +394,8 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
           const MambaState<S> next = before(k, j + 1);
           Kokkos::deep_copy(exec, next.conv, run.conv);
           Kokkos::deep_copy(exec, next.ssm, run.ssm);
+        } else if (state_) {  // the state after the window: the next window's
+          mamba_state_to_carried(run, (*state_)[std::size_t(k)], exec);
         }
         std::swap(y, yo);
         if (!kept[std::size_t(k + 1)].empty()) kept[std::size_t(k + 1)].put(y, T, blk.start(j), blk.size(j), exec);

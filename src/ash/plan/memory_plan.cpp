@@ -87,9 +87,11 @@ struct Planner {
     const double per_layer = P * P + 3 * P * N + 3 * P;
     return double(K) * per_layer + (lr.embedding ? V * P : 0) + (lr.head ? P + V * P : 0);
   }
-  // data.carry_state: every layer's state of the whole batch (ash train keeps it all on every rank).
+  // data.carry_state: every layer's state of the whole batch (ash train keeps it all on every rank):
+  // [B·P, N] per layer, a Mamba's [B·E, Kc−1+N].
   double carried_state() const {
-    return double(cfg.model.layers) * double(cfg.data.batch) * P * N * S;
+    return double(cfg.model.layers) * double(cfg.data.batch) * double(cfg.model.carry_rows()) *
+           double(cfg.model.carry_cols()) * S;
   }
   // A block-wise pass on this range in blocks of blen (not reading its input again: a pipeline or one process).
   BlockwiseShape pass(std::int64_t blen) const {
@@ -224,6 +226,7 @@ struct Planner {
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"Mamba states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
     persistent.push_back({"block activations (one block)", mamba_acts(rows, false)});
+    if (o.carry_state) persistent.push_back({"carried state", carried_state()});
     phases.push_back({"forward", {{"block y, next y", 2 * rows * P * S}}});
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
     const double rbk = std::ceil(rows / double(impl::reduce_rows));
@@ -235,7 +238,13 @@ struct Planner {
     if (nb > 1) back.push_back({"E3 carries (mu, A over E per layer)", double(K) * 2 * B * E * N * S});
     auto emb = back;
     emb.push_back({"embedding backward segments", emb_partial(rows)});
-    back.push_back({"head chunk", head(rows, hc, true)});  // from the second block on, on top of E3's scratch
+    if (nb > 1) {
+      back.push_back({"head chunk", head(rows, hc, true)});  // from the second block on, on top of E3's scratch
+    } else {  // one block: the head runs before E3's scratch is allocated
+      phases.push_back({"head", {{"segment inputs + g of a block", ws.backward.bytes()},
+                                 {"conv carries (K)", double(K) * B * E * Kc1 * S},
+                                 {"head chunk", head(rows, hc, true)}}});
+    }
     phases.push_back({"backward", back});
     phases.push_back({"embedding backward", emb});
     return "adjoint-exact" + std::string(o.detach_inputs ? ", detached" : "") + " over token blocks of " +
