@@ -175,8 +175,10 @@ class BlockwiseEngine final : public GradientEngine<S> {
 
  private:
   struct Range;  // one compute_range(): a BlockwisePass and the links
-  // A Mamba (model.arch = mamba), the whole model in one process.
-  double compute_mamba(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad);
+  // A Mamba (model.arch = mamba): compute_range's pass over Mamba blocks, on
+  // the whole model in one process or on a layer range with its links.
+  double compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets, const TokenBlocks& blocks,
+                       const RangeLinks<S>& links, const ParamSet<S>& grad);
   void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
   double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;
