@@ -14,7 +14,9 @@
 // next range and its g to the one before, so the levers compose with every
 // rank layout. A range's segments start at its first layer k0 and every m-th
 // after it; the first input (unless it is y_0, recomputed from the
-// embedding) arrives from another rank and is kept.
+// embedding) arrives from another rank and is kept. A Mamba takes the same
+// links (compute_mamba): its per-(layer, block) states and carries stay on the
+// layer's rank.
 #include <functional>
 #include <memory>
 #include <string>
