@@ -397,29 +397,22 @@ DistOptions Config::dist_options(const ModelDims& d) const {
 }
 
 // What a Mamba model runs today (docs/design.md §2): E1, E2 (full or
-// truncated) and E3 (exact, detached, windowed) on whole windows, in one
-// process or on data and layer ranks (E4's pipeline without token blocks);
-// E3's memory levers and the carried state (the block-wise engine) in one
-// process. Sequence ranks, and the levers and carried state on several ranks,
-// are refused naming their key, never run wrong.
+// truncated) and E3 (exact, detached, windowed), in one process or on data and
+// layer ranks; with E3 the memory levers (the block-wise engine, on every rank
+// of such a layout too) and, in one process, the carried state. Sequence ranks
+// and a carried state on several ranks are refused naming their key, never run wrong.
 void require_mamba_supported(const Settings& st) {
   if (!st.model.mamba()) return;
   const auto no = [](const std::string& what) {
     return what + " is not available for model.arch=mamba yet (only grad.engine=backprop, adjoint or adjoint-exact, "
-                  "grad.detach_inputs and grad.truncate, over whole windows in one process or on data and layer "
-                  "ranks; with adjoint-exact in one process also grad.token_block, grad.layer_checkpoint, "
-                  "run.storage and data.carry_state)";
+                  "grad.detach_inputs and grad.truncate, in one process or on data and layer ranks; with "
+                  "adjoint-exact also grad.token_block, grad.layer_checkpoint and run.storage, and in one process "
+                  "data.carry_state)";
   };
   // A range of tokens would need the causal conv's K-1 tokens before it (a halo).
   require(st.dist.seq_ranks == 1, no("dist.seq_ranks > 1 (sequence ranks: the conv's K-1-token halo)"));
-  // The block-wise engine takes a Mamba in one process; its MPI pipeline does not yet.
-  if (st.dist.multi_rank()) {
-    const std::string ranks = " on several MPI ranks";
-    require(st.grad.storage == Storage::full, no("run.storage=" + storage_name(st.grad.storage) + ranks));
-    require(st.grad.layer_checkpoint == 1, no("grad.layer_checkpoint" + ranks));
-    require(st.grad.token_block == 0, no("grad.token_block" + ranks));
-    require(!st.data.carry_state, no("data.carry_state=true" + ranks));
-  }
+  // The carried state's rows are not yet sliced per rank for a Mamba.
+  if (st.dist.multi_rank()) require(!st.data.carry_state, no("data.carry_state=true on several MPI ranks"));
 }
 
 Settings Config::settings() const {

@@ -45,7 +45,7 @@ struct DistributedEngine<S>::Pass {
 
 template <class S>
 DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks,
-                                        bool whole_windows)
+                                        bool mamba)
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
@@ -55,10 +55,9 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set);
   // on sequence ranks with a lever, each range in token blocks.
-  require(!whole_windows || (grid.layout().S == 1 && !opts.low_memory()),
-          "model.arch=mamba on several ranks runs whole windows on data and layer ranks (no dist.seq_ranks > 1, "
-          "no memory lever)");
-  if (whole_windows) return;  // E3 too: compute_pipeline, g handed back once (backward_whole)
+  // A Mamba: E3 the block-wise pass too (BlockwiseEngine's Mamba form), E1 and E2 whole windows.
+  require(!mamba || grid.layout().S == 1,
+          "model.arch=mamba on several ranks runs on data and layer ranks only (no dist.seq_ranks > 1)");
   if (opts.exact_adjoint() && grid.layout().S == 1)
     block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
   else if (opts.exact_adjoint() && opts.low_memory())
