@@ -3,7 +3,8 @@
 
 For every shape (P, K) of the sweep it writes an ash checkpoint (float), checks
 mamba_baseline.py's loss and gradients against `ash grad` on it, then times one
-gradient of both across T (batch 1) until out of memory or over the time budget,
+gradient of both across T (batch 1), each after one untimed warm-up (mamba_baseline.py:
+best of --reps; ash_bench_grad: their median), until out of memory or over the time budget,
 and once at batch 8; the rows go to OUT/ash.jsonl and OUT/mamba.jsonl, a joined
 table (time and peak ratios, longest T of each) to OUT/summary.md and stdout.
 
@@ -150,15 +151,15 @@ def main():
             for T in T_list:
                 if out_of_time(f"ash E3 P={P} K={K} batch={batch} T={T}"):
                     break
-                if last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
+                if last and last["seconds"] * T / last["T"] * (args.reps + 2) > args.max_seconds:
                     print(f"# ash E3 P={P} K={K} batch={batch}: T={T} and up skipped (time budget)")
                     break
                 one = os.path.join(args.out, "ash_last.jsonl")  # the benchmark rewrites its --json file
                 if os.path.exists(one):
                     os.remove(one)
                 run([bench, "--engines", "adjoint-exact", "--T", str(T), "--width", str(P), "--state", "16",
-                     "--layers", str(K), "--batch", str(batch), "--reps", str(args.reps), "--precision", "float",
-                     "--json", one], log, left())
+                     "--layers", str(K), "--batch", str(batch), "--reps", str(args.reps), "--warmup", "1",
+                     "--precision", "float", "--json", one], log, left())
                 new = rows(one)
                 if not new:  # out of memory or another failure: the rest of the series is larger
                     break

@@ -246,13 +246,13 @@ for ((j = 0; j < ${#BENCH[@]}; j += 2)); do
 done
 
 stage_A() {
-  step a_bench_e3 "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps "$REPS" \
+  step a_bench_e3 "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps "$REPS" --warmup 1 \
     "${BENCH[@]}" --json "$RES/a_bench_e3.jsonl"
-  step a_bench_e3_wave65536 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 \
+  step a_bench_e3_wave65536 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \
     "${BENCH[@]}" --wave 65536 --json "$RES/a_bench_e3_wave65536.jsonl"
-  step a_bench_e3_chunk32 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 \
+  step a_bench_e3_chunk32 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \
     "${BENCH[@]}" --chunk 32 --json "$RES/a_bench_e3_chunk32.jsonl"
-  step a_bench_profile "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps 1 \
+  step a_bench_profile "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \
     "${BENCH[@]}" --profile
   local tf
   for tf in "${TEST_FILTERS[@]}"; do
@@ -355,7 +355,7 @@ stage_C() {
     --reps "$REPS" --json "$RES/c_small_fused_sweep.jsonl"
   step c_small_waves_sweep 180 "$G" --precision float --engines adjoint-exact --e3-form waves --T "$SMALL_T" \
     --reps "$REPS" --json "$RES/c_small_waves_sweep.jsonl"
-  step c_bench_waves 120 "$G" --precision float --engines adjoint-exact --e3-form waves --T "$BENCH_T" --reps 1 \
+  step c_bench_waves 120 "$G" --precision float --engines adjoint-exact --e3-form waves --T "$BENCH_T" --reps 1 --warmup 1 \
     "${BENCH[@]}" --json "$RES/c_bench_waves.jsonl"
   step c_kernels 180 "$KB" --benchmark_min_time=$([ "$QUICK" = 1 ] && echo 0 || echo 0.3) \
     "--benchmark_filter=$([ "$QUICK" = 1 ] && echo '/(1024|16777216)(/|$)' || echo .)" \
