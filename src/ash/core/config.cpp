@@ -398,21 +398,28 @@ DistOptions Config::dist_options(const ModelDims& d) const {
 
 // What a Mamba model runs today (docs/design.md §2): E1, E2 (full or
 // truncated) and E3 (exact, detached, windowed) on whole windows, in one
-// process or on data and layer ranks (E4's pipeline without token blocks).
-// The memory levers (the block-wise engine) and sequence ranks are refused
-// naming their key, never run wrong.
+// process or on data and layer ranks (E4's pipeline without token blocks);
+// E3 exact or detached on sequence ranks, with or without the memory levers.
+// The rest (data.carry_state, the levers on data and layer ranks alone, a
+// window on sequence ranks) is refused naming its key, never run wrong.
 void require_mamba_supported(const Settings& st) {
   if (!st.model.mamba()) return;
   const auto no = [](const std::string& what) {
     return what + " is not available for model.arch=mamba yet (only grad.engine=backprop, adjoint or adjoint-exact, "
                   "grad.detach_inputs and grad.truncate, over whole windows in one process or on data and layer "
-                  "ranks; with adjoint-exact in one process also grad.token_block, grad.layer_checkpoint and "
-                  "run.storage)";
+                  "ranks; with adjoint-exact in one process or with dist.seq_ranks > 1 also grad.token_block, "
+                  "grad.layer_checkpoint and run.storage)";
   };
   require(!st.data.carry_state, no("data.carry_state=true"));
-  // A range of tokens would need the causal conv's K-1 tokens before it (a halo).
-  require(st.dist.seq_ranks == 1, no("dist.seq_ranks > 1 (sequence ranks: the conv's K-1-token halo)"));
-  // The block-wise engine takes a Mamba in one process; its MPI pipeline does not yet.
+  // Sequence ranks run E3 over token blocks (dist::SequenceBlockwise), the levers
+  // included: the conv's K-1-token halo forward, its cotangent's scatter backward.
+  // A window T̄ would also need a halo of y and g past the range: not built.
+  if (st.dist.seq_ranks > 1) {
+    require(!(st.grad.truncate > 0 && st.grad.truncate < st.data.seq_len),
+            no("a window grad.truncate < data.seq_len with dist.seq_ranks > 1"));
+    return;
+  }
+  // The block-wise engine takes a Mamba in one process and on sequence ranks; its layer pipeline does not yet.
   if (st.dist.multi_rank()) {
     const std::string ranks = " on several MPI ranks";
     require(st.grad.storage == Storage::full, no("run.storage=" + storage_name(st.grad.storage) + ranks));
