@@ -61,7 +61,8 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
   w.range.add("ash::seqblocks::y", e, {sh.Bt * sh.T, sh.P}, true).add("ash::seqblocks::y_next", e,
                                                                         {sh.Bt * sh.T, sh.P}, true);
   if (mamba) {  // a recomputed block's input and output
-    w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true).add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true);
+    w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
+        .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true);
     return w;
   }
   w.block.projections(rb, sh.P, sh.N, e);
