@@ -156,9 +156,10 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
   }
 }
 
-// A Mamba on data and layer ranks (whole windows): `ash grad` for E1, E2 (truncated too) and
-// E3 (exact, detached, windowed), tied and untied embeddings, equals one process; training on
-// 2 and 4 ranks gives one process's losses and resumes across layouts.
+// A Mamba on data and layer ranks: `ash grad` for E1, E2 (truncated too; whole windows) and
+// E3 (exact, detached, windowed; the block-wise pipeline, with the memory levers too), tied
+// and untied embeddings, equals one process; training on 2 and 4 ranks gives one process's
+// losses and resumes across layouts, with levers too.
 TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
   const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
                            "--set data.seq_len=24 --set data.batch=4 ";
@@ -194,6 +195,31 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
         EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
       }
     }
+    // E3's memory levers (the block-wise pipeline on each rank's layers) equal one process
+    // with the same levers; bf16 with layer checkpointing on R = 2 only (R = 3 starts
+    // ranges off the checkpoint grid: within the 16-bit bound, test_distributed's).
+    for (const std::string lever : {std::string("--set grad.token_block=5 --set grad.layer_checkpoint=2 "),
+                                    std::string("--set run.storage=bf16 --set grad.token_block=8 "),
+                                    std::string("--set run.storage=bf16 --set grad.layer_checkpoint=2 "
+                                                "--set grad.token_block=8 --detach-inputs ")}) {
+      const auto one = tmp_path("m_lev_one.h5");
+      const auto e3 = g + "--engine adjoint-exact " + lever;
+      ASSERT_EQ(run(e3 + "--out " + one).code, 0) << lever;
+      double l1 = 0;
+      const auto a = to_host(load_gradients(one, d, &l1));
+      for (const auto& [n, R] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{3, 3}}) {
+        if (R == 3 && lever.find("layer_checkpoint=2 --set grad.token_block=8") != std::string::npos) continue;
+        if (!tied && n != 2) continue;
+        const auto what = lever + (tied ? "tied" : "untied") + " n" + std::to_string(n) + " R" + std::to_string(R);
+        const auto got = tmp_path("m_lev_got.h5");
+        const auto r = mpirun(n, e3 + "--set dist.layer_ranks=" + std::to_string(R) + " --out " + got);
+        ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+        EXPECT_NE(r.out.find("storage, layer checkpoint"), std::string::npos) << r.out;
+        double l2 = 0;
+        expect_close(to_host(load_gradients(got, d, &l2)), a, d, 1e-12, what);
+        EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
+      }
+    }
   }
   // Training: one process, then 2 layer ranks, 2 data ranks and 2 x 2; a resume from 2 layer
   // ranks on 4 ranks (2 x 2) continues one process's losses.
@@ -221,6 +247,23 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
   auto both = losses(tmp_path("mamba_a"));
   for (double l : losses(tmp_path("mamba_b"))) both.push_back(l);
   expect_same_losses(both, ref, "mamba R=2 then 2 x 2");
+  // With the memory levers: 2 layer ranks equal one process; stopped on 2 layer ranks,
+  // resumed on 2 data ranks, the losses continue one process's.
+  const std::string mlev = mtrain + " --set run.storage=bf16 --set grad.layer_checkpoint=2 --set grad.token_block=8";
+  ASSERT_EQ(run(mlev + dir("mamba_lev1")).code, 0);
+  const auto lref = losses(tmp_path("mamba_lev1"));
+  ASSERT_EQ(lref.size(), 6u);
+  const auto rl = mpirun(2, mlev + dir("mamba_lev2") + " --set dist.layer_ranks=2");
+  ASSERT_EQ(rl.code, 0) << rl.out;
+  EXPECT_NE(rl.out.find("bf16 storage, layer checkpoint 2"), std::string::npos) << rl.out;
+  expect_same_losses(losses(tmp_path("mamba_lev2")), lref, "mamba levers R=2");
+  ASSERT_EQ(mpirun(2, mlev + dir("mamba_lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
+  const auto rlb = mpirun(2, mlev + dir("mamba_lev_b") + " --resume " + tmp_path("mamba_lev_a") +
+                                 "/checkpoint.h5 --set dist.layer_ranks=1");
+  ASSERT_EQ(rlb.code, 0) << rlb.out;
+  auto lboth = losses(tmp_path("mamba_lev_a"));
+  for (double l : losses(tmp_path("mamba_lev_b"))) lboth.push_back(l);
+  expect_same_losses(lboth, lref, "mamba levers R=2 then D=2");
 }
 
 // A Mamba on sequence ranks (issue 34): `ash grad` with S = 2, 3, 4 (with layer

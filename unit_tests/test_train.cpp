@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 
 #include "cli_runner.hpp"
@@ -189,6 +190,72 @@ TEST(Generate, CliPrintsPromptAndSample) {
   EXPECT_EQ(r.out.rfind("Hello", 0), 0u);
   EXPECT_EQ(r.out.size(), 5u + 12u + 1u);
   EXPECT_EQ(run("generate --checkpoint " + dir + "_model.h5 --prompt Hello --tokens 12 --seed 2").out, r.out);
+}
+
+
+// ash train on a Mamba with data.carry_state (and the levers): stopped after 3
+// steps and resumed from its checkpoint, it is bitwise the uninterrupted run;
+// the checkpoint holds the state [K, B·E, Kc−1+N], not zero. A checkpoint whose
+// /train/carry_state has another width (an SSM-ResNet's N columns) is refused,
+// exit 2, naming the dataset.
+TEST(TrainMamba, ResumeWithCarriedStateIsBitwise) {
+  const auto corpus = corpus_file();
+  auto cfg = [&](const std::string& dir) {
+    Config c;
+    for (const auto& kv : {"model.arch=mamba", "model.width=8", "model.state=4", "model.layers=3", "model.expand=2",
+                           "model.conv_kernel=4", "data.seq_len=32", "data.batch=2", "data.sequential=true",
+                           "data.carry_state=true", "run.storage=bf16", "grad.layer_checkpoint=2",
+                           "grad.token_block=16", "grad.engine=adjoint-exact", "grad.chunk=8", "optim.steps=6",
+                           "optim.warmup=2", "run.log_every=1", "run.eval_every=3", "run.ckpt_every=3"})
+      c.set(kv);
+    c.set("data.train=" + corpus);
+    c.set("run.out_dir=" + dir);
+    return c;
+  };
+  const auto a = tmp("mamba_straight"), b = tmp("mamba_split");
+  std::filesystem::remove_all(a);
+  std::filesystem::remove_all(b);
+  train(cfg(a), "", nullptr);
+  train(cfg(b), "", nullptr, 3);
+  const index_t E = 16, C = 3 + 4;  // expand·D, Kc−1 + N
+  std::vector<View2<float>> st;
+  for (int k = 0; k < 3; ++k) st.emplace_back("s", 2 * E, C);
+  ASSERT_TRUE(load_carried_state(b + "/checkpoint.h5", st));
+  for (const auto& v : st) {  // both parts of every layer's state are non-zero
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    double conv = 0, ssm = 0;
+    for (index_t i = 0; i < 2 * E; ++i)
+      for (index_t j = 0; j < C; ++j) (j < 3 ? conv : ssm) += std::fabs(h(i, j));
+    EXPECT_GT(conv, 0.0);
+    EXPECT_GT(ssm, 0.0);
+  }
+  train(cfg(b), b + "/checkpoint.h5", nullptr);
+  const auto la = losses(a + "/metrics.jsonl"), lb = losses(b + "/metrics.jsonl");
+  ASSERT_EQ(la.size(), 6u);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(to_host(load_checkpoint<float>(a + "/checkpoint.h5")), to_host(load_checkpoint<float>(b + "/checkpoint.h5")));
+  std::vector<View2<float>> sa(st.size(), View2<float>()), sb2;
+  for (int k = 0; k < 3; ++k) {
+    sa[std::size_t(k)] = View2<float>("a", 2 * E, C);
+    sb2.emplace_back("b", 2 * E, C);
+  }
+  ASSERT_TRUE(load_carried_state(a + "/checkpoint.h5", sa));
+  ASSERT_TRUE(load_carried_state(b + "/checkpoint.h5", sb2));
+  for (int k = 0; k < 3; ++k) {
+    auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sa[std::size_t(k)]);
+    auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sb2[std::size_t(k)]);
+    EXPECT_EQ(std::memcmp(ha.data(), hb.data(), ha.size() * sizeof(float)), 0) << "layer " << k << "'s state";
+  }
+  // The same model with a carried state of the SSM-ResNet's width: refused on resume, exit 2.
+  const auto wrong = tmp("mamba_wrong_width.h5");
+  const auto params = load_checkpoint<float>(b + "/checkpoint.h5");
+  std::vector<View2<float>> narrow;
+  for (int k = 0; k < 3; ++k) narrow.emplace_back("n", 2 * 8, 4);
+  save_checkpoint(wrong, cfg(b), params, 3, 0, OptimizerState<float>{nullptr, nullptr, 0, &narrow, -1, 0});
+  const auto r = run("train --resume " + wrong + " --set run.out_dir=" + tmp("mamba_wrong_run"));
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("/train/carry_state"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("expected [3,B*16,7]"), std::string::npos) << r.out;
 }
 
 }  // namespace ash::test

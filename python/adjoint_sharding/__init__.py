@@ -70,7 +70,8 @@ def _windows(ids, seq_len, batch):
 
 
 def grad(checkpoint_path, tokens=None, *, ids=None, seq_len=None, batch=None, engine="adjoint-exact", truncate=0,
-         detach_inputs=False, precision=None, storage=None, layer_checkpoint=None, token_block=None, set=()):
+         detach_inputs=False, precision=None, storage=None, layer_checkpoint=None, token_block=None, set=(),
+         state=None):
     """(loss, grads): what `ash grad` computes for the first `batch` windows of `seq_len` tokens.
 
     tokens: 1-D integer or uint8 array (or bytes), cut into windows as `ash grad` does
@@ -85,6 +86,11 @@ def grad(checkpoint_path, tokens=None, *, ids=None, seq_len=None, batch=None, en
     storage ("float", "bf16", "fp16"; run.storage), layer_checkpoint (grad.layer_checkpoint)
     and token_block (grad.token_block) are the memory levers of docs/design.md §8 (None: the
     checkpoint's configuration); `set` is a list of "key=value" like `ash grad --set`.
+    state: None, or the carried state of data.carry_state (docs/design.md §8), a C-contiguous
+    array in the compute precision, [K, batch·P, N] (a Mamba: [K, batch·E, conv_kernel−1+N],
+    each row the conv's last inputs, oldest first, then h): the windows start from it (a
+    constant: no gradient flows into it) and it is overwritten with the state after them,
+    the next windows' (engine adjoint-exact, one process).
     """
     sets = [str(s) for s in set]
     if ids is not None:
@@ -108,7 +114,7 @@ def grad(checkpoint_path, tokens=None, *, ids=None, seq_len=None, batch=None, en
     o.layer_checkpoint = None if layer_checkpoint is None else int(layer_checkpoint)
     o.token_block = None if token_block is None else int(token_block)
     o.sets = sets
-    return _core.grad(str(checkpoint_path), flat, o, _precision(precision))
+    return _core.grad(str(checkpoint_path), flat, o, _precision(precision), state)
 
 
 class Checkpoint(dict):

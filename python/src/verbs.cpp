@@ -37,20 +37,33 @@ struct GradOptions {
   std::vector<std::string> sets;  // extra key=value assignments (--set)
 };
 
+// state: None, or the carried state [K, B·rows, cols] in the compute type, read
+// and overwritten in place (the layers' views alias it: a host memory space).
 template <class S>
 std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector<std::uint32_t>& tokens,
-                                      const ash::Config& cfg) {
+                                      const ash::Config& cfg, const nb::object& state) {
   ash::TokenSource source;
   source.ids = &tokens;
+  std::vector<ash::View2<S>> carried;
+  if (!state.is_none()) {
+    nb::ndarray<S, nb::ndim<3>, nb::c_contig, nb::device::cpu> a;
+    // No conversion: the state is written back in place, so a copy would lose it.
+    ash::require(nb::try_cast(state, a, false), std::string("grad: state must be a writable C-contiguous 3-D ") +
+                                                    (sizeof(S) == 8 ? "float64" : "float32") +
+                                                    " array [layers, batch x rows, columns] (the compute precision)");
+    const std::size_t R = a.shape(1), C = a.shape(2);
+    for (std::size_t k = 0; k < a.shape(0); ++k) carried.emplace_back(a.data() + k * R * C, R, C);
+  }
   const auto r = [&] {
     nb::gil_scoped_release nogil;
-    return ash::grad_file<S>(ckpt, cfg, source);  // as `ash grad`, without its --out
+    return ash::grad_file<S>(ckpt, cfg, source, {}, state.is_none() ? nullptr : &carried);  // as `ash grad`
   }();
+  Kokkos::fence();
   return {r.loss, paramset_to_dict(r.grad)};
 }
 
 std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens, const GradOptions& o,
-                                 const std::string& precision) {
+                                 const std::string& precision, const nb::object& state) {
   const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
   ash::Config cfg = ash::checkpoint_run_config(info.config, o.sets);
   cfg.merge(nlohmann::json{{"grad", {{"engine", o.engine}}}}, "--engine");
@@ -61,8 +74,13 @@ std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens, con
   if (!o.storage.empty()) cfg.set("run.storage=" + o.storage);
   if (o.layer_checkpoint) cfg.set("grad.layer_checkpoint=" + std::to_string(*o.layer_checkpoint));
   if (o.token_block) cfg.set("grad.token_block=" + std::to_string(*o.token_block));
+  if (!state.is_none()) {  // a carried state selects the block-wise engine's carried form
+    cfg.set("data.sequential=true");
+    cfg.set("data.carry_state=true");
+  }
   const std::string prec = precision_or(precision, info.precision);
-  return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg) : grad_impl<double>(ckpt, ids_of(tokens), cfg);
+  return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg, state)
+                         : grad_impl<double>(ckpt, ids_of(tokens), cfg, state);
 }
 
 // {config (JSON text), precision, step, data_cursor, params}
@@ -262,7 +280,7 @@ void bind_verbs(nb::module_& m) {
       .def_rw("layer_checkpoint", &GradOptions::layer_checkpoint)
       .def_rw("token_block", &GradOptions::token_block)
       .def_rw("sets", &GradOptions::sets);
-  m.def("grad", &grad, "checkpoint"_a, "tokens"_a, "options"_a, "precision"_a);
+  m.def("grad", &grad, "checkpoint"_a, "tokens"_a, "options"_a, "precision"_a, "state"_a.none() = nb::none());
   m.def("load", &load, "path"_a);
   m.def("save", &save, "path"_a, "config_json"_a, "params"_a, "precision"_a, "step"_a);
   m.def("init_params", &init_params, "config_json"_a, "precision"_a);

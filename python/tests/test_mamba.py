@@ -2,8 +2,9 @@
 §10): the loss and every parameter's gradient of E1 (grad.engine=backprop) and E3 (adjoint-exact) to 1e-10
 relative; E2 (adjoint, full window) and E3 detached against the same model with each
 mixer's input detached; E2 truncated against E3 windowed with the same T-bar; documents
-against per-document runs, the checkpoint layout and the initialisation, and the
-refusal of what a Mamba does not run yet.
+against per-document runs, the carried state (data.carry_state) against transformers'
+cache, the checkpoint layout and the initialisation, and the refusal of what a Mamba
+does not run yet.
 
 The oracle is transformers' pure-PyTorch slow path in float64 on the CPU. That path
 casts to float32 in places (A_log.float(), D.float(), dt_proj.bias.float(), B.float(),
@@ -244,6 +245,14 @@ def test_cli_grad_and_eval_match_transformers(tmp_path, ash_cli, float64_slow_pa
                   "--set", f"data.batch={B}")
     printed = float(out.split("loss ")[1].split(" nats")[0])
     assert abs(printed - ref_loss) <= 1e-6, (out, ref_loss)
+    # --carry-state: the file as one stream in windows of 4 (conv state and h carried) is
+    # transformers' forward over the whole sequence (bits/token printed to 4 decimals)
+    whole = hf_loss_grads(model, ids.reshape(1, B * T), K, tied)[0] / np.log(2)
+    out = run_cli(ash_cli, "eval", "--checkpoint", path, "--tokens", tokens, "--set", "data.seq_len=4",
+                  "--carry-state")
+    carried = float(out.split("carried state: ")[1].split(" bits")[0])
+    fresh = float(out.split("each window from h = 0: ")[1].split(" bits")[0])
+    assert abs(carried - whole) <= 6e-5 < abs(fresh - whole), (out, whole)
 
 
 def test_documents_match_per_document_runs(tmp_path, float64_slow_path):
@@ -293,6 +302,74 @@ def test_layout_and_initialisation():
         assert abs(np.std(ck[name]) - 0.1) < 0.01, name
     tied = ash.init(ash_config(V, D, N, K, expand, Kc, 0, True, 1e-5), "double")
     assert "head" not in tied and np.array_equal(tied["embedding"], ck["embedding"])
+
+
+# (K, T, batch, conv kernel, dt_rank, tied, chunk, token_block)
+CARRY_CASES = [(2, 7, 2, 4, 2, False, 2, 0), (3, 6, 1, 3, 1, True, 3, 2), (1, 9, 2, 2, 3, False, 64, 4)]
+
+
+@pytest.mark.parametrize("K,T,B,Kc,R,tied,chunk,token_block", CARRY_CASES)
+def test_carried_state_matches_transformers_cache(tmp_path, float64_slow_path, monkeypatch, K, T, B, Kc, R, tied, chunk,
+                                                  token_block):
+    """data.carry_state (docs/design.md §8): grad(state=) over the first T tokens leaves the
+    state transformers' cache holds after them (conv_states' last Kc−1 columns, ssm_states),
+    and over the next T tokens from that state gives the loss and gradient of transformers
+    fed those tokens one at a time from the cache (its recurrent step: the state a
+    constant, no gradient into the first half). The state's conv part or h zeroed gives
+    another gradient: both are carried."""
+    # The recurrent step reads the cached h through .float() and then overwrites it in
+    # place; .float() as a copy (still float64) keeps autograd's saved value intact.
+    monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: self.clone())
+    V, D, N, expand, eps = 13, 6, 4, 2, 1e-5
+    E = expand * D
+    model = hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed=K * 100 + T + 23)
+    path = tmp_path / "m.h5"
+    ash.save(path, to_ash(model, K, tied), ash_config(V, D, N, K, expand, Kc, R, tied, eps), "double")
+    ids = np.random.default_rng(T + 5).integers(0, V, (B, 2 * T))
+    sets = [f"grad.chunk={chunk}", f"grad.token_block={token_block}"]
+    state = np.zeros((K, B * E, Kc - 1 + N))
+    ash.grad(path, ids=ids[:, :T], state=state, set=sets)
+    first = np.array(state)
+    loss, grads = ash.grad(path, ids=ids[:, T:], state=state, set=sets)
+
+    t_ids = torch.tensor(ids, dtype=torch.long)
+    with torch.no_grad():
+        cache = model(input_ids=t_ids[:, :T], use_cache=True).cache
+    for k in range(K):
+        conv = cache.get_conv_state(k, state_idx=0).numpy()  # [B, E, Kc]: the last Kc inputs
+        ssm = cache.get_recurrent_state(k, state_idx=0).numpy()  # [B, E, N]
+        ours = first[k].reshape(B, E, Kc - 1 + N)
+        for name, a, b in [("conv", ours[..., :Kc - 1], conv[..., 1:]), ("ssm", ours[..., Kc - 1:], ssm)]:
+            err = np.max(np.abs(a - b)) / np.max(np.abs(b))
+            assert err <= RTOL, (k, name, err)
+    model.zero_grad()
+    logits = torch.stack([model(input_ids=t_ids[:, t:t + 1], cache=cache, use_cache=True).logits[:, -1]
+                          for t in range(T, 2 * T)], 1)
+    ref = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), t_ids[:, T + 1:].reshape(-1))
+    ref.backward()
+    ref_grads = to_ash_grads({n: p.grad for n, p in model.named_parameters()}, K, tied)
+    assert_close(loss, grads, ref.item(), ref_grads)
+    # The check fails when either part of the state is not carried.
+    for part in (slice(0, Kc - 1), slice(Kc - 1, None)):
+        other = np.array(first)
+        other[:, :, part] = 0
+        g = ash.grad(path, ids=ids[:, T:], state=other, set=sets)[1]
+        assert max_rel(g, ref_grads) > 1e-6
+
+
+def test_carried_state_is_checked(tmp_path):
+    path = tmp_path / "m.h5"
+    ash.save(path, ash.init(ash_config(11, 4, 2, 2, 2, 4, 0, True, 1e-5), "double"))
+    ids = np.arange(20) % 11
+    with pytest.raises(ash.Error, match=r"expected \[batch·E, Kc-1\+N\]"):  # an SSM-ResNet's [B·D, N]
+        ash.grad(path, ids, seq_len=10, state=np.zeros((2, 4, 2)))
+    with pytest.raises(ash.Error, match="need grad.engine = adjoint-exact"):
+        ash.grad(path, ids, seq_len=10, engine="backprop", state=np.zeros((2, 8, 5)))
+    with pytest.raises(ash.Error, match="state must be a writable C-contiguous 3-D float64"):  # a copy would lose it
+        ash.grad(path, ids, seq_len=10, state=np.zeros((2, 8, 5), np.float32))
+    state = np.zeros((2, 8, 5))
+    ash.grad(path, ids, seq_len=10, state=state)
+    assert np.any(state != 0)  # the state after the window, written in place
 
 
 @pytest.mark.parametrize("kw", [{"token_block": 3}, {"token_block": 2, "layer_checkpoint": 2},

@@ -9,16 +9,22 @@
 #include "ash/core/error.hpp"
 #include "ash/core/memory.hpp"
 #include "ash/io/run_lock.hpp"
+#include "ash/model/forward.hpp"
 #include "ash/plan/memory_plan.hpp"
 
 namespace ash {
 
 template <class S>
 GradFileResult<S> grad_file(const std::string& checkpoint, const Config& cfg, const TokenSource& tokens,
-                            const GradFileOptions& opts) {
+                            const GradFileOptions& opts, std::vector<View2<S>>* state) {
   const Settings st = cfg.settings();
   check_memory(st, Workload::grad, sizeof(S), opts.max_memory);
   RunContext<S> ctx(st);  // one process, or this rank of the dist.* layout
+  if (state) {
+    require(st.data.carry_state && !ctx.distributed(), "a carried state needs data.carry_state=true in one process");
+    check_carried_state(*state, st.model, st.model.layers, st.data.batch);
+    ctx.engine().set_carried_state(state);
+  }
   if (opts.fail_rank >= 0) ctx.fail_before_backward(opts.fail_rank);
   const auto T = st.data.seq_len, B = st.data.batch;
   const auto x = [&] {  // the file's tokens freed once the windows are cut
@@ -57,8 +63,8 @@ GradFileResult<S> grad_file(const std::string& checkpoint, const Config& cfg, co
 }
 
 template GradFileResult<float> grad_file<float>(const std::string&, const Config&, const TokenSource&,
-                                                const GradFileOptions&);
+                                                const GradFileOptions&, std::vector<View2<float>>*);
 template GradFileResult<double> grad_file<double>(const std::string&, const Config&, const TokenSource&,
-                                                  const GradFileOptions&);
+                                                  const GradFileOptions&, std::vector<View2<double>>*);
 
 }  // namespace ash

@@ -41,9 +41,11 @@ struct GradFileResult {
 // data.batch windows of data.seq_len tokens of `tokens` (document starts from
 // data.separator), with cfg's settings (cfg: checkpoint_run_config and the verb's
 // options). Throws ash::Error when the windows hold no target or the loss is not
-// finite (nothing is written then).
+// finite (nothing is written then). state (one process, data.carry_state): the
+// carried state the windows start from (check_carried_state's shape), on return
+// the state after them; the gradient treats it as a constant (Python's grad(state=)).
 template <class S>
 GradFileResult<S> grad_file(const std::string& checkpoint, const Config& cfg, const TokenSource& tokens,
-                            const GradFileOptions& opts = {});
+                            const GradFileOptions& opts = {}, std::vector<View2<S>>* state = nullptr);
 
 }  // namespace ash

@@ -34,6 +34,11 @@ struct ModelDims {
   bool mamba() const { return arch == Arch::mamba; }
   std::int64_t inner() const { return expand * width; }                          // E
   std::int64_t rank() const { return dt_rank > 0 ? dt_rank : (width + 15) / 16; }  // R
+  // One layer's carried state (data.carry_state, /train/carry_state, docs/design.md §8) is
+  // [batch · carry_rows(), carry_cols()]: an SSM-ResNet's h, rows b·P + p, N columns; a
+  // Mamba's MambaState side by side, rows b·E + e, the conv's Kc−1 inputs then h's N.
+  std::int64_t carry_rows() const { return mamba() ? inner() : width; }
+  std::int64_t carry_cols() const { return mamba() ? conv_kernel - 1 + state : state; }
   bool operator==(const ModelDims& o) const {
     return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers && arch == o.arch &&
            expand == o.expand && conv_kernel == o.conv_kernel && dt_rank == o.dt_rank &&

@@ -18,6 +18,14 @@ constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14, tag_conv = 1
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// sum += part, elementwise (a free function: CUDA's extended lambdas may not sit in a private member).
+template <class S>
+void add_into(const ExecSpace& exec, const View1<S>& part, const Unmanaged1<S>& sum) {
+  Kokkos::parallel_for(
+      "ash::dist::tied_embedding_sum", Range(exec, 0, part.extent(0)),
+      KOKKOS_LAMBDA(const index_t i) { sum(i) += part(i); });
+}
+
 }  // namespace
 
 // What one compute() works on: this replica's windows and this sequence
@@ -37,7 +45,7 @@ struct DistributedEngine<S>::Pass {
 
 template <class S>
 DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks,
-                                        bool whole_windows)
+                                        bool mamba)
     : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
@@ -47,17 +55,14 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set);
   // on sequence ranks with a lever, each range in token blocks.
-  // A Mamba on sequence ranks runs E3 through SequenceBlockwise, levers or not
-  // (without one, each range is one block); its conv's halo and the scatter
-  // of its cotangent pass range to range with the scan's state and μ's carry.
-  const bool mamba_ranges = whole_windows && grid.layout().S > 1;
-  require(!whole_windows || mamba_ranges || !opts.low_memory(),
-          "model.arch=mamba on data and layer ranks runs whole windows (no memory lever)");
-  if (mamba_ranges) {
+  // A Mamba: E3 the block-wise pass too (BlockwiseEngine's Mamba form) on data and
+  // layer ranks; on sequence ranks SequenceBlockwise, levers or not (without one,
+  // each range is one block): its conv's halo and the scatter of its cotangent
+  // pass range to range with the scan's state and μ's carry. E1 and E2 whole windows.
+  if (mamba && grid.layout().S > 1) {
     seq_pass_ = std::make_unique<SequenceBlockwise<S>>(grid, opts, true);
     return;
   }
-  if (whole_windows) return;  // E3 too: compute_pipeline, g handed back once (backward_whole)
   if (opts.exact_adjoint() && grid.layout().S == 1)
     block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
   else if (opts.exact_adjoint() && opts.low_memory())
@@ -421,9 +426,7 @@ void DistributedEngine<S>::sum_tied_embedding(const ParamSet<S>& grad) {
       send(out, 0, tag_tied, lc);
     }
   });
-  Kokkos::parallel_for(
-      "ash::dist::tied_embedding_sum", Range(layer_->execution_space(), 0, t.size()),
-      KOKKOS_LAMBDA(const index_t i) { mine(i) += in(i); });
+  add_into(layer_->execution_space(), in, mine);
 }
 
 template <class S>

@@ -24,13 +24,16 @@
 //  replicas  the gradient is summed over the ranks that own the same layers
 //            (data and sequence); the loss and g are already scaled by the
 //            whole batch's target count.
-//  Mamba     (whole_windows) every engine runs the pipeline on whole windows
-//            (E3 as one token block, g handed back once); with tied
-//            embeddings the first and last layer ranks each hold the
-//            embedding and exchange their gradient parts, so both hold the sum.
-//            On sequence ranks (S > 1) E3 runs SequenceBlockwise, levers or
-//            not: the conv's last Kc − 1 inputs (the halo) and h pass to the
-//            next range forward, the conv's cotangent and μ's carry back.
+//  Mamba     (S = 1) E3 runs the same block-wise pass on each rank's layer
+//            range (BlockwiseEngine's Mamba form: a MambaState kept before
+//            every (layer, block); the conv's and μ's carries stay within a
+//            layer, so only y and g blocks cross ranks), the memory levers
+//            per rank; E1 and E2 whole windows. With tied embeddings the first
+//            and last layer ranks each hold the embedding and exchange their
+//            gradient parts, so both hold the sum. On sequence ranks (S > 1)
+//            E3 runs SequenceBlockwise, levers or not: the conv's last Kc − 1
+//            inputs (the halo) and h pass to the next range forward, the
+//            conv's cotangent and μ's carry back.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -51,10 +54,8 @@ template <class S>
 class DistributedEngine final : public GradientEngine<S> {
  public:
   // pipeline_blocks: token blocks per window for E3 (0: 4 per layer rank).
-  // whole_windows: a Mamba, whose layers have no block-wise pipeline yet: E3
-  // runs the pipeline on whole windows (S = 1), SequenceBlockwise on sequence ranks.
-  DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0,
-                    bool whole_windows = false);
+  // mamba: model.arch = mamba (on sequence ranks E3 runs SequenceBlockwise).
+  DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0, bool mamba = false);
   std::string name() const override;
   // params and grad are this rank's shard (LayerRange grid.range(dims)); x is
   // the whole batch, the same on every rank. Returns L on every rank.

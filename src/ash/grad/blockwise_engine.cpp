@@ -208,8 +208,8 @@ template <class S>
 double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
-  if (d.mamba()) return compute_mamba(params, x, grad);
   const index_t T = x.extent(1);
+  if (d.mamba()) return compute_mamba(params, x, target_count(x), TokenBlocks(block_length(T), T), RangeLinks<S>{}, grad);
   const double loss = compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T),
                                     RangeLinks<S>{}, state_, grad);
   return loss;
@@ -223,12 +223,16 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   const auto& d = params.dims();
   const LayerRange& lr = params.range();
   require(grad.range() == lr, "BlockwiseEngine: the gradient is not the parameters' range");
-  require(!d.mamba(), "the block-wise pass over MPI ranks is not available for model.arch=mamba yet");
+  require((lr.embedding || (links.y_in && links.g_out)) && (lr.head || (links.y_out && links.g_in)),
+          "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
+  if (d.mamba()) {  // the same pass over a Mamba's blocks: a MambaState per (layer, block), the conv's carry
+    require(!state, "data.carry_state is not available for model.arch=mamba yet");
+    require(!links.y_in_again, "BlockwiseEngine: a Mamba's range keeps its input (no y_in_again)");
+    return compute_mamba(params, x, targets, blocks, links, grad);
+  }
   Range r;
   r.links = &links;
   r.state = state;
-  require((lr.embedding || (links.y_in && links.g_out)) && (lr.head || (links.y_out && links.g_in)),
-          "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
   r.start(params, x, targets, blocks, opts_, state, links.y_in_again,
           [&](const BlockwiseShape& sh) { return blockwise_workspace(opts_, sh); }, grad);
   if (state)
@@ -325,34 +329,49 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
 // (mamba_layer_forward's carried form). Backward blocks last to first: per
 // layer the μ/A carry over E channels and the conv's carry, ∂L/∂ the conv
 // state a block read, into the block before (AdjointExactLayer::backward_mamba_block).
+// A carried state (data.carry_state) is block 0's state before, a constant:
+// ∂L/∂ it (the conv's carry and μ out of block 0) is dropped, as the SSM-ResNet's h0.
+// On a layer range [k0, k1) of an MPI pipeline the links hand a block's y and
+// g to the neighbouring ranges, as in compute_range: the states and both
+// carries belong to a layer, so they never cross a rank; the range keeps its
+// received input y_k0 (the first segment's start) in the storage format.
 template <class S>
-double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad) {
-  require(!opts_.carry_state && !state_, "data.carry_state is not available for model.arch=mamba yet");
+double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets,
+                                         const TokenBlocks& blk, const RangeLinks<S>& links,
+                                         const ParamSet<S>& grad) {
+  require(!state_ || params.range().k1 - params.range().k0 == params.dims().layers,
+          "data.carry_state is not available for model.arch=mamba on several ranks yet");
+  if (state_) check_carried_state(*state_, params.dims(), params.dims().layers, x.extent(0));
   const MatmulScope matmul(opts_.matmul, sizeof(S));
   const ExecSpace& exec = layer_.execution_space();
   const auto& d = params.dims();
-  const int K = int(d.layers);
+  const LayerRange& lr = params.range();
+  const int K = int(d.layers), k0 = lr.k0, k1 = lr.k1;
+  // first: the range starts the model (a tied Mamba's last range holds the embedding too, as its head).
+  const bool first = lr.embedding && k0 == 0, last = lr.head;
   const index_t Bt = x.extent(0), T = x.extent(1), D = d.width, E = d.inner(), N = d.state;
   const index_t Kc1 = d.conv_kernel - 1;
-  const TokenBlocks blk(block_length(T), T);
   const DocStarts docs(x);
   const auto shape = [&](index_t j) { return SeqShape{Bt, blk.size(j), docs.from(blk.start(j))}; };
-  const LayerSegments seg(0, K, K, true, opts_.layer_checkpoint);
-  std::vector<StoredRows<S>> kept(std::size_t(K + 1));
+  const LayerSegments seg(k0, k1, K, last, opts_.layer_checkpoint);
+  std::vector<StoredRows<S>> kept(std::size_t(K + 1));  // by layer index; y_0 of the first range: the embedding again
   for (const int c : seg.starts)
-    if (c > 0) kept[std::size_t(c)] = StoredRows<S>(std::string(y_kept), opts_.storage, Bt * T, D);  // y_0: the embedding again
-  // The state before block j of layer k: slot j of conv[k], ssm[k] (block 0's: zero).
+    if (LayerSegments::keeps(c, k0, first, false))
+      kept[std::size_t(c)] = StoredRows<S>(std::string(y_kept), opts_.storage, Bt * T, D);
+  // The state before block j of layer k: slot j of conv[k - k0], ssm[k - k0] (block 0's: the carried state, or zero).
   std::vector<View3<S>> conv, ssm;
-  for (int k = 0; k < K; ++k) {
+  for (int k = k0; k < k1; ++k) {
     conv.emplace_back("ash::lowmem::mamba_conv_start", blk.n, Bt * E, Kc1);
     ssm.emplace_back("ash::lowmem::mamba_ssm_start", blk.n, Bt * E, N);
   }
   const auto before = [&](int k, index_t j) {
     MambaState<S> st;
-    st.conv = Kokkos::subview(conv[std::size_t(k)], j, Kokkos::ALL(), Kokkos::ALL());
-    st.ssm = Kokkos::subview(ssm[std::size_t(k)], j, Kokkos::ALL(), Kokkos::ALL());
+    st.conv = Kokkos::subview(conv[std::size_t(k - k0)], j, Kokkos::ALL(), Kokkos::ALL());
+    st.ssm = Kokkos::subview(ssm[std::size_t(k - k0)], j, Kokkos::ALL(), Kokkos::ALL());
     return st;
   };
+  if (state_)
+    for (int k = 0; k < K; ++k) mamba_state_from_carried((*state_)[std::size_t(k)], before(k, 0), exec);
   MambaState<S> run(Bt, d);
   const MambaActivations<S> act(shape(0), d, LayerActivations<S>::projections_only);  // one block's
   // The block's forward of layer k from the state kept before it (forward and recomputation alike).
@@ -369,51 +388,63 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
     for (index_t j = 0; j < blk.n; ++j) {
       const index_t rows = Bt * blk.size(j);
       View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-      embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
-      for (int k = 0; k < K; ++k) {
+      if (first)
+        embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
+      else
+        links.y_in(j, y);
+      if (!first) kept[std::size_t(k0)].put(y, T, blk.start(j), blk.size(j), exec);
+      for (int k = k0; k < k1; ++k) {
         advance(k, j, y, yo);
         if (j + 1 < blk.n) {
           const MambaState<S> next = before(k, j + 1);
           Kokkos::deep_copy(exec, next.conv, run.conv);
           Kokkos::deep_copy(exec, next.ssm, run.ssm);
+        } else if (state_) {  // the state after the window: the next window's
+          mamba_state_to_carried(run, (*state_)[std::size_t(k)], exec);
         }
         std::swap(y, yo);
         if (!kept[std::size_t(k + 1)].empty()) kept[std::size_t(k + 1)].put(y, T, blk.start(j), blk.size(j), exec);
       }
+      if (!last) links.y_out(j, y);
     }
   }
+  if (links.before_backward) links.before_backward();
   // Backward: blocks last to first, segments top down, each recomputed from its kept input.
   const auto gglobal = grad.global();
   std::vector<View2<S>> yseg;
   for (int i = 0; i < seg.longest(); ++i) yseg.emplace_back(std::string(y_segment), rb, D);
   const View2<S> gb(std::string(g_block), rb, D);
-  std::vector<ExactCarry<S>> carry(static_cast<std::size_t>(K));
+  std::vector<ExactCarry<S>> carry(static_cast<std::size_t>(k1 - k0));
   std::vector<View2<S>> gconv;  // ∂L/∂ the conv state after the block, per layer (zero after the window)
-  for (int k = 0; k < K; ++k) gconv.emplace_back("ash::lowmem::mamba_conv_carry", Bt * E, Kc1);
+  for (int k = k0; k < k1; ++k) gconv.emplace_back("ash::lowmem::mamba_conv_carry", Bt * E, Kc1);
   double loss = 0;
   for (index_t j = blk.n - 1; j >= 0; --j) {
     const index_t t0 = blk.start(j), Tj = blk.size(j), rows = Bt * Tj;
     const TokenView xb = token_block(x, t0, Tj);
     const View2<S> g = first_rows(gb, rows);
+    if (!last) links.g_in(j, g);
     for (std::size_t i = seg.starts.size(); i-- > 0;) {
       const int c = seg.starts[i], e = seg.end_of(i);
       const View2<S> y0 = first_rows(yseg[0], rows);
-      if (c == 0)
+      if (c == 0 && first)
         embedding_forward(params.global().embedding, xb, y0, exec);
       else
         kept[std::size_t(c)].get(y0, T, t0, Tj, exec);
       for (int k = c; k < e; ++k) advance(k, j, first_rows(yseg[k - c], rows), first_rows(yseg[k + 1 - c], rows));
-      if (e == K) {  // the head on y_K's rows: the block's share of L and g_K
+      if (last && e == K) {  // the head on y_K's rows: the block's share of L and g_K
         const TokenView xh = token_block(x, t0, (blk.end(j) < T ? blk.end(j) + 1 : T) - t0);
         loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,
-                             target_count(x), exec);
+                             targets, exec);
       }
-      for (int k = std::min(e, K - 1); k >= c; --k)
+      for (int k = std::min(e, k1 - 1); k >= c; --k)
         layer_.backward_mamba_block(params.mamba_layer(k), d, shape(j), first_rows(yseg[k - c], rows), g, before(k, j),
-                                    blk.n > 1 ? &carry[std::size_t(k)] : nullptr, gconv[std::size_t(k)],
+                                    blk.n > 1 ? &carry[std::size_t(k - k0)] : nullptr, gconv[std::size_t(k - k0)],
                                     grad.mamba_layer(k));
     }
-    embedding_backward(xb, g, gglobal.embedding, exec);
+    if (first)
+      embedding_backward(xb, g, gglobal.embedding, exec);
+    else
+      links.g_out(j, g);
   }
   layer_.release();
   return loss;

@@ -14,7 +14,9 @@
 // next range and its g to the one before, so the levers compose with every
 // rank layout. A range's segments start at its first layer k0 and every m-th
 // after it; the first input (unless it is y_0, recomputed from the
-// embedding) arrives from another rank and is kept.
+// embedding) arrives from another rank and is kept. A Mamba takes the same
+// links (compute_mamba): its per-(layer, block) states and carries stay on the
+// layer's rank.
 #include <functional>
 #include <memory>
 #include <string>
@@ -177,8 +179,10 @@ class BlockwiseEngine final : public GradientEngine<S> {
 
  private:
   struct Range;  // one compute_range(): a BlockwisePass and the links
-  // A Mamba (model.arch = mamba), the whole model in one process.
-  double compute_mamba(const ParamSet<S>& params, const TokenView& x, const ParamSet<S>& grad);
+  // A Mamba (model.arch = mamba): compute_range's pass over Mamba blocks, on
+  // the whole model in one process or on a layer range with its links.
+  double compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets, const TokenBlocks& blocks,
+                       const RangeLinks<S>& links, const ParamSet<S>& grad);
   void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
   double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;

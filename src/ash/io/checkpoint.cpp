@@ -226,12 +226,14 @@ void check_datasets(const Reader& r) {
     if (rank > 0) H5Sget_simple_extent_dims(sp, dims.data(), nullptr);
     const std::vector<std::int64_t> got(dims.begin(), dims.end());
     if (p == "/train/carry_state") {
-      // [K, B·P, N] for a batch B >= 1 (the run that resumes it checks its own B).
-      const bool ok =
-          rank == 3 && got[0] == d.layers && got[2] == d.state && got[1] >= d.width && got[1] % d.width == 0;
+      // [K, B·P, N] (a Mamba: [K, B·E, Kc−1+N]) for a batch B >= 1 (the run that resumes it checks its own B).
+      const std::int64_t rows = d.carry_rows(), cols = d.carry_cols();
+      const bool ok = rank == 3 && got[0] == d.layers && got[2] == cols && got[1] >= rows && got[1] % rows == 0;
       require(ok, "'" + r.path + "': dataset " + p + " has shape " + shape_str(got) + ", expected [" +
-                      std::to_string(d.layers) + ",B*" + std::to_string(d.width) + "," + std::to_string(d.state) +
-                      "] (layers, batch x width, state) from the model sizes");
+                      std::to_string(d.layers) + ",B*" + std::to_string(rows) + "," + std::to_string(cols) + "] " +
+                      (d.mamba() ? "(layers, batch x inner width, conv_kernel-1 + state)"
+                                 : "(layers, batch x width, state)") +
+                      " from the model sizes");
     } else {
       const auto want = shapes.find(p);
       require(want != shapes.end(),

@@ -54,7 +54,8 @@ struct OptimizerState {
   const ParamSet<S>* v = nullptr;
   std::int64_t step = 0;
   // data.carry_state: the state each layer's next window starts from, stored
-  // as /train/carry_state [K, Bt·P, N] so a resume continues bitwise.
+  // as /train/carry_state [K, Bt·P, N] (a Mamba's [K, Bt·E, Kc−1+N], ModelDims::carry_rows/cols)
+  // so a resume continues bitwise.
   const std::vector<View2<S>>* carry = nullptr;
   // The token file the data cursor indexes (TokenDataset::fingerprint): its
   // token count and fingerprint, so a resume can tell another file (-1: none).

@@ -42,6 +42,22 @@ View2<float> rounded_copy(const V& v, Matmul mode, const ExecSpace& exec) {
   return out;
 }
 
+#if defined(KOKKOS_ENABLE_CUDA)
+// The bf16 bits (round to nearest even) of a [rows, cols] view, row-contiguous: cuBLAS's bf16 inputs.
+template <class V>
+View2<std::uint16_t> bf16_copy(const V& v, const ExecSpace& exec) {
+  const index_t rows = v.extent(0), cols = v.extent(1);
+  View2<std::uint16_t> out(Kokkos::view_alloc(std::string("ash::gemm::bf16_input"), Kokkos::WithoutInitializing), rows,
+                           cols);
+  Kokkos::parallel_for(
+      "ash::gemm_bf16_inputs", Range(exec, 0, rows * cols), KOKKOS_LAMBDA(const index_t i) {
+        const index_t r = i / cols, c = i % cols;
+        out(r, c) = half::to_bf16(float(v(r, c)));
+      });
+  return out;
+}
+#endif
+
 // The float product in a rounding mode (tf32, bf16): cuBLAS's tensor cores on
 // row-contiguous device views, else the product of rounded copies.
 template <class A, class B, class C>
@@ -52,9 +68,15 @@ void rounded_gemm(const ExecSpace& exec, const char* ta, const char* tb, float a
   if (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, Space>::accessible && a.stride(1) == 1 && b.stride(1) == 1 &&
       c.stride(1) == 1) {
     const bool tra = ta[0] == 'T', trb = tb[0] == 'T';
-    cublas_gemm_fast(tra, trb, index_t(c.extent(0)), index_t(c.extent(1)), index_t(tra ? a.extent(0) : a.extent(1)),
-                     alpha, a.data(), index_t(a.stride(0)), b.data(), index_t(b.stride(0)), beta, c.data(),
-                     index_t(c.stride(0)), mode, exec.cuda_stream());
+    const index_t m = c.extent(0), n = c.extent(1), k = tra ? a.extent(0) : a.extent(1);
+    if (mode == Matmul::bf16) {
+      const auto a16 = bf16_copy(a, exec), b16 = bf16_copy(b, exec);
+      cublas_gemm_bf16(tra, trb, m, n, k, alpha, a16.data(), index_t(a16.extent(1)), b16.data(),
+                       index_t(b16.extent(1)), beta, c.data(), index_t(c.stride(0)), exec.cuda_stream());
+    } else {
+      cublas_gemm_tf32(tra, trb, m, n, k, alpha, a.data(), index_t(a.stride(0)), b.data(), index_t(b.stride(0)), beta,
+                       c.data(), index_t(c.stride(0)), exec.cuda_stream());
+    }
     return;
   }
 #endif

@@ -3,8 +3,9 @@
 //   fp32  exact float products (OpenBLAS, cuBLAS SGEMM): the default
 //   tf32  both inputs rounded to TF32 (10 mantissa bits), FP32 accumulation
 //   bf16  both inputs rounded to bf16 (7 mantissa bits), FP32 accumulation
-// On CUDA, tf32 and bf16 are cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32 / _FAST_16BF on
-// the float data (tensor cores round the inputs themselves). On a host they are
+// On CUDA, tf32 is cuBLAS's CUBLAS_COMPUTE_32F_FAST_TF32 on the float data (the
+// tensor cores round the inputs themselves) and bf16 a cuBLAS product of bf16
+// copies of the inputs with FP32 accumulation. On a host they are
 // emulated: rounded copies of the inputs, then the float product — the same
 // input rounding with another summation order, for studying the error, and
 // slower than fp32. Double products are never rounded.
@@ -46,12 +47,16 @@ KOKKOS_INLINE_FUNCTION float round_bf16(float f) { return from_bf16(to_bf16(f));
 
 namespace impl {
 
-// cuBLAS GEMM on row-major float matrices with a fast compute type
-// (CUDA builds only; kernels/impl/cublas_gemm.cpp): C = α op(A) op(B) + β C,
-// C m×n, op(A) m×k; lda, ldb, ldc: row strides; stream: a cudaStream_t.
-void cublas_gemm_fast(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+// cuBLAS GEMM on row-major matrices, FP32 accumulation and output (CUDA builds
+// only; kernels/impl/cublas_gemm.cpp): C = α op(A) op(B) + β C, C m×n, op(A) m×k;
+// lda, ldb, ldc: row strides; stream: a cudaStream_t. tf32: float inputs, which
+// the tensor cores round; bf16: inputs already rounded to bf16 (their bits).
+void cublas_gemm_tf32(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                       const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-                      std::int64_t ldc, Matmul mode, void* stream);
+                      std::int64_t ldc, void* stream);
+void cublas_gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+                      const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta,
+                      float* c, std::int64_t ldc, void* stream);
 
 }  // namespace impl
 

@@ -1,5 +1,6 @@
 #include "ash/model/forward.hpp"
 
+#include <string>
 #include <utility>
 
 #include "ash/core/error.hpp"
@@ -87,15 +88,21 @@ double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t 
                          std::vector<View2<S>>* state, const TokenView& x_head, index_t targets) {
   const auto& d = params.dims();
   const SeqShape s = SeqShape::of(x);
-  require(!state || index_t(state->size()) == d.layers, "forward_loss: expected one state per layer");
+  if (state) check_carried_state(*state, d, d.layers, s.batch);
   View2<S> y("ash::fwd::y", s.rows(), d.width);
   View2<S> y_next("ash::fwd::y_next", s.rows(), d.width);
   embedding_forward(params.global().embedding, x, y);
   if (d.mamba()) {
-    require(!state, "a carried state (data.carry_state, ash eval's stream) is not available for model.arch=mamba yet");
     const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+    const MambaState<S> run = state ? MambaState<S>(s.batch, d) : MambaState<S>();
     for (int k = 0; k < d.layers; ++k) {
-      mamba_layer_forward(params.mamba_layer(k), d, s, y, act, y_next);
+      if (state) {  // the carried form: from the state, which then holds the state after x
+        mamba_state_from_carried((*state)[std::size_t(k)], run);
+        mamba_layer_forward(params.mamba_layer(k), d, s, y, act, y_next, run);
+        mamba_state_to_carried(run, (*state)[std::size_t(k)]);
+      } else {
+        mamba_layer_forward(params.mamba_layer(k), d, s, y, act, y_next);
+      }
       std::swap(y, y_next);
     }
     return head_loss<S>(params.global(), x_head, y, View2<S>(), nullptr, head_chunk, targets);
@@ -108,6 +115,45 @@ double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t 
   return head_loss<S>(params.global(), x_head, y, View2<S>(), nullptr, head_chunk, targets);
 }
 }  // namespace
+
+template <class S>
+void mamba_state_from_carried(const View2<S>& carried, const MambaState<S>& st, const ExecSpace& exec) {
+  const View2<S> conv = st.conv, ssm = st.ssm;
+  const index_t Kc1 = conv.extent(1), N = ssm.extent(1);
+  require(carried.extent(0) == conv.extent(0) && index_t(carried.extent(1)) == Kc1 + N,
+          "carried state: expected [batch·E, Kc-1+N] per Mamba layer");
+  Kokkos::parallel_for(
+      "ash::mamba::state_from_carried", Range2(exec, {0, 0}, {index_t(carried.extent(0)), Kc1 + N}),
+      KOKKOS_LAMBDA(const index_t r, const index_t c) {
+        if (c < Kc1)
+          conv(r, c) = carried(r, c);
+        else
+          ssm(r, c - Kc1) = carried(r, c);
+      });
+}
+
+template <class S>
+void mamba_state_to_carried(const MambaState<S>& st, const View2<S>& carried, const ExecSpace& exec) {
+  const View2<S> conv = st.conv, ssm = st.ssm;
+  const index_t Kc1 = conv.extent(1), N = ssm.extent(1);
+  require(carried.extent(0) == conv.extent(0) && index_t(carried.extent(1)) == Kc1 + N,
+          "carried state: expected [batch·E, Kc-1+N] per Mamba layer");
+  Kokkos::parallel_for(
+      "ash::mamba::state_to_carried", Range2(exec, {0, 0}, {index_t(carried.extent(0)), Kc1 + N}),
+      KOKKOS_LAMBDA(const index_t r, const index_t c) { carried(r, c) = c < Kc1 ? conv(r, c) : ssm(r, c - Kc1); });
+}
+
+template <class S>
+void check_carried_state(const std::vector<View2<S>>& state, const ModelDims& d, index_t layers, index_t batch) {
+  const index_t R = batch * d.carry_rows(), C = d.carry_cols();
+  require(index_t(state.size()) == layers, "carried state: expected one state per layer (" + std::to_string(layers) +
+                                               "), got " + std::to_string(state.size()));
+  const std::string shape = d.mamba() ? "[batch·E, Kc-1+N] = [" : "[batch·P, N] = [";
+  for (const auto& h : state)
+    require(index_t(h.extent(0)) == R && index_t(h.extent(1)) == C,
+            "carried state: expected " + shape + std::to_string(R) + ", " + std::to_string(C) + "] per layer, got [" +
+                std::to_string(h.extent(0)) + ", " + std::to_string(h.extent(1)) + "]");
+}
 
 template <class S>
 double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk) {
@@ -144,6 +190,9 @@ ForwardTape<S> forward_tape(const ParamSet<S>& params, const TokenView& x, const
   template double forward_loss<S>(const ParamSet<S>&, const TokenView&, index_t);                          \
   template double forward_loss<S>(const ParamSet<S>&, const TokenView&, index_t, std::vector<View2<S>>&,     \
                                   const TokenView&, index_t);                                              \
+  template void mamba_state_from_carried<S>(const View2<S>&, const MambaState<S>&, const ExecSpace&);           \
+  template void mamba_state_to_carried<S>(const MambaState<S>&, const View2<S>&, const ExecSpace&);             \
+  template void check_carried_state<S>(const std::vector<View2<S>>&, const ModelDims&, index_t, index_t);      \
   template ForwardTape<S> forward_tape<S>(const ParamSet<S>&, const TokenView&, const GlobalParams<S>*,     \
                                           typename LayerActivations<S>::Store, bool, index_t);
 ASH_INSTANTIATE(float)

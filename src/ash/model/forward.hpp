@@ -74,13 +74,26 @@ template <class S>
 double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk = 1024);
 
 // The same with a carried state (streaming a long document window by window):
-// state (one [Bt·P, N] view per layer) is h before x's first token on entry and
-// h after its last on return; x_head is what the head scores (x, or x with the
+// state (one view per layer, check_carried_state's shape: an SSM-ResNet's h, a
+// Mamba's conv state and h) is the state before x's first token on entry and
+// after its last on return; x_head is what the head scores (x, or x with the
 // next window's first token appended per sequence, so no target is lost between
 // windows) and targets the count the loss is the mean over (head_loss's rule).
 template <class S>
 double forward_loss(const ParamSet<S>& params, const TokenView& x, index_t head_chunk, std::vector<View2<S>>& state,
                     const TokenView& x_head, index_t targets);
+
+// A Mamba block's carried state (data.carry_state, /train/carry_state) is one
+// [Bt·E, Kc−1+N] view per layer (ModelDims::carry_rows/cols): row b·E + e holds
+// MambaState's conv row (Kc−1 columns, oldest first), then its ssm row (N).
+// These copy it into the MambaState a block runs from and back.
+template <class S>
+void mamba_state_from_carried(const View2<S>& carried, const MambaState<S>& st, const ExecSpace& exec = ExecSpace());
+template <class S>
+void mamba_state_to_carried(const MambaState<S>& st, const View2<S>& carried, const ExecSpace& exec = ExecSpace());
+// Throws ash::Error unless state holds `layers` views of [batch·carry_rows, carry_cols].
+template <class S>
+void check_carried_state(const std::vector<View2<S>>& state, const ModelDims& d, index_t layers, index_t batch);
 
 // The whole model's forward for a full ParamSet: embedding, every layer, head.
 template <class S>

@@ -87,9 +87,11 @@ struct Planner {
     const double per_layer = P * P + 3 * P * N + 3 * P;
     return double(K) * per_layer + (lr.embedding ? V * P : 0) + (lr.head ? P + V * P : 0);
   }
-  // data.carry_state: every layer's state of the whole batch (ash train keeps it all on every rank).
+  // data.carry_state: every layer's state of the whole batch (ash train keeps it all on every rank):
+  // [B·P, N] per layer, a Mamba's [B·E, Kc−1+N].
   double carried_state() const {
-    return double(cfg.model.layers) * double(cfg.data.batch) * P * N * S;
+    return double(cfg.model.layers) * double(cfg.data.batch) * double(cfg.model.carry_rows()) *
+           double(cfg.model.carry_cols()) * S;
   }
   // A block-wise pass on this range in blocks of blen (not reading its input again: a pipeline or one process).
   BlockwiseShape pass(std::int64_t blen) const {
@@ -207,35 +209,49 @@ struct Planner {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     return (rows * (1 + P + 7 * E + R + 2 * N) + E * N + (h_and_A ? 2 * rows * E * N : 0.0)) * S;
   }
-  // A Mamba with a lever (BlockwiseEngine::compute_mamba): the kept inputs
-  // (run.storage), a MambaState before every (layer, block) and the running
-  // one, one block's activations; forward: a block's y and next y; backward:
-  // the segment's inputs and g of a block, the conv's carry per layer (and
-  // E3's μ/A carries over E channels with several blocks), and
+  // A Mamba's block-wise pass (BlockwiseEngine::compute_mamba: a lever in one
+  // process, E3 on every data and layer rank layout), on this rank's layer
+  // range: the kept inputs (run.storage; a range after the first keeps the
+  // input it received), a MambaState before every (layer, block) and the
+  // running one, one block's activations; forward: a block's y and next y;
+  // backward: the segment's inputs and g of a block, the conv's carry per layer
+  // (and E3's μ/A carries over E channels with several blocks), and
   // AdjointExactLayer::backward_mamba_block's block activations, state copy,
-  // cotangents and scan workspace, held from the first block on.
+  // cotangents and scan workspace, held from the first block on; the head's
+  // chunk on the range with the head.
   std::string mamba_blockwise(Items& persistent, Phases& phases) const {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     const double Kc1 = double(cfg.model.conv_kernel - 1), state = B * E * (Kc1 + N) * S;
-    const std::int64_t blen = blockwise_block_length(o, Ti);
+    const std::int64_t blen = multi ? pipeline_block_length(o, Ti, std::max<std::int64_t>(1, cfg.dist.layer_ranks),
+                                                            cfg.dist.pipeline_blocks)
+                                    : blockwise_block_length(o, Ti);
     const double nb = double((Ti + blen - 1) / blen), rows = B * double(blen);
     const BlockwiseWorkspace ws = blockwise_workspace(o, pass(blen));
     const LayerShape scan{std::int64_t(B), blen, cfg.model.inner(), cfg.model.state, std::size_t(S)};
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"Mamba states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
     persistent.push_back({"block activations (one block)", mamba_acts(rows, false)});
+    if (o.carry_state) persistent.push_back({"carried state", carried_state()});
     phases.push_back({"forward", {{"block y, next y", 2 * rows * P * S}}});
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
     const double rbk = std::ceil(rows / double(impl::reduce_rows));
-    Items back{{"segment inputs + g of a block", ws.backward.bytes()},
-               {"conv carries (K)", double(K) * B * E * Kc1 * S},
-               {"E3 block activations + state copy", mamba_acts(rows, false) + state},
-               {"cotangents (one block)", (rows * (3 * E + R + P) + rbk * P) * S + cot_e},
-               {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()}};
+    const Items held{{"segment inputs + g of a block", ws.backward.bytes()},
+                     {"conv carries (K)", double(K) * B * E * Kc1 * S}};
+    Items back = held;
+    back.push_back({"E3 block activations + state copy", mamba_acts(rows, false) + state});
+    back.push_back({"cotangents (one block)", (rows * (3 * E + R + P) + rbk * P) * S + cot_e});
+    back.push_back({"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()});
     if (nb > 1) back.push_back({"E3 carries (mu, A over E per layer)", double(K) * 2 * B * E * N * S});
     auto emb = back;
-    emb.push_back({"embedding backward segments", emb_partial(rows)});
-    back.push_back({"head chunk", head(rows, hc, true)});  // from the second block on, on top of E3's scratch
+    if (lr.k0 == 0) emb.push_back({"embedding backward segments", emb_partial(rows)});  // a tied last range's embedding is its head
+    // E3's scratch lives through the pass: from the second block on the head's
+    // chunk comes on top of it; with one block the head runs before it exists.
+    if (lr.head && nb > 1) back.push_back({"head chunk", head(rows, hc, true)});
+    if (lr.head && nb == 1) {
+      Items hd = held;
+      hd.push_back({"head chunk", head(rows, hc, true)});
+      phases.push_back({"head", hd});
+    }
     phases.push_back({"backward", back});
     phases.push_back({"embedding backward", emb});
     return "adjoint-exact" + std::string(o.detach_inputs ? ", detached" : "") + " over token blocks of " +
@@ -419,10 +435,8 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   Items persistent;  // engine memory held across the phases below
   // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
   // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
-  // A Mamba runs block-wise with a lever in one process and on sequence ranks
-  // (whole windows on data and layer ranks: the pipeline's block-wise form takes no Mamba yet).
-  const bool blockwise = cfg.grad.exact_adjoint() &&
-                         (cfg.grad.low_memory() || (multi && Sq == 1)) && !(cfg.model.mamba() && multi);
+  // A Mamba alike (its E1 and E2 on whole windows); on sequence ranks its own pass (mamba_sequence).
+  const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
   const bool seq_blocks = blockwise && Sq > 1;
   // A Mamba on sequence ranks runs dist::SequenceBlockwise, levers or not.
   const bool mamba_seq = cfg.model.mamba() && cfg.grad.exact_adjoint() && Sq > 1;

@@ -52,7 +52,7 @@ EvalTotals evaluate_stream(const ParamSet<S>& params, const std::vector<std::uin
   const auto& d = params.dims();
   const auto n = index_t(ids.size());
   std::vector<View2<S>> state;
-  for (index_t k = 0; k < d.layers; ++k) state.emplace_back("ash::eval::state", d.width, d.state);
+  for (index_t k = 0; k < d.layers; ++k) state.emplace_back("ash::eval::state", d.carry_rows(), d.carry_cols());
   EvalTotals tot;
   const auto t0 = Clock::now();
   for (index_t first = 0; first + 1 < n; first += T) {

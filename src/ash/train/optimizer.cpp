@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "ash/core/error.hpp"
+
 namespace ash {
 
 
@@ -22,11 +24,18 @@ bool decays(const std::string& name) {
 
 template <class S>
 AdamW<S>::AdamW(const ModelDims& dims, const LayerRange& range, const AdamWOptions& opts)
-    : opts_(opts), m_(dims, range), v_(dims, range), decay_mask_("ash::adamw::decay_mask", m_.size()) {
-  auto h = Kokkos::create_mirror_view(decay_mask_);
-  for (const auto& t : m_.tensors())
-    for (index_t i = 0; i < t.size(); ++i) h(t.offset + i) = decays(t.name) ? S(1) : S(0);
-  Kokkos::deep_copy(decay_mask_, h);
+    : opts_(opts), m_(dims, range), v_(dims, range) {
+  index_t covered = 0;
+  for (const auto& t : m_.tensors()) {
+    const bool d = decays(t.name);
+    covered += t.size();
+    if (!runs_.empty() && runs_.back().decay == d && runs_.back().end == t.offset)
+      runs_.back().end = t.offset + t.size();
+    else
+      runs_.push_back({t.offset, t.offset + t.size(), d});
+  }
+  require(covered == m_.size() && (runs_.empty() || (runs_.front().begin == 0 && runs_.back().end == m_.size())),
+          "AdamW: the tensors do not tile the parameters");
 }
 
 template <class S>
@@ -60,16 +69,18 @@ double AdamW<S>::update(const ParamSet<S>& params, const ParamSet<S>& grad,
   auto g = grad.data();
   auto m = m_.data();
   auto v = v_.data();
-  auto mask = decay_mask_;
-  Kokkos::parallel_for(
-      "ash::adamw", Range(0, params.size()), KOKKOS_LAMBDA(const index_t i) {
-        const S gi = g(i) * sc;
-        g(i) = gi;  // the clipped gradient
-        m(i) = b1 * m(i) + (S(1) - b1) * gi;
-        v(i) = b2 * v(i) + (S(1) - b2) * gi * gi;
-        const S mh = m(i) * c1, vh = v(i) * c2;
-        p(i) -= lr_s * mh / (kmath::sqrt(vh) + eps) + wd * mask(i) * p(i);
-      });
+  for (const DecayRun& run : runs_) {
+    const S mask = run.decay ? S(1) : S(0);
+    Kokkos::parallel_for(
+        "ash::adamw", Range(run.begin, run.end), KOKKOS_LAMBDA(const index_t i) {
+          const S gi = g(i) * sc;
+          g(i) = gi;  // the clipped gradient
+          m(i) = b1 * m(i) + (S(1) - b1) * gi;
+          v(i) = b2 * v(i) + (S(1) - b2) * gi * gi;
+          const S mh = m(i) * c1, vh = v(i) * c2;
+          p(i) -= lr_s * mh / (kmath::sqrt(vh) + eps) + wd * mask * p(i);
+        });
+  }
   ++step_;
   return norm;
 }

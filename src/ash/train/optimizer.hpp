@@ -4,6 +4,7 @@
 // parameter tensor), so a distributed run can keep each tensor's state on its
 // owner.
 #include <functional>
+#include <vector>
 
 #include "ash/core/config.hpp"
 #include "ash/model/params.hpp"
@@ -40,7 +41,13 @@ class AdamW {
  private:
   AdamWOptions opts_;
   ParamSet<S> m_, v_;
-  View1<S> decay_mask_;  // 1 where weight decay applies
+  // Consecutive tensors that all decay or all do not: one update kernel each (a
+  // mask per parameter would be a third parameter-sized buffer, 5 GiB at 1.36 B).
+  struct DecayRun {
+    index_t begin, end;
+    bool decay;
+  };
+  std::vector<DecayRun> runs_;
   std::int64_t step_ = 0;
 };
 

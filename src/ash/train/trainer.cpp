@@ -304,7 +304,7 @@ void Trainer<S>::restore() {
     data_.check_cursor(cursor_, B_);
   }
   if (st_.data.carry_state) {
-    for (index_t k = 0; k < d_.layers; ++k) carried_.emplace_back("ash::train::carried_state", B_ * d_.width, d_.state);
+    for (index_t k = 0; k < d_.layers; ++k) carried_.emplace_back("ash::train::carried_state", B_ * d_.carry_rows(), d_.carry_cols());
     if (!resume_.empty()) load_carried_state(resume_, carried_);
     ctx_.engine().set_carried_state(&carried_);
   }
