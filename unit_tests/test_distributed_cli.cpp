@@ -159,7 +159,7 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
 // A Mamba on data and layer ranks: `ash grad` for E1, E2 (truncated too; whole windows) and
 // E3 (exact, detached, windowed; the block-wise pipeline, with the memory levers too), tied
 // and untied embeddings, equals one process; training on 2 and 4 ranks gives one process's
-// losses and resumes across layouts, with levers too; sequence ranks refuse.
+// losses and resumes across layouts, with levers too.
 TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
   const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
                            "--set data.seq_len=24 --set data.batch=4 ";
@@ -264,10 +264,85 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
   auto lboth = losses(tmp_path("mamba_lev_a"));
   for (double l : losses(tmp_path("mamba_lev_b"))) lboth.push_back(l);
   expect_same_losses(lboth, lref, "mamba levers R=2 then D=2");
-  // Sequence ranks need the conv's halo: refused by name, on every rank, before any work.
-  const auto rs = mpirun(2, mtrain + dir("mamba_seq") + " --set dist.seq_ranks=2");
+}
+
+// A Mamba on sequence ranks (issue 34): `ash grad` with S = 2, 3, 4 (with layer
+// and data ranks too), exact and detached, without a lever and with each,
+// tied and untied, equals one process with the same options; training with
+// S = 2 and S = 2 x R = 2 gives one process's losses and norms and resumes
+// across layouts; a window T̄ is refused by name on every rank.
+TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
+  const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
+                           "--set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
+  for (const bool tied : {true, false}) {
+    const std::string tie = std::string("--set model.tie_embeddings=") + (tied ? "true " : "false ");
+    const auto ckpt = tmp_path(tied ? "mst.h5" : "msu.h5");
+    ASSERT_EQ(run("init " + dims + tie + "--out " + ckpt).code, 0);
+    const auto d = inspect_checkpoint(ckpt).dims;
+    const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --set data.batch=4 --chunk 4 ";
+    for (const std::string opts :
+         {std::string("--engine adjoint-exact "), std::string("--engine adjoint-exact --detach-inputs "),
+          std::string("--engine adjoint-exact --set grad.token_block=8 --set grad.layer_checkpoint=2 "),
+          std::string("--engine adjoint-exact --set run.storage=bf16 --set grad.token_block=4 ")}) {
+      const auto one = tmp_path("ms_one.h5");
+      ASSERT_EQ(run(g + opts + "--out " + one).code, 0) << opts;
+      double l1 = 0;
+      const auto a = to_host(load_gradients(one, d, &l1));
+      struct Lay {
+        int n, R, S, D;
+      };
+      for (const auto& [n, R, S, D] : {Lay{2, 1, 2, 1}, Lay{3, 1, 3, 1}, Lay{4, 2, 2, 1}, Lay{4, 1, 4, 1},
+                                       Lay{4, 1, 2, 2}}) {
+        if (!tied && n != 4) continue;  // untied: the layouts of 4 ranks suffice
+        const auto what = opts + (tied ? "tied" : "untied") + " n" + std::to_string(n) + " R" + std::to_string(R) +
+                          " S" + std::to_string(S);
+        const auto got = tmp_path("ms_got.h5");
+        const auto r = mpirun(n, g + opts + "--set dist.layer_ranks=" + std::to_string(R) +
+                                     " --set dist.seq_ranks=" + std::to_string(S) + " --out " + got);
+        ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+        EXPECT_NE(r.out.find("on " + std::to_string(R) + " layer rank(s) x " + std::to_string(S) +
+                             " sequence rank(s) x " + std::to_string(D) + " data rank(s)"),
+                  std::string::npos) << r.out;
+        double l2 = 0;
+        expect_close(to_host(load_gradients(got, d, &l2)), a, d, 1e-12, what);
+        EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
+      }
+    }
+  }
+  auto dir = [&](const std::string& n) {
+    std::filesystem::remove_all(tmp_path(n));
+    return " --set run.out_dir=" + tmp_path(n);
+  };
+  for (const std::string levers : {std::string(), std::string(" --set run.storage=bf16 --set grad.token_block=8")}) {
+    const std::string mtrain = train + " --set model.arch=mamba --set model.layers=3" + levers;
+    const std::string tag = levers.empty() ? "mseq" : "mseq_lev";
+    ASSERT_EQ(run(mtrain + dir(tag + "1")).code, 0);
+    const auto ref = losses(tmp_path(tag + "1"));
+    ASSERT_EQ(ref.size(), 6u);
+    for (const auto& [n, R] : {std::pair{2, 1}, std::pair{4, 2}}) {
+      const auto name = tag + "_n" + std::to_string(n) + "R" + std::to_string(R);
+      const auto r = mpirun(n, mtrain + dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" +
+                                   std::to_string(R));
+      ASSERT_EQ(r.code, 0) << r.out;
+      expect_same_losses(losses(tmp_path(name)), ref, name);
+      // The norm under the clip: a tied embedding's copy on the last layer rank counts once.
+      expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path(tag + "1")), name + " grad_norm");
+    }
+    // Three steps on S = 2, then a resume on S = 2 x R = 2 continues one process's losses.
+    const auto ra = mpirun(2, mtrain + dir(tag + "_a") + " --until 3 --set dist.seq_ranks=2");
+    ASSERT_EQ(ra.code, 0) << ra.out;
+    const auto rb = mpirun(4, mtrain + dir(tag + "_b") + " --resume " + tmp_path(tag + "_a") +
+                                  "/checkpoint.h5 --set dist.seq_ranks=2 --set dist.layer_ranks=2");
+    ASSERT_EQ(rb.code, 0) << rb.out;
+    auto both = losses(tmp_path(tag + "_a"));
+    for (double l : losses(tmp_path(tag + "_b"))) both.push_back(l);
+    expect_same_losses(both, ref, tag + " S=2 then S=2 x R=2");
+  }
+  // A window T̄ on sequence ranks would need a halo of y and g too: refused by name, on every rank.
+  const auto rs = mpirun(2, train + " --set model.arch=mamba --set model.layers=3 --set dist.seq_ranks=2 "
+                                    "--set grad.detach_inputs=true --set grad.truncate=6" + dir("mamba_seq_w"));
   EXPECT_NE(rs.code, 0);
-  EXPECT_NE(rs.out.find("dist.seq_ranks > 1 (sequence ranks: the conv's K-1-token halo) is not available for "
+  EXPECT_NE(rs.out.find("a window grad.truncate < data.seq_len with dist.seq_ranks > 1 is not available for "
                         "model.arch=mamba"), std::string::npos) << rs.out;
 }
 

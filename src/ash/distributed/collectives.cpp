@@ -172,8 +172,10 @@ void run_on_root(MPI_Comm comm, const std::function<void()>& fn) {
 #define ASH_DIST_VIEWS(S)                                                            \
   template void send<View1<S>>(const View1<S>&, int, int, MPI_Comm);                 \
   template void send<View2<S>>(const View2<S>&, int, int, MPI_Comm);                 \
+  template void send<View3<S>>(const View3<S>&, int, int, MPI_Comm);                 \
   template void recv<View1<S>>(const View1<S>&, int, int, MPI_Comm);                 \
   template void recv<View2<S>>(const View2<S>&, int, int, MPI_Comm);                 \
+  template void recv<View3<S>>(const View3<S>&, int, int, MPI_Comm);                 \
   template void broadcast<View1<S>>(const View1<S>&, int, MPI_Comm);                 \
   template void broadcast<View2<S>>(const View2<S>&, int, MPI_Comm);                 \
   template void allreduce_sum<View1<S>>(const View1<S>&, MPI_Comm);                  \

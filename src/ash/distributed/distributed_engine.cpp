@@ -13,7 +13,7 @@ namespace ash::dist {
 
 namespace {
 
-constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14;
+constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14, tag_conv = 15, tag_ssm = 16;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -55,9 +55,14 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set);
   // on sequence ranks with a lever, each range in token blocks.
-  // A Mamba: E3 the block-wise pass too (BlockwiseEngine's Mamba form), E1 and E2 whole windows.
-  require(!mamba || grid.layout().S == 1,
-          "model.arch=mamba on several ranks runs on data and layer ranks only (no dist.seq_ranks > 1)");
+  // A Mamba: E3 the block-wise pass too (BlockwiseEngine's Mamba form) on data and
+  // layer ranks; on sequence ranks SequenceBlockwise, levers or not (without one,
+  // each range is one block): its conv's halo and the scatter of its cotangent
+  // pass range to range with the scan's state and μ's carry. E1 and E2 whole windows.
+  if (mamba && grid.layout().S > 1) {
+    seq_pass_ = std::make_unique<SequenceBlockwise<S>>(grid, opts, true);
+    return;
+  }
   if (opts.exact_adjoint() && grid.layout().S == 1)
     block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
   else if (opts.exact_adjoint() && opts.low_memory())
@@ -109,6 +114,7 @@ void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationSt
   const ExecSpace& exec = layer_->execution_space();
   h_start.assign(std::size_t(store.k1() - store.k0()), View2<S>());
   if (lay.S == 1) return forward_layers(params, store, exec);
+  if (params.dims().mamba()) return forward_mamba_range(params, store);
   const auto& s = store.shape();
   const index_t P = params.dims().width, N = params.dims().state;
   for (int k = store.k0(); k < store.k1(); ++k) {
@@ -125,6 +131,38 @@ void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationSt
       Kokkos::deep_copy(io, h);  // the scan overwrites its state with the end state
     }
     ssm_layer_scan(layer, s, store.input(k), act, store.input(k + 1), io, exec);
+  }
+}
+
+// A Mamba's layers on this rank's token range (the forward-only loss): per
+// layer the MambaState the range before ended with (the conv's last Kc − 1
+// inputs, h) starts the range, and its end state goes to the next range.
+template <class S>
+void DistributedEngine<S>::forward_mamba_range(const ParamSet<S>& params, ActivationStore<S>& store) {
+  const auto& lay = grid_.layout();
+  const auto& d = params.dims();
+  const ExecSpace& exec = layer_->execution_space();
+  const MPI_Comm sc = grid_.seq();
+  const auto& s = store.shape();
+  const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
+  MambaState<S> state(s.batch, d);
+  for (int k = store.k0(); k < store.k1(); ++k) {
+    if (lay.seq_rank > 0) {
+      timed([&] {
+        recv(state.conv, lay.seq_rank - 1, tag_conv, sc);
+        recv(state.ssm, lay.seq_rank - 1, tag_ssm, sc);
+      });
+    } else {  // every layer starts the window from zero
+      Kokkos::deep_copy(exec, state.conv, S(0));
+      Kokkos::deep_copy(exec, state.ssm, S(0));
+    }
+    mamba_layer_forward(params.mamba_layer(k), d, s, store.input(k), act, store.input(k + 1), state, exec);
+    exec.fence();
+    if (lay.seq_rank + 1 < lay.S)
+      timed([&] {
+        send(state.conv, lay.seq_rank + 1, tag_conv, sc);
+        send(state.ssm, lay.seq_rank + 1, tag_ssm, sc);
+      });
   }
 }
 

@@ -30,7 +30,10 @@
 //            layer, so only y and g blocks cross ranks), the memory levers
 //            per rank; E1 and E2 whole windows. With tied embeddings the first
 //            and last layer ranks each hold the embedding and exchange their
-//            gradient parts, so both hold the sum.
+//            gradient parts, so both hold the sum. On sequence ranks (S > 1)
+//            E3 runs SequenceBlockwise, levers or not: the conv's last Kc − 1
+//            inputs (the halo) and h pass to the next range forward, the
+//            conv's cotangent and μ's carry back.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -51,7 +54,7 @@ template <class S>
 class DistributedEngine final : public GradientEngine<S> {
  public:
   // pipeline_blocks: token blocks per window for E3 (0: 4 per layer rank).
-  // mamba: model.arch = mamba (refuses sequence ranks).
+  // mamba: model.arch = mamba (on sequence ranks E3 runs SequenceBlockwise).
   DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0, bool mamba = false);
   std::string name() const override;
   // params and grad are this rank's shard (LayerRange grid.range(dims)); x is
@@ -74,7 +77,7 @@ class DistributedEngine final : public GradientEngine<S> {
   // E3 with S = 1: the block-wise pass (and its memory levers) on this rank's
   // layer range, y and g blocks handed between the layer ranks.
   double compute_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
-  // E3 with S > 1 and a memory lever: each range in token blocks, layer by layer.
+  // E3 with S > 1 and a memory lever (a Mamba: always): each range in token blocks, layer by layer.
   double compute_sequence_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
   // data.carry_state: this rank's layers' states of this replica's windows.
   std::vector<View2<S>> my_carried_rows(const ParamSet<S>& params, index_t B) const;
@@ -84,6 +87,8 @@ class DistributedEngine final : public GradientEngine<S> {
   // sequence ranks, each layer's state before the range comes from an
   // exclusive scan of the ranges' state maps (kept in h_start for the backward).
   void forward_range(const ParamSet<S>& params, ActivationStore<S>& store, std::vector<View2<S>>& h_start);
+  // The same for a Mamba on sequence ranks: each layer's MambaState passed range to range.
+  void forward_mamba_range(const ParamSet<S>& params, ActivationStore<S>& store);
   // The forward over the layer ranks: whole ranges, or token blocks in a pipeline.
   void forward(const ParamSet<S>& params, Pass& ps);
   // The backward modes of docs/design.md §2 (E4).
@@ -110,7 +115,7 @@ class DistributedEngine final : public GradientEngine<S> {
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
   std::unique_ptr<LayerAdjoint<S>> untruncated_;  // sequence ranks, T̄ >= T: the same method without a window
   std::unique_ptr<BlockwiseEngine<S>> block_pass_;  // E3 with S = 1: the block-wise pass (levers or not), else nullptr
-  std::unique_ptr<SequenceBlockwise<S>> seq_pass_;  // E3 with S > 1 and a lever, else nullptr
+  std::unique_ptr<SequenceBlockwise<S>> seq_pass_;  // E3 with S > 1 and a lever (a Mamba: any), else nullptr
   std::vector<View2<S>>* carried_ = nullptr;
   std::function<void()> before_backward_;
   PipelineStats stats_;

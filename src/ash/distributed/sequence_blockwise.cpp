@@ -12,6 +12,9 @@ namespace ash::dist {
 namespace {
 
 constexpr int tag_y = 21, tag_g = 22, tag_halo = 23, tag_h = 24, tag_replay = 25;
+// A Mamba's: the conv state and h (forward), the conv's cotangent and μ's carry (backward).
+// (A MambaState goes as two messages, tags t and t + 1.)
+constexpr int tag_conv = 26, tag_gconv = 28, tag_mu = 29, tag_A = 30, tag_mamba_replay = 31;
 
 // acc ← map ∘ acc for element-wise affine maps x ↦ a ⊙ x + b: acc_b = a ⊙ acc_b + b,
 // acc_a = a ⊙ acc_a (contiguous views of one size).
@@ -42,6 +45,20 @@ struct SequenceBlockwise<S>::Pass : BlockwisePass<S> {
   View2<S> h_replay;  // [Bt·P, N]: such a state, received
   const std::vector<View2<S>>* carried = nullptr;
   std::function<void(const std::function<void()>&)> timed;
+  // A Mamba (model.arch = mamba): the MambaState before every (layer, block),
+  // slot j of conv[k − k0] and ssm[k − k0] (block 0's: what the range before
+  // ended the layer with, received; zero on the first range), the state a
+  // block's forward advances and one block's activations.
+  bool mamba = false;
+  std::vector<View3<S>> conv, ssm;
+  MambaState<S> run, replayed;  // replayed: a replay's state from the range before
+  MambaActivations<S> mact;
+  MambaState<S> before(int k, index_t j) const {
+    MambaState<S> st;
+    st.conv = Kokkos::subview(conv[std::size_t(k - this->k0)], j, Kokkos::ALL(), Kokkos::ALL());
+    st.ssm = Kokkos::subview(ssm[std::size_t(k - this->k0)], j, Kokkos::ALL(), Kokkos::ALL());
+    return st;
+  }
 
   View2<S> blk(const View2<S>& v, index_t j) const {  // block j's rows of a whole-range buffer
     const auto& b = this->blocks();
@@ -50,10 +67,20 @@ struct SequenceBlockwise<S>::Pass : BlockwisePass<S> {
 };
 
 template <class S>
-SequenceBlockwise<S>::SequenceBlockwise(const Grid& grid, const EngineOptions& opts)
-    : grid_(grid), opts_(opts), layer_(opts), whole_(whole_opts()) {
+SequenceBlockwise<S>::SequenceBlockwise(const Grid& grid, const EngineOptions& opts, bool mamba)
+    : grid_(grid), opts_(opts), mamba_(mamba), layer_(opts), whole_(whole_opts()) {
   require(opts.exact_adjoint() && opts.layer_checkpoint >= 1 && opts.token_block >= 0,
           "sequence ranks with memory levers: adjoint-exact with a resolved grad.layer_checkpoint");
+  require(!mamba || !opts.carry_state, "data.carry_state on sequence ranks is not available for model.arch=mamba");
+}
+
+template <class S>
+TokenBlocks SequenceBlockwise<S>::range_blocks(index_t T_all) const {
+  const auto& l = grid_.layout();
+  const index_t t_a = l.seq_begin(T_all), t_b = l.seq_end(T_all);
+  // Without a lever one process runs a Mamba's whole window at once: the range is one block.
+  if (mamba_ && !opts_.low_memory()) return TokenBlocks(t_b - t_a, t_b - t_a);
+  return sequence_blocks(opts_, T_all, t_a, t_b);
 }
 
 template <class S>
@@ -64,6 +91,12 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   const auto& lay = grid_.layout();
   const index_t T_all = x_rows.extent(1);
   const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
+  const auto& d = params.dims();
+  require(d.mamba() == mamba_, "SequenceBlockwise: built for another model.arch");
+  // A Mamba's window T̄ would read a halo of y and g and also the conv's past the range (not built).
+  require(!mamba_ || !window(T_all), "a window grad.truncate < data.seq_len on sequence ranks (dist.seq_ranks > 1) "
+                                     "is not available for model.arch=mamba");
+  require(!mamba_ || !carried, "data.carry_state on sequence ranks is not available for model.arch=mamba");
   if (window(T_all)) require_window_halos(T_all, lay.S, opts_.truncate);  // before any work
   Pass ps;
   ps.T_all = T_all;
@@ -75,11 +108,25 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   const TokenBlocks blocks = range_blocks(T_all);
   // One process's blocks: the whole window with a window T̄, else blockwise_block_length.
   const index_t L = window(T_all) ? T_all : blockwise_block_length(opts_, T_all);
-  ps.replay_in = lay.seq_rank > 0 && t_a % L != 0;
-  ps.replay_out = lay.seq_rank + 1 < lay.S && t_b % L != 0;
+  // A Mamba's replay from a kept state gives the forward's bits unless the
+  // inputs were rounded to 16 bits: only then does a cut block need one process's replay.
+  ps.mamba = mamba_;
+  const bool replays = !mamba_ || opts_.storage != Storage::full;
+  ps.replay_in = replays && lay.seq_rank > 0 && t_a % L != 0;
+  ps.replay_out = replays && lay.seq_rank + 1 < lay.S && t_b % L != 0;
   const index_t H = window(T_all) ? WindowHalo<S>::halo_length(lay, T_all, opts_.truncate) : 0;
   ps.start(params, ps.x, targets, blocks, opts_, carried, false,
-           [&](const BlockwiseShape& sh) { return sequence_blockwise_workspace(opts_, sh, T_all, H); }, grad);
+           [&](const BlockwiseShape& sh) { return sequence_blockwise_workspace(opts_, sh, T_all, H, mamba_); }, grad);
+  if (mamba_) {  // the states before every (layer, block), the running state, one block's activations
+    const index_t rows_max = blocks.len < ps.T ? blocks.len : ps.T;
+    for (int k = ps.k0; k < ps.k1; ++k) {
+      ps.conv.emplace_back("ash::seqblocks::mamba_conv_start", blocks.n, ps.Bt * d.inner(), d.conv_kernel - 1);
+      ps.ssm.emplace_back("ash::seqblocks::mamba_ssm_start", blocks.n, ps.Bt * d.inner(), d.state);
+    }
+    ps.run = MambaState<S>(ps.Bt, d);
+    if (ps.replay_in) ps.replayed = MambaState<S>(ps.Bt, d);
+    ps.mact = MambaActivations<S>(SeqShape{ps.Bt, rows_max, DocStarts()}, d, LayerActivations<S>::projections_only);
+  }
   Workspace<S> range;  // y and the next y through the pass
   range.plan(ps.ws.range);
   ps.y = range.view2("ash::seqblocks::y");
@@ -90,7 +137,7 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   recomputed.plan(ps.ws.backward);
   ps.ta = recomputed.view2("ash::seqblocks::y_block");
   ps.tb = recomputed.view2("ash::seqblocks::y_block_next");
-  ps.h_replay = recomputed.view2("ash::seqblocks::h_replay");
+  if (!mamba_) ps.h_replay = recomputed.view2("ash::seqblocks::h_replay");
   const double loss = ps.last ? head(params, ps, grad) : 0.0;
   backward(params, ps, grad);
   layer_.release();
@@ -121,8 +168,14 @@ void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
   keep(ps.k0);
   Workspace<S> maps;  // the state at the range's end, for the next range
   maps.plan(ps.ws.forward);
-  const View2<S> h_end = maps.view2("ash::seqblocks::h_end");
+  const View2<S> h_end = ps.mamba ? View2<S>() : maps.view2("ash::seqblocks::h_end");
   for (int k = ps.k0; k < ps.k1; ++k) {
+    if (ps.mamba) {
+      forward_mamba(params, ps, k);
+      std::swap(ps.y, ps.yo);
+      keep(k + 1);
+      continue;
+    }
     const auto layer = params.layer(k);
     const View2<S> h0 = ps.carried ? (*ps.carried)[std::size_t(k - ps.k0)] : View2<S>();
     if (!head_range) {  // the state before the range: the previous range's end state
@@ -153,6 +206,55 @@ void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
   }
 }
 
+// A Mamba's layer k over the range: the state before the range is the one
+// the range before ended layer k with — the conv's last Kc − 1 inputs (the
+// halo its first taps read; a range shorter than Kc − 1 tokens passes on the
+// older ones it received) and h — so the range computes one process's values;
+// every block from the state kept before it; the end state to the next range.
+template <class S>
+void SequenceBlockwise<S>::forward_mamba(const ParamSet<S>& params, Pass& ps, int k) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  const MambaState<S> b0 = ps.before(k, 0);  // zero on the first range
+  if (lay.seq_rank > 0) ps.timed([&] { recv_state(b0, lay.seq_rank - 1, tag_conv); });
+  for (index_t j = 0; j < blk.n; ++j) {
+    advance_mamba(params, ps, k, j, ps.blk(ps.y, j), ps.blk(ps.yo, j));
+    if (j + 1 < blk.n) {
+      const MambaState<S> next = ps.before(k, j + 1);
+      Kokkos::deep_copy(exec, next.conv, ps.run.conv);
+      Kokkos::deep_copy(exec, next.ssm, ps.run.ssm);
+    }
+  }
+  exec.fence();
+  if (lay.seq_rank + 1 < lay.S) ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_conv); });
+}
+
+// A MambaState to or from a neighbouring range: the conv state (tag), then h (tag + 1).
+template <class S>
+void SequenceBlockwise<S>::send_state(const MambaState<S>& st, int to, int tag) const {
+  send(st.conv, to, tag, grid_.seq());
+  send(st.ssm, to, tag + 1, grid_.seq());
+}
+template <class S>
+void SequenceBlockwise<S>::recv_state(const MambaState<S>& st, int from, int tag) const {
+  recv(st.conv, from, tag, grid_.seq());
+  recv(st.ssm, from, tag + 1, grid_.seq());
+}
+
+// A Mamba's layer k on block j, y -> yo, from the state kept before the block (or from):
+// the forward and every recomputation alike, bit for bit.
+template <class S>
+void SequenceBlockwise<S>::advance_mamba(const ParamSet<S>& params, Pass& ps, int k, index_t j, const View2<S>& y,
+                                         const View2<S>& yo, const MambaState<S>* from) {
+  const ExecSpace& exec = layer_.execution_space();
+  const MambaState<S> b = from ? *from : ps.before(k, j);
+  Kokkos::deep_copy(exec, ps.run.conv, b.conv);
+  Kokkos::deep_copy(exec, ps.run.ssm, b.ssm);
+  mamba_layer_forward(params.mamba_layer(k), params.dims(), ps.fw->shape(j), y, first_rows(ps.mact, ps.fw->rows(j)),
+                      yo, ps.run, exec);
+}
+
 // One process replays a block from its kept state at the block's start. A
 // range that starts inside a block gets the state that replay reaches at its
 // first token from the range before (per layer), which sends it from its last
@@ -171,9 +273,20 @@ void SequenceBlockwise<S>::recompute(const ParamSet<S>& params, Pass& ps, int c,
       embedding_forward(params.global().embedding, token_block(ps.x, t0, Tj), a, exec);
     else
       ps.kept_input(c).get(a, ps.T, t0, Tj, exec);
-    const auto act_j = first_rows(ps.act, rows);
+    const auto act_j = ps.mamba ? LayerActivations<S>() : first_rows(ps.act, rows);
     for (int l = c; l < k; ++l) {  // y_{l+1} = layer l (y_l), from the state one process's replay has there
       const View2<S> out = l + 1 == k ? dst : b;
+      if (ps.mamba) {  // as below, the state a MambaState
+        const bool in = j == 0 && ps.replay_in, send_on = j + 1 == blk.n && ps.replay_out;
+        if (in) ps.timed([&] { recv_state(ps.replayed, lay.seq_rank - 1, tag_mamba_replay); });
+        advance_mamba(params, ps, l, j, a, out, in ? &ps.replayed : nullptr);
+        if (send_on) {
+          exec.fence();
+          ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_mamba_replay); });
+        }
+        std::swap(a, b);
+        continue;
+      }
       const bool in = j == 0 && ps.replay_in, send_on = j + 1 == blk.n && ps.replay_out;
       if (in) ps.timed([&] { recv(ps.h_replay, lay.seq_rank - 1, tag_replay, grid_.seq()); });
       const View2<S> h = ps.fw->replay(params.layer(l), l, j, a, act_j, out, exec, in ? ps.h_replay : View2<S>());
@@ -243,6 +356,8 @@ void SequenceBlockwise<S>::backward(const ParamSet<S>& params, Pass& ps, const P
   }
   if (window(ps.T_all))
     layers_window(params, ps, g, grad);
+  else if (ps.mamba)
+    layers_mamba(params, ps, g, grad);
   else
     layers_carried(params, ps, g, grad);
   if (ps.first) {
@@ -294,6 +409,71 @@ void SequenceBlockwise<S>::layers_carried(const ParamSet<S>& params, Pass& ps, c
       for (index_t j = blk.n - 1; j >= 0; --j)
         whole_.backward_block(layer, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j),
                               j == 0 ? h_first : ps.fw->state_before(k, j), &carry, grad.layer(k));
+    }
+  }
+}
+
+// A Mamba's layers over the range, top down, each a reverse wavefront over
+// the ranges: y_k recomputed, then from the range after it (zero after the
+// last) ∂L/∂ the conv state it read — the scatter of the forward's halo onto
+// this range's last Kc − 1 inputs (and, from a range shorter than Kc − 1
+// tokens, onto older ones, which this range passes on) — and μ's carry (μ
+// and A at its first token); E3's backward_mamba_block per block, last first,
+// as one process runs its blocks; the two carries of the first block to the
+// range before. The range before runs layer k while this one runs layer k − 1.
+template <class S>
+void SequenceBlockwise<S>::layers_mamba(const ParamSet<S>& params, Pass& ps, const View2<S>& g,
+                                        const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const auto& d = params.dims();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  const index_t E = d.inner(), N = d.state;
+  const bool head_range = lay.seq_rank == 0, tail = lay.seq_rank == lay.S - 1;
+  const View2<S> gconv("ash::seqblocks::mamba_conv_carry", ps.Bt * E, d.conv_kernel - 1);
+  ExactCarry<S> carry;  // allocated here: backward_mamba_block keeps buffers of its batch
+  carry.mu = View3<S>("ash::seqblocks::mamba_carry_mu", ps.Bt, E, N);
+  carry.A = View3<S>("ash::seqblocks::mamba_carry_A", ps.Bt, E, N);
+  for (std::size_t i = ps.seg.starts.size(); i-- > 0;) {
+    const int c = ps.seg.starts[i];
+    for (int k = std::min(ps.seg.end_of(i), ps.k1 - 1); k >= c; --k) {
+      recompute(params, ps, c, k);
+      // Layer k's state before the range as one process's replay has it (16-bit
+      // storage, a cut block: the range before replays its last block and sends
+      // it), exchanged before the carries, which wait on the later ranges.
+      if (ps.replay_in) ps.timed([&] { recv_state(ps.replayed, lay.seq_rank - 1, tag_mamba_replay); });
+      if (ps.replay_out) {
+        const index_t j = blk.n - 1;
+        const bool from_in = j == 0 && ps.replay_in;
+        advance_mamba(params, ps, k, j, ps.blk(ps.y, j), first_rows(ps.tb, ps.fw->rows(j)),
+                      from_in ? &ps.replayed : nullptr);
+        exec.fence();
+        ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_mamba_replay); });
+      }
+      if (tail) {
+        Kokkos::deep_copy(exec, gconv, S(0));
+        carry.valid = false;
+      } else {
+        exec.fence();
+        ps.timed([&] {
+          recv(gconv, lay.seq_rank + 1, tag_gconv, grid_.seq());
+          recv(carry.mu, lay.seq_rank + 1, tag_mu, grid_.seq());
+          recv(carry.A, lay.seq_rank + 1, tag_A, grid_.seq());
+        });
+        carry.valid = true;
+      }
+      for (index_t j = blk.n - 1; j >= 0; --j)
+        whole_.backward_mamba_block(params.mamba_layer(k), d, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j),
+                                    j == 0 && ps.replay_in ? ps.replayed : ps.before(k, j), &carry, gconv,
+                                    grad.mamba_layer(k));
+      if (!head_range) {
+        exec.fence();
+        ps.timed([&] {
+          send(gconv, lay.seq_rank - 1, tag_gconv, grid_.seq());
+          send(carry.mu, lay.seq_rank - 1, tag_mu, grid_.seq());
+          send(carry.A, lay.seq_rank - 1, tag_A, grid_.seq());
+        });
+      }
     }
   }
 }

@@ -22,6 +22,17 @@
 // A range's blocks are one process's blocks cut at the range's ends
 // (sequence_blocks), so it keeps the states one process keeps and replays
 // what one process replays: 16-bit storage rounds the same values (issue 35).
+// A Mamba (model.arch = mamba; levers or not: without one, the range is one
+// block) runs the same per-layer steps with a MambaState for h: forward, the
+// state before the range is the conv's last Kc − 1 inputs before it (the
+// halo; from a range shorter than that, partly older ranges') and h, received
+// from the range before; every block runs from the state kept before it
+// (with 16-bit storage a cut block is replayed as above, from the MambaState
+// one process's replay reaches). Backward, per layer a reverse wavefront: ∂L/∂ the conv
+// state the next range read (the halo's scatter onto this range's inputs) and
+// μ's carry (μ, A at its first token) arrive from it, E3's
+// backward_mamba_block runs per block, last first, and this range's first
+// block hands both on. A window T̄ and a carried state are refused for a Mamba.
 // Whole-range buffers: y and the next y (forward), y_k and g (backward), in
 // block-major row order (block j's Bt·Tj rows contiguous, so a block is a
 // subview). Layer ranks exchange whole ranges (R × S).
@@ -39,15 +50,14 @@ namespace ash::dist {
 template <class S>
 class SequenceBlockwise {
  public:
-  // opts: adjoint-exact with a memory lever; grid.layout().S > 1.
-  SequenceBlockwise(const Grid& grid, const EngineOptions& opts);
+  // opts: adjoint-exact with a memory lever (a Mamba: with or without);
+  // grid.layout().S > 1. mamba: the model is a Mamba (model.arch = mamba).
+  SequenceBlockwise(const Grid& grid, const EngineOptions& opts, bool mamba = false);
   std::string name() const { return blockwise_name(layer_.name(), opts_); }
   // This rank's range of windows of T_all tokens in blocks: one process's blocks
-  // cut at the range's ends (sequence_blocks).
-  TokenBlocks range_blocks(index_t T_all) const {
-    const auto& l = grid_.layout();
-    return sequence_blocks(opts_, T_all, l.seq_begin(T_all), l.seq_end(T_all));
-  }
+  // cut at the range's ends (sequence_blocks); a Mamba without a lever: the
+  // whole range (one process runs its whole window at once).
+  TokenBlocks range_blocks(index_t T_all) const;
   // x_rows: this replica's windows [Bt, T_all]; targets: the whole batch's
   // target count; carried (or null): this rank's layers' states of these
   // windows (read on the first range, written on every rank from the last).
@@ -66,6 +76,16 @@ class SequenceBlockwise {
   // The layers' backward: with μ carried over the ranges (exact, detached), or a window's halos.
   void layers_carried(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
   void layers_window(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
+  // A Mamba: the conv's cotangent and μ's carry handed range to range, layer by layer.
+  void layers_mamba(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
+  // A Mamba's layer k over the range (the state from the range before, to the next).
+  void forward_mamba(const ParamSet<S>& params, Pass& ps, int k);
+  // A Mamba's layer k on block j from the MambaState kept before the block (or
+  // `from`: a replay's); ps.run holds the state after it.
+  void advance_mamba(const ParamSet<S>& params, Pass& ps, int k, index_t j, const View2<S>& y, const View2<S>& yo,
+                     const MambaState<S>* from = nullptr);
+  void send_state(const MambaState<S>& st, int to, int tag) const;
+  void recv_state(const MambaState<S>& st, int from, int tag) const;
   // y_k of every block into ps.y from its segment's start c.
   void recompute(const ParamSet<S>& params, Pass& ps, int c, int k);
   // h of layer k before the range as one process's backward has it (its replay
@@ -79,6 +99,7 @@ class SequenceBlockwise {
   }
   const Grid& grid_;
   EngineOptions opts_;
+  bool mamba_;
   AdjointExactLayer<S> layer_;  // the options' method (a window's backward)
   AdjointExactLayer<S> whole_;  // without a window: the carry maps and blocks of the exact or detached pass
 };

@@ -52,15 +52,20 @@ BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const Blockwis
 }
 
 BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh, index_t T_all,
-                                                index_t H) {
+                                                index_t H, bool mamba) {
   const std::size_t e = sh.scalar_bytes;
   const index_t rb = sh.Bt * sh.blen, BP = sh.Bt * sh.P, N = sh.N;
   BlockwiseWorkspace w;
   w.kept.stored_rows("ash::seqblocks::y_kept", storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P,
                      kept_count(opts, sh));
-  w.block.projections(rb, sh.P, sh.N, e);
   w.range.add("ash::seqblocks::y", e, {sh.Bt * sh.T, sh.P}, true).add("ash::seqblocks::y_next", e,
                                                                         {sh.Bt * sh.T, sh.P}, true);
+  if (mamba) {  // a recomputed block's input and output
+    w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
+        .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true);
+    return w;
+  }
+  w.block.projections(rb, sh.P, sh.N, e);
   // the state at the range's end, sent to the next range (and received from the one before)
   w.forward.add("ash::seqblocks::h_end", e, {BP, N}, true);
   w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
@@ -89,7 +94,7 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
   k0 = lr.k0;
   k1 = lr.k1;
   K = int(d.layers);
-  first = lr.embedding;
+  first = lr.embedding && lr.k0 == 0;  // a tied Mamba's last layer rank holds the embedding as its head
   last = lr.head;
   input_again = !first && input_again_;
   Bt = x.extent(0);
@@ -120,10 +125,11 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
                                  std::to_string(kb.copies));
   grad.fill_zero();
   // The state before each (layer, block); block 0's is the carried state (or zero).
-  fw = std::make_unique<BlockwiseForward<S>>(d, k0, k1, Bt, blocks, true);
+  // A Mamba's states are MambaStates its pass keeps itself: fw only cuts the blocks.
+  fw = std::make_unique<BlockwiseForward<S>>(d, k0, d.mamba() ? k0 : k1, Bt, blocks, true);
   fw->set_documents(x);
   block_work.plan(ws.block);
-  act = block_work.projections();
+  if (!d.mamba()) act = block_work.projections();
 }
 
 template struct BlockwisePass<float>;
@@ -317,26 +323,6 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
   return loss;
 }
 
-namespace {
-
-// The first `rows` rows of a Mamba block's activations (the last token block may be shorter).
-template <class S>
-MambaActivations<S> mamba_first_rows(const MambaActivations<S>& a, index_t rows) {
-  MambaActivations<S> o;
-  o.rstd = Kokkos::subview(a.rstd, std::make_pair(index_t(0), rows));
-  o.yhat = first_rows(a.yhat, rows);
-  o.x = first_rows(a.x, rows);
-  o.z = first_rows(a.z, rows);
-  o.c = first_rows(a.c, rows);
-  o.dlow = first_rows(a.dlow, rows);
-  o.s = first_rows(a.s, rows);
-  o.o = first_rows(a.o, rows);
-  o.scan = first_rows(a.scan, rows);
-  return o;
-}
-
-}  // namespace
-
 // A Mamba over token blocks (docs/design.md §8): as the SSM-ResNet's pass, the
 // state before every (layer, block) kept, here a MambaState (the conv's last
 // Kc−1 inputs and h), so any block of any layer runs again alone bit for bit
@@ -393,7 +379,7 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
     const MambaState<S> b = before(k, j);
     Kokkos::deep_copy(exec, run.conv, b.conv);
     Kokkos::deep_copy(exec, run.ssm, b.ssm);
-    mamba_layer_forward(params.mamba_layer(k), d, shape(j), y, mamba_first_rows(act, index_t(y.extent(0))), yo, run, exec);
+    mamba_layer_forward(params.mamba_layer(k), d, shape(j), y, first_rows(act, index_t(y.extent(0))), yo, run, exec);
   };
   grad.fill_zero();
   const index_t rb = Bt * blk.len;

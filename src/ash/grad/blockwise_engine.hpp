@@ -106,15 +106,17 @@ struct BlockwiseWorkspace {
 BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh);
 // The same for dist::SequenceBlockwise on a sequence rank's range of sh.T
 // tokens of windows of T_all (a window's halo: H tokens of the next range).
+// mamba: a Mamba's pass, which keeps its MambaStates, block activations and
+// carries itself (no block projections, h_end, h_replay or carry maps here).
 BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh, index_t T_all,
-                                                index_t H);
+                                                index_t H, bool mamba = false);
 
 // What one block-wise pass over a layer range holds, set up alike by
 // BlockwiseEngine::compute_range and dist::SequenceBlockwise::compute.
 template <class S>
 struct BlockwisePass {
   int k0 = 0, k1 = 0, K = 0;
-  bool first = true, last = true;  // the range has the embedding, the head
+  bool first = true, last = true;  // the range starts with the embedding (its layer 0), ends with the head
   bool input_again = false;        // the range's input y_{k0} comes again from the caller in the backward
   index_t Bt = 0, T = 0, targets = 0, P = 0, N = 0;
   LayerSegments seg;

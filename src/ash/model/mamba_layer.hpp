@@ -34,6 +34,23 @@ struct MambaActivations {
   MambaActivations() = default;
 };
 
+// The first `rows` rows of a Mamba block's activations (a token block shorter
+// than the buffers it reuses: the block-wise engine, sequence ranks).
+template <class S>
+MambaActivations<S> first_rows(const MambaActivations<S>& a, index_t rows) {
+  MambaActivations<S> o;
+  o.rstd = Kokkos::subview(a.rstd, Kokkos::make_pair(index_t(0), rows));
+  o.yhat = first_rows(a.yhat, rows);
+  o.x = first_rows(a.x, rows);
+  o.z = first_rows(a.z, rows);
+  o.c = first_rows(a.c, rows);
+  o.dlow = first_rows(a.dlow, rows);
+  o.s = first_rows(a.s, rows);
+  o.o = first_rows(a.o, rows);
+  o.scan = first_rows(a.scan, rows);
+  return o;
+}
+
 // The block's forward: y_out = y_in + mixer(RMSNorm(y_in)) (y_out must not alias y_in).
 template <class S>
 void mamba_layer_forward(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,

@@ -259,6 +259,54 @@ struct Planner {
            std::to_string(o.layer_checkpoint) + " (model.arch=mamba)";
   }
 
+  // A Mamba on sequence ranks (dist::SequenceBlockwise, levers or not): the
+  // kept inputs (run.storage), whole-range y and next y, a MambaState before
+  // every (layer, block) and the running one, one block's activations; head:
+  // a recomputed block's in and out and the head chunk; backward: those, the
+  // conv's carry and μ's carry (μ, A over E) passed range to range, and
+  // AdjointExactLayer::backward_mamba_block's block activations, state copy,
+  // cotangents and scan workspace, held from the first block on.
+  std::string mamba_sequence(Items& persistent, Phases& phases) const {
+    const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
+    const double Kc1 = double(cfg.model.conv_kernel - 1), state = B * E * (Kc1 + N) * S;
+    const std::int64_t Tall = cfg.data.seq_len, Sr = cfg.dist.seq_ranks;
+    // Without a lever each range is one block; with one, one process's blocks cut at the range's ends.
+    const std::int64_t blen = o.low_memory() ? sequence_block_length(o, Ti, Tall) : Ti;
+    std::int64_t nblocks = 1;
+    if (o.low_memory())
+      for (std::int64_t s = 0; s < Sr; ++s)
+        nblocks = std::max<std::int64_t>(nblocks, sequence_blocks(o, Tall, Tall * s / Sr, Tall * (s + 1) / Sr).n);
+    const double nb = double(nblocks), rows = B * double(blen);
+    const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), Tall, 0, true);
+    const LayerShape scan{std::int64_t(B), blen, cfg.model.inner(), cfg.model.state, std::size_t(S)};
+    persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
+    persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
+    persistent.push_back({"Mamba states at block starts (K x blocks) + running state",
+                          (double(K) * nb + 1) * state + B * P * N * S});
+    persistent.push_back({"block activations (one block)", mamba_acts(rows, false)});
+    const Items blocks{{"recomputed blocks (in, out)", ws.backward.bytes()}};
+    if (lr.head) {
+      Items head_phase = blocks;
+      head_phase.push_back({"head chunk", head(rows, hc, true)});
+      phases.push_back({"head", head_phase});
+    }
+    const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
+    const double rbk = std::ceil(rows / double(impl::reduce_rows));
+    Items back = blocks;
+    back.push_back({"conv carry + mu, A carry (from the next range)", B * E * (Kc1 + 2 * N) * S});
+    back.push_back({"E3 block activations + state copy", mamba_acts(rows, false) + state});
+    back.push_back({"cotangents (one block)", (rows * (3 * E + R + P) + rbk * P) * S + cot_e});
+    back.push_back({"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()});
+    phases.push_back({"backward", back});
+    if (lr.embedding) {
+      back.push_back({"embedding backward segments", emb_partial(rows)});
+      phases.push_back({"embedding backward", back});
+    }
+    return "adjoint-exact" + std::string(o.detach_inputs ? ", detached" : "") + " over token blocks of " +
+           std::to_string(blen) + " in each sequence range, " + storage_name(o.storage) +
+           " storage, layer checkpoint " + std::to_string(o.layer_checkpoint) + " (model.arch=mamba)";
+  }
+
   // A Mamba (model.arch = "mamba"): LocalEngine with E1, E2 or E3 over the whole
   // window (the methods' Mamba paths, grad/layer_adjoint.hpp).
   std::string mamba(Items& persistent, Phases& phases) const {
@@ -387,10 +435,13 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   Items persistent;  // engine memory held across the phases below
   // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
   // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
-  // A Mamba alike (its E1 and E2 on whole windows; sequence ranks are refused).
+  // A Mamba alike (its E1 and E2 on whole windows); on sequence ranks its own pass (mamba_sequence).
   const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
   const bool seq_blocks = blockwise && Sq > 1;
-  plan.engine = cfg.model.mamba() ? (blockwise ? pl.mamba_blockwise(persistent, phases) : pl.mamba(persistent, phases))
+  // A Mamba on sequence ranks runs dist::SequenceBlockwise, levers or not.
+  const bool mamba_seq = cfg.model.mamba() && cfg.grad.exact_adjoint() && Sq > 1;
+  plan.engine = mamba_seq         ? pl.mamba_sequence(persistent, phases)
+                : cfg.model.mamba() ? (blockwise ? pl.mamba_blockwise(persistent, phases) : pl.mamba(persistent, phases))
                 : seq_blocks        ? pl.sequence_blockwise(scalar_bytes, persistent, phases)
                 : blockwise         ? pl.blockwise(scalar_bytes, persistent, phases)
                                     : pl.whole_window(persistent, phases);
@@ -413,7 +464,7 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   plan.phase = peak.phase;
   plan.items.insert(plan.items.end(), peak.items.begin(), peak.items.end());
   if (multi)
-    plan.engine += blockwise ? " (per rank: the busiest of layers " + std::to_string(lr.k0) + ".." +
+    plan.engine += blockwise || mamba_seq ? " (per rank: the busiest of layers " + std::to_string(lr.k0) + ".." +
                                    std::to_string(lr.k1 - 1) + ")"
                              : " (per rank, approximate for dist.* layouts)";
   return plan;
