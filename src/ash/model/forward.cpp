@@ -116,31 +116,35 @@ double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t 
 }
 }  // namespace
 
+namespace {
+// One carried [Bt·E, Kc−1+N] view (the conv's columns, then h's) and a
+// MambaState: copied into the state, or out of it when to_carried.
 template <class S>
-void mamba_state_from_carried(const View2<S>& carried, const MambaState<S>& st, const ExecSpace& exec) {
+void copy_carried(const View2<S>& carried, const MambaState<S>& st, bool to_carried, const ExecSpace& exec) {
   const View2<S> conv = st.conv, ssm = st.ssm;
   const index_t Kc1 = conv.extent(1), N = ssm.extent(1);
   require(carried.extent(0) == conv.extent(0) && index_t(carried.extent(1)) == Kc1 + N,
           "carried state: expected [batch·E, Kc-1+N] per Mamba layer");
   Kokkos::parallel_for(
-      "ash::mamba::state_from_carried", Range2(exec, {0, 0}, {index_t(carried.extent(0)), Kc1 + N}),
+      "ash::mamba::copy_carried", Range2(exec, {0, 0}, {index_t(carried.extent(0)), Kc1 + N}),
       KOKKOS_LAMBDA(const index_t r, const index_t c) {
-        if (c < Kc1)
-          conv(r, c) = carried(r, c);
+        S& part = c < Kc1 ? conv(r, c) : ssm(r, c - Kc1);
+        if (to_carried)
+          carried(r, c) = part;
         else
-          ssm(r, c - Kc1) = carried(r, c);
+          part = carried(r, c);
       });
+}
+}  // namespace
+
+template <class S>
+void mamba_state_from_carried(const View2<S>& carried, const MambaState<S>& st, const ExecSpace& exec) {
+  copy_carried(carried, st, false, exec);
 }
 
 template <class S>
 void mamba_state_to_carried(const MambaState<S>& st, const View2<S>& carried, const ExecSpace& exec) {
-  const View2<S> conv = st.conv, ssm = st.ssm;
-  const index_t Kc1 = conv.extent(1), N = ssm.extent(1);
-  require(carried.extent(0) == conv.extent(0) && index_t(carried.extent(1)) == Kc1 + N,
-          "carried state: expected [batch·E, Kc-1+N] per Mamba layer");
-  Kokkos::parallel_for(
-      "ash::mamba::state_to_carried", Range2(exec, {0, 0}, {index_t(carried.extent(0)), Kc1 + N}),
-      KOKKOS_LAMBDA(const index_t r, const index_t c) { carried(r, c) = c < Kc1 ? conv(r, c) : ssm(r, c - Kc1); });
+  copy_carried(carried, st, true, exec);
 }
 
 template <class S>
