@@ -69,6 +69,17 @@ class DistributedCli : public ::testing::Test {
             " --set optim.steps=6 --set optim.warmup=2 --set run.log_every=1 --set run.eval_every=3"
             " --set run.precision=double --set grad.engine=adjoint-exact --set grad.chunk=4";
   }
+  // " --set run.out_dir=<tmp>/name", the folder removed first.
+  static std::string out_dir(const std::string& name) {
+    std::filesystem::remove_all(tmp_path(name));
+    return " --set run.out_dir=" + tmp_path(name);
+  }
+  // `ash train args` in one process into the folder `name`: its losses, one per step.
+  std::vector<double> one_process_losses(const std::string& args, const std::string& name) {
+    const auto r = run(args + out_dir(name));
+    EXPECT_EQ(r.code, 0) << r.out;
+    return losses(tmp_path(name));
+  }
   std::string text, train;
 };
 
@@ -344,6 +355,46 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
   EXPECT_NE(rs.code, 0);
   EXPECT_NE(rs.out.find("a window grad.truncate < data.seq_len with dist.seq_ranks > 1 is not available for "
                         "model.arch=mamba"), std::string::npos) << rs.out;
+}
+
+// A Mamba with data.carry_state (issue 34: the conv state and h of every block,
+// [Bt·E, Kc−1+N] per layer) trains on 2 sequence ranks, 2 data ranks and 2 × 2
+// with one process's losses and norms, without and with levers; a run stopped
+// on one layout resumes on another from its checkpoint's /train/carry_state
+// (gathered from the ranks' rows, read back by every rank) and continues one
+// process's losses.
+TEST_F(DistributedCli, MambaCarriedStateTrainsAndResumesAcrossLayouts) {
+  const std::string mamba = train + " --set model.arch=mamba --set model.layers=3 --set model.conv_kernel=4"
+                                    " --set data.sequential=true --set data.carry_state=true";
+  for (const std::string levers : {std::string(), std::string(" --set run.storage=bf16 --set grad.token_block=8")}) {
+    const std::string mtrain = mamba + levers, tag = levers.empty() ? "mcarry" : "mcarry_lev";
+    const auto ref = one_process_losses(mtrain, tag + "1");
+    ASSERT_EQ(ref.size(), 6u);
+    struct Lay {
+      int n, R, S;
+    };
+    for (const auto& [n, R, S] : {Lay{2, 1, 2}, Lay{2, 1, 1}, Lay{4, 2, 2}}) {
+      const auto name = tag + "_n" + std::to_string(n) + "R" + std::to_string(R) + "S" + std::to_string(S);
+      const auto r = mpirun(n, mtrain + out_dir(name) + " --set dist.layer_ranks=" + std::to_string(R) +
+                                   " --set dist.seq_ranks=" + std::to_string(S));
+      ASSERT_EQ(r.code, 0) << r.out;
+      EXPECT_NE(r.out.find("carried state) on " + std::to_string(R) + " layer rank(s)"), std::string::npos) << r.out;
+      expect_same_losses(losses(tmp_path(name)), ref, name);
+      expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path(tag + "1")), name + " grad_norm");
+    }
+    // Three steps on 2 sequence ranks, resumed on 2 data ranks (and the other way round).
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{" --set dist.seq_ranks=2", ""},
+                                   std::pair<std::string, std::string>{"", " --set dist.seq_ranks=2"}}) {
+      const std::string a = tag + (from.empty() ? "_da" : "_sa"), b = tag + (from.empty() ? "_db" : "_sb");
+      const auto ra = mpirun(2, mtrain + out_dir(a) + " --until 3" + from);
+      ASSERT_EQ(ra.code, 0) << ra.out;
+      const auto rb = mpirun(2, mtrain + out_dir(b) + " --resume " + tmp_path(a) + "/checkpoint.h5" + to);
+      ASSERT_EQ(rb.code, 0) << rb.out;
+      auto both = losses(tmp_path(a));
+      for (double l : losses(tmp_path(b))) both.push_back(l);
+      expect_same_losses(both, ref, tag + (from.empty() ? " D=2 then S=2" : " S=2 then D=2"));
+    }
+  }
 }
 
 // The memory levers under rank layouts (bf16 storage, layer checkpointing,

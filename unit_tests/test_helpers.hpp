@@ -140,6 +140,14 @@ inline Config config_for(const ModelDims& d) {
   c.set("model.state=" + std::to_string(d.state));
   c.set("model.layers=" + std::to_string(d.layers));
   c.set("model.seed=" + std::to_string(d.seed));
+  if (d.mamba()) {  // the Mamba block's keys (a checkpoint's /config must give the parameters' sizes)
+    c.set("model.arch=mamba");
+    c.set("model.expand=" + std::to_string(d.expand));
+    c.set("model.conv_kernel=" + std::to_string(d.conv_kernel));
+    c.set("model.dt_rank=" + std::to_string(d.dt_rank));
+    c.set(std::string("model.tie_embeddings=") + (d.tie_embeddings ? "true" : "false"));
+    c.set("model.norm_eps=" + std::to_string(d.norm_eps));
+  }
   return c;
 }
 

@@ -25,17 +25,6 @@ ModelDims mamba_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t R = 2) 
   return d;
 }
 
-Config mamba_config(const ModelDims& d) {
-  Config c = config_for(d);
-  c.set("model.arch=mamba");
-  c.set("model.expand=" + std::to_string(d.expand));
-  c.set("model.conv_kernel=" + std::to_string(d.conv_kernel));
-  c.set("model.dt_rank=" + std::to_string(d.dt_rank));
-  c.set(std::string("model.tie_embeddings=") + (d.tie_embeddings ? "true" : "false"));
-  c.set("model.norm_eps=" + std::to_string(d.norm_eps));
-  return c;
-}
-
 // Tokens with document starts at the given flat offsets.
 TokenView with_starts(const TokenView& x, const std::vector<index_t>& starts) {
   Kokkos::View<index_t*, MemSpace> s("starts", starts.size());
@@ -181,7 +170,7 @@ TEST(Mamba, CheckpointRoundTrip) {
     const auto d = mamba_dims(2, tied);
     auto ps = random_model<double>(d, 9);
     const auto path = tmp_path(tied ? "tied.h5" : "untied.h5");
-    save_checkpoint(path, mamba_config(d), ps);
+    save_checkpoint(path, config_for(d), ps);
     CheckpointInfo info;
     const auto back = load_checkpoint<double>(path, &info);
     EXPECT_TRUE(info.dims == d);
@@ -507,14 +496,16 @@ TEST(Mamba, Configuration) {
     expect_error([&] { c.validate(); }, std::string(k).substr(0, std::string(k).find('=')));
   }
   // E2 and E3's detached and windowed modes run, on data and layer ranks too, E3's
-  // levers and the carried state in one process, the levers on data and layer ranks
-  // and on sequence ranks too; a window on sequence ranks and the carried state on
-  // several ranks do not yet, each named.
+  // levers and the carried state in one process, on data and layer ranks and on
+  // sequence ranks too; a window on sequence ranks does not yet, named.
   for (const std::string set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "run.storage=bf16",
                                 "run.storage=fp16", "grad.layer_checkpoint=2", "grad.token_block=8",
                                 "dist.layer_ranks=2", "dist.data_ranks=2", "data.carry_state=true", "dist.seq_ranks=2",
                                 "dist.seq_ranks=2 grad.detach_inputs=true run.storage=bf16 grad.token_block=8",
-                                "dist.seq_ranks=2 dist.layer_ranks=2 grad.layer_checkpoint=2"}) {
+                                "dist.seq_ranks=2 dist.layer_ranks=2 grad.layer_checkpoint=2",
+                                "dist.layer_ranks=2 data.sequential=true data.carry_state=true",
+                                "dist.data_ranks=2 data.sequential=true data.carry_state=true run.storage=bf16",
+                                "dist.seq_ranks=2 data.sequential=true data.carry_state=true grad.token_block=8"}) {
     Config c = m;
     std::istringstream words(set);
     for (std::string w; words >> w;) c.set(w);
@@ -531,8 +522,7 @@ TEST(Mamba, Configuration) {
     }
   }
   for (const auto& [set, key] : std::vector<std::pair<std::string, std::string>>{
-           {"dist.seq_ranks=2", "a window grad.truncate < data.seq_len with dist.seq_ranks > 1"},
-           {"data.carry_state=true", "data.carry_state=true on several MPI ranks"}})
+           {"dist.seq_ranks=2", "a window grad.truncate < data.seq_len with dist.seq_ranks > 1"}})
     for (const char* lever : {"", "grad.token_block=8", "run.storage=bf16"}) {
       Config c = m;
       c.set(set);
@@ -541,10 +531,6 @@ TEST(Mamba, Configuration) {
       if (set.rfind("dist", 0) == 0) {
         c.set("grad.detach_inputs=true");
         c.set("grad.truncate=4");
-      }
-      if (set.rfind("data.carry", 0) == 0) {
-        c.set("data.sequential=true");
-        c.set("dist.layer_ranks=2");
       }
       expect_error([&] { require_mamba_supported(c.settings()); }, key + " is not available for model.arch=mamba");
     }
@@ -564,7 +550,7 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
                                    "grad.engine=adjoint-exact grad.token_block=96 run.storage=bf16 "
                                    "data.sequential=true data.carry_state=true"})
   for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
-    Config c = mamba_config(mamba_dims(2, false, 4, 0));
+    Config c = config_for(mamba_dims(2, false, 4, 0));
     for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
                                                         "data.batch=2", "grad.chunk=32", "grad.wave=64", T})
       c.set(s);

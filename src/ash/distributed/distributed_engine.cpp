@@ -302,10 +302,12 @@ std::vector<View2<S>> DistributedEngine<S>::my_carried_rows(const ParamSet<S>& p
   if (!carried_) return state;
   const auto [b0, b1] = my_window_range(B);
   const LayerRange range = params.range();
-  const index_t P = params.dims().width;
-  require(index_t(carried_->size()) == params.dims().layers, "carried state: expected one state per layer");
+  const auto& d = params.dims();
+  check_carried_state(*carried_, d, d.layers, B);
+  const index_t rows = d.carry_rows();  // per window: an SSM-ResNet's P, a Mamba's E
   for (int k = range.k0; k < range.k1; ++k)
-    state.push_back(Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * P, b1 * P), Kokkos::ALL()));
+    state.push_back(
+        Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * rows, b1 * rows), Kokkos::ALL()));
   return state;
 }
 

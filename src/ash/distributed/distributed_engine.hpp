@@ -33,7 +33,9 @@
 //            gradient parts, so both hold the sum. On sequence ranks (S > 1)
 //            E3 runs SequenceBlockwise, levers or not: the conv's last Kc − 1
 //            inputs (the halo) and h pass to the next range forward, the
-//            conv's cotangent and μ's carry back.
+//            conv's cotangent and μ's carry back. A carried state
+//            (data.carry_state) as an SSM-ResNet's: this rank's layers' rows
+//            of its windows, E = d.inner() rows per window.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -63,8 +65,9 @@ class DistributedEngine final : public GradientEngine<S> {
   // Forward only: L on every rank (validation).
   double loss(const ParamSet<S>& params, const TokenView& x);
   const PipelineStats& stats() const { return stats_; }
-  // data.carry_state: one [B·P, N] state per layer of the whole model and
-  // batch (this rank reads and writes its layers' rows of its windows).
+  // data.carry_state: one state per layer of the whole model and batch
+  // (check_carried_state's shape: [B·P, N], a Mamba's [B·E, Kc−1+N]); this rank
+  // reads and writes its layers' rows of its windows.
   void set_carried_state(std::vector<View2<S>>* state) override;
   // A test seam: fn runs on every rank between the head and the backward of
   // compute() (the CLI's fault injection for "a failing rank ends every rank").

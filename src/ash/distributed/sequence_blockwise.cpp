@@ -71,7 +71,6 @@ SequenceBlockwise<S>::SequenceBlockwise(const Grid& grid, const EngineOptions& o
     : grid_(grid), opts_(opts), mamba_(mamba), layer_(opts), whole_(whole_opts()) {
   require(opts.exact_adjoint() && opts.layer_checkpoint >= 1 && opts.token_block >= 0,
           "sequence ranks with memory levers: adjoint-exact with a resolved grad.layer_checkpoint");
-  require(!mamba || !opts.carry_state, "data.carry_state on sequence ranks is not available for model.arch=mamba");
 }
 
 template <class S>
@@ -96,7 +95,6 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   // A Mamba's window T̄ would read a halo of y and g and also the conv's past the range (not built).
   require(!mamba_ || !window(T_all), "a window grad.truncate < data.seq_len on sequence ranks (dist.seq_ranks > 1) "
                                      "is not available for model.arch=mamba");
-  require(!mamba_ || !carried, "data.carry_state on sequence ranks is not available for model.arch=mamba");
   if (window(T_all)) require_window_halos(T_all, lay.S, opts_.truncate);  // before any work
   Pass ps;
   ps.T_all = T_all;
@@ -211,13 +209,19 @@ void SequenceBlockwise<S>::forward(const ParamSet<S>& params, Pass& ps) {
 // halo its first taps read; a range shorter than Kc − 1 tokens passes on the
 // older ones it received) and h — so the range computes one process's values;
 // every block from the state kept before it; the end state to the next range.
+// A carried state starts the first range and the last range's end state
+// replaces it (forward() then hands that to every range), as an SSM-ResNet's h.
 template <class S>
 void SequenceBlockwise<S>::forward_mamba(const ParamSet<S>& params, Pass& ps, int k) {
   const auto& lay = grid_.layout();
   const ExecSpace& exec = layer_.execution_space();
   const TokenBlocks& blk = ps.blocks();
-  const MambaState<S> b0 = ps.before(k, 0);  // zero on the first range
-  if (lay.seq_rank > 0) ps.timed([&] { recv_state(b0, lay.seq_rank - 1, tag_conv); });
+  const MambaState<S> b0 = ps.before(k, 0);  // zero on the first range, unless carried
+  const View2<S> carried = ps.carried ? (*ps.carried)[std::size_t(k - ps.k0)] : View2<S>();
+  if (lay.seq_rank > 0)
+    ps.timed([&] { recv_state(b0, lay.seq_rank - 1, tag_conv); });
+  else if (ps.carried)
+    mamba_state_from_carried(carried, b0, exec);
   for (index_t j = 0; j < blk.n; ++j) {
     advance_mamba(params, ps, k, j, ps.blk(ps.y, j), ps.blk(ps.yo, j));
     if (j + 1 < blk.n) {
@@ -227,7 +231,10 @@ void SequenceBlockwise<S>::forward_mamba(const ParamSet<S>& params, Pass& ps, in
     }
   }
   exec.fence();
-  if (lay.seq_rank + 1 < lay.S) ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_conv); });
+  if (lay.seq_rank + 1 < lay.S)
+    ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_conv); });
+  else if (ps.carried)
+    mamba_state_to_carried(ps.run, carried, exec);
 }
 
 // A MambaState to or from a neighbouring range: the conv state (tag), then h (tag + 1).

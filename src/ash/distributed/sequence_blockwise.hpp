@@ -32,7 +32,9 @@
 // state the next range read (the halo's scatter onto this range's inputs) and
 // μ's carry (μ, A at its first token) arrive from it, E3's
 // backward_mamba_block runs per block, last first, and this range's first
-// block hands both on. A window T̄ and a carried state are refused for a Mamba.
+// block hands both on. A carried state (data.carry_state) starts the first
+// range's block 0 and is every range's end state after, as an SSM-ResNet's h.
+// A window T̄ is refused for a Mamba.
 // Whole-range buffers: y and the next y (forward), y_k and g (backward), in
 // block-major row order (block j's Bt·Tj rows contiguous, so a block is a
 // subview). Layer ranks exchange whole ranges (R × S).

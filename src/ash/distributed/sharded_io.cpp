@@ -2,6 +2,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/distributed/collectives.hpp"
+#include "ash/model/forward.hpp"
 
 namespace ash::dist {
 
@@ -31,28 +32,29 @@ ParamSet<S> gather(const Grid& grid, const ParamSet<S>& shard) {
 namespace {
 
 // The whole carried state on world rank 0: each rank contributes its layers'
-// rows of its windows (the rest zero), summed over the world.
+// rows of its windows (the rest zero), summed over the world. A window's rows:
+// d.carry_rows() (an SSM-ResNet's P, a Mamba's E), each of d.carry_cols().
 template <class S>
 std::vector<View2<S>> gather_carry(const Grid& grid, const ModelDims& d, const std::vector<View2<S>>& carry) {
   const auto& lay = grid.layout();
-  require(index_t(carry.size()) == d.layers, "carried state: expected one state per layer");
-  const index_t rows = carry.empty() ? 0 : carry[0].extent(0), N = d.state, P = d.width;
-  const index_t per = rows * N;
+  const index_t rows = carry.empty() ? 0 : carry[0].extent(0), W = d.carry_rows(), C = d.carry_cols();
+  check_carried_state(carry, d, d.layers, rows / W);
+  const index_t per = rows * C;
   View1<S> flat("ash::dist::carry_sum", index_t(carry.size()) * per);
   const LayerRange mine = grid.range(d);
   if (lay.seq_rank == lay.S - 1) {
-    const auto w = lay.windows(rows / P);
+    const auto w = lay.windows(rows / W);
     for (int k = mine.k0; k < mine.k1; ++k) {
-      const auto part = Kokkos::subview(carry[std::size_t(k)], Kokkos::make_pair(w.first * P, w.second * P), Kokkos::ALL());
-      Kokkos::deep_copy(Unmanaged2<S>(flat.data() + index_t(k) * per + w.first * P * N, part.extent(0), N), part);
+      const auto part = Kokkos::subview(carry[std::size_t(k)], Kokkos::make_pair(w.first * W, w.second * W), Kokkos::ALL());
+      Kokkos::deep_copy(Unmanaged2<S>(flat.data() + index_t(k) * per + w.first * W * C, part.extent(0), C), part);
     }
   }
   allreduce_sum(flat, grid.world());
   std::vector<View2<S>> whole;
   if (lay.world_rank != 0) return whole;
   for (index_t k = 0; k < index_t(carry.size()); ++k) {
-    whole.emplace_back("ash::dist::carry_whole", rows, N);
-    Kokkos::deep_copy(whole.back(), Unmanaged2<S>(flat.data() + k * per, rows, N));
+    whole.emplace_back("ash::dist::carry_whole", rows, C);
+    Kokkos::deep_copy(whole.back(), Unmanaged2<S>(flat.data() + k * per, rows, C));
   }
   return whole;
 }

@@ -102,12 +102,7 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
   targets = targets_;
   P = d.width;
   N = d.state;
-  if (state) {
-    require(index_t(state->size()) == index_t(k1 - k0), "carried state: expected one state per layer");
-    for (const auto& h : *state)
-      require(index_t(h.extent(0)) == Bt * P && index_t(h.extent(1)) == N,
-              "carried state: expected [batch·P, N] per layer");
-  }
+  if (state) check_carried_state(*state, d, k1 - k0, Bt);  // [Bt·P, N] per layer (a Mamba's [Bt·E, Kc−1+N])
   seg = LayerSegments(k0, k1, K, last, opts.layer_checkpoint);
   ws = spec(shape(blocks.len < T ? blocks.len : T));  // the longest block (a range may be shorter than the grid)
   const auto n = LayerSegments::counts(k0, k1, K, last, opts.layer_checkpoint);
@@ -209,7 +204,8 @@ double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
   const index_t T = x.extent(1);
-  if (d.mamba()) return compute_mamba(params, x, target_count(x), TokenBlocks(block_length(T), T), RangeLinks<S>{}, grad);
+  if (d.mamba())
+    return compute_mamba(params, x, target_count(x), TokenBlocks(block_length(T), T), RangeLinks<S>{}, state_, grad);
   const double loss = compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T),
                                     RangeLinks<S>{}, state_, grad);
   return loss;
@@ -226,9 +222,8 @@ double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenV
   require((lr.embedding || (links.y_in && links.g_out)) && (lr.head || (links.y_out && links.g_in)),
           "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
   if (d.mamba()) {  // the same pass over a Mamba's blocks: a MambaState per (layer, block), the conv's carry
-    require(!state, "data.carry_state is not available for model.arch=mamba yet");
     require(!links.y_in_again, "BlockwiseEngine: a Mamba's range keeps its input (no y_in_again)");
-    return compute_mamba(params, x, targets, blocks, links, grad);
+    return compute_mamba(params, x, targets, blocks, links, state, grad);
   }
   Range r;
   r.links = &links;
@@ -329,8 +324,10 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
 // (mamba_layer_forward's carried form). Backward blocks last to first: per
 // layer the μ/A carry over E channels and the conv's carry, ∂L/∂ the conv
 // state a block read, into the block before (AdjointExactLayer::backward_mamba_block).
-// A carried state (data.carry_state) is block 0's state before, a constant:
-// ∂L/∂ it (the conv's carry and μ out of block 0) is dropped, as the SSM-ResNet's h0.
+// A carried state (data.carry_state; on a layer range its layers' views, of
+// this replica's windows) is block 0's state before, a constant: ∂L/∂ it (the
+// conv's carry and μ out of block 0) is dropped, as the SSM-ResNet's h0; the
+// state after the last block replaces it.
 // On a layer range [k0, k1) of an MPI pipeline the links hand a block's y and
 // g to the neighbouring ranges, as in compute_range: the states and both
 // carries belong to a layer, so they never cross a rank; the range keeps its
@@ -338,10 +335,8 @@ double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& 
 template <class S>
 double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets,
                                          const TokenBlocks& blk, const RangeLinks<S>& links,
-                                         const ParamSet<S>& grad) {
-  require(!state_ || params.range().k1 - params.range().k0 == params.dims().layers,
-          "data.carry_state is not available for model.arch=mamba on several ranks yet");
-  if (state_) check_carried_state(*state_, params.dims(), params.dims().layers, x.extent(0));
+                                         const std::vector<View2<S>>* state, const ParamSet<S>& grad) {
+  if (state) check_carried_state(*state, params.dims(), params.range().k1 - params.range().k0, x.extent(0));
   const MatmulScope matmul(opts_.matmul, sizeof(S));
   const ExecSpace& exec = layer_.execution_space();
   const auto& d = params.dims();
@@ -370,8 +365,8 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
     st.ssm = Kokkos::subview(ssm[std::size_t(k - k0)], j, Kokkos::ALL(), Kokkos::ALL());
     return st;
   };
-  if (state_)
-    for (int k = 0; k < K; ++k) mamba_state_from_carried((*state_)[std::size_t(k)], before(k, 0), exec);
+  if (state)
+    for (int k = k0; k < k1; ++k) mamba_state_from_carried((*state)[std::size_t(k - k0)], before(k, 0), exec);
   MambaState<S> run(Bt, d);
   const MambaActivations<S> act(shape(0), d, LayerActivations<S>::projections_only);  // one block's
   // The block's forward of layer k from the state kept before it (forward and recomputation alike).
@@ -399,8 +394,8 @@ double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenV
           const MambaState<S> next = before(k, j + 1);
           Kokkos::deep_copy(exec, next.conv, run.conv);
           Kokkos::deep_copy(exec, next.ssm, run.ssm);
-        } else if (state_) {  // the state after the window: the next window's
-          mamba_state_to_carried(run, (*state_)[std::size_t(k)], exec);
+        } else if (state) {  // the state after the window: the next window's
+          mamba_state_to_carried(run, (*state)[std::size_t(k - k0)], exec);
         }
         std::swap(y, yo);
         if (!kept[std::size_t(k + 1)].empty()) kept[std::size_t(k + 1)].put(y, T, blk.start(j), blk.size(j), exec);

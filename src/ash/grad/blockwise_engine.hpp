@@ -127,10 +127,11 @@ struct BlockwisePass {
   Workspace<S> block_work;
 
   // For params' layer range over x ([Bt, T]: the pass's tokens) in
-  // `blocks`: checks the carried `state` (or null: one [Bt·P, N] per layer),
-  // allocates the kept inputs that `spec` (blockwise_workspace or
-  // sequence_blockwise_workspace of this pass) describes, zeroes grad and
-  // sets up the block-wise forward and the block projections.
+  // `blocks`: checks the carried `state` (or null: one per layer of the range,
+  // check_carried_state's shape), allocates the kept inputs that `spec`
+  // (blockwise_workspace or sequence_blockwise_workspace of this pass)
+  // describes, zeroes grad and sets up the block-wise forward and the block
+  // projections.
   void start(const ParamSet<S>& params, const TokenView& x, index_t targets_, const TokenBlocks& blocks,
              const EngineOptions& opts, const std::vector<View2<S>>* state, bool input_again_,
              const std::function<BlockwiseWorkspace(const BlockwiseShape&)>& spec, const ParamSet<S>& grad);
@@ -180,9 +181,10 @@ class BlockwiseEngine final : public GradientEngine<S> {
  private:
   struct Range;  // one compute_range(): a BlockwisePass and the links
   // A Mamba (model.arch = mamba): compute_range's pass over Mamba blocks, on
-  // the whole model in one process or on a layer range with its links.
+  // the whole model in one process or on a layer range with its links; state
+  // as compute_range's (a Mamba's [Bt·E, Kc−1+N] per layer).
   double compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets, const TokenBlocks& blocks,
-                       const RangeLinks<S>& links, const ParamSet<S>& grad);
+                       const RangeLinks<S>& links, const std::vector<View2<S>>* state, const ParamSet<S>& grad);
   void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
   double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;
