@@ -853,7 +853,8 @@ TEST(Distributed, MambaSixteenBitStorageOnSequenceRanksMatchesOneProcess) {
 // the whole state a checkpoint gathers. Without a lever and with each: token
 // blocks (on T = 10 with Kc = 4, S = 4's ranges of 2 or 3 tokens are shorter than
 // the conv's reach), layer checkpointing, detached, bf16 and fp16 storage
-// (against one process's 16-bit run; it changes the gradient by > 1e-5).
+// (against one process's 16-bit run; it changes the gradient by > 1e-5), and a
+// window T̄ = 3 without and with a lever (on sequence ranks the window's halos).
 namespace {
 
 std::vector<View2<double>> mamba_carried(const ModelDims& d, index_t B) {
@@ -953,9 +954,12 @@ TEST(Distributed, MambaCarriedStateMatchesOneProcess) {
     auto exact = engine_options("adjoint-exact");
     exact.chunk = 4;
     exact.wave = 8;
+    auto window = exact;  // the paper's window T̄ = 3 (on sequence ranks each range reads a halo)
+    window.truncate = 3;
+    window.detach_inputs = true;
     for (auto o : {exact, lever_options(Storage::full, 1, 8), lever_options(Storage::full, 2, 4),
                    lever_options(Storage::full, 2, 8, true), lever_options(Storage::bf16, 1, 8),
-                   lever_options(Storage::fp16, 2, 4)}) {
+                   lever_options(Storage::fp16, 2, 4), window, lever_options(Storage::full, 2, 8, true, 3)}) {
       if (o.storage != Storage::full) {
         auto fo = o;
         fo.storage = Storage::full;
@@ -970,25 +974,80 @@ TEST(Distributed, MambaCarriedStateMatchesOneProcess) {
   if (world_size() > 1) EXPECT_GT(ran, 0);
 }
 
-// A Mamba on sequence ranks refuses a window T̄ (its halo of y and g is not
-// built), by name, before any work.
-TEST(Distributed, MambaOnSequenceRanksRefusesWindows) {
-  if (world_size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+// The paper's window T̄ on a Mamba's sequence ranks: each range reads the next
+// range's first T̄ − 1 tokens of y_k and g (the halo μ_T̄ reads), its forward
+// conv halo as without a window, and gets the conv cotangent's scatter from the
+// next range. T = 29 on S = 2, 3, 4 (ranges of 14/15, 9/10/10, 7/7/7/8): T̄ = 1
+// (no halo), 2 (below Kc), 3, 5 and 8 (a halo of a whole 7-token range) for
+// conv kernels 2–4, without a lever and with checkpointing; T = 10 with Kc = 4
+// makes ranges of 2 tokens, shorter than the conv's 3-token reach (T̄ = 2, 3);
+// documents start inside ranges, on a range's first token and inside a halo;
+// bf16 and fp16 storage against one process's 16-bit run.
+TEST(Distributed, MambaWindowsOnSequenceRanksMatchOneProcess) {
+  const auto windowed = [](index_t Tbar) {  // no lever: each range one block
+    auto o = engine_options("adjoint-exact", Tbar, true);
+    o.chunk = 4;
+    o.wave = 8;
+    return o;
+  };
+  int ran = 0;
+  for (const std::int64_t Kc : {2, 3, 4}) {
+    const auto d = seq_mamba_dims(3, Kc != 3, Kc);
+    const auto x = random_tokens(2, 29, d.vocab, 960 + int(Kc));
+    for (const index_t Tbar : {1, 2, 3, 5, 8}) {
+      ran += expect_mamba_ranges_match(d, x, windowed(Tbar), "window");
+      ran += expect_mamba_ranges_match(d, x, lever_options(Storage::full, 2, 8, true, Tbar), "window");
+    }
+  }
+  const auto d4 = seq_mamba_dims(3, true, 4);
+  for (const index_t Tbar : {2, 3}) {
+    const auto x = random_tokens(2, 10, d4.vocab, 970 + int(Tbar));
+    ran += expect_mamba_ranges_match(d4, x, windowed(Tbar), "short ranges");
+    ran += expect_mamba_ranges_match(d4, x, lever_options(Storage::full, 1, 4, true, Tbar), "short ranges");
+  }
+  // Starts at 17 (inside S = 2's second range), 19 (S = 3's third range's first
+  // token) and 29 + 16 (inside the halo S = 2's first range reads with T̄ = 5).
+  const auto xd = starts_at(random_tokens(2, 29, d4.vocab, 975), {17, 19, 29 + 5, 29 + 16});
+  ran += expect_mamba_ranges_match(d4, xd, windowed(5), "documents");
+  ran += expect_mamba_ranges_match(d4, xd, lever_options(Storage::full, 2, 8, true, 3), "documents");
+  for (const Storage st : {Storage::bf16, Storage::fp16})
+    for (const index_t m : {1, 2}) {
+      const auto o = lever_options(st, m, 8, true, 4);
+      auto fo = o;
+      fo.storage = Storage::full;
+      const auto x = random_tokens(2, 29, d4.vocab, 980 + int(m));
+      const auto full = random_model<double>(d4, 910 + d4.conv_kernel);
+      ASSERT_GT(rel_l2(grad_of(o, full, x), grad_of(fo, full, x)), 1e-5) << "16-bit storage must change the gradient";
+      ran += expect_mamba_ranges_match(d4, x, o, "window 16-bit");
+    }
+  if (world_size() > 1) EXPECT_GT(ran, 0);
+}
+
+// A Mamba on sequence ranks refuses a window whose halo (T̄ − 1 tokens) is
+// longer than a range after the first, as an SSM-ResNet's, before any work.
+TEST(Distributed, MambaOnSequenceRanksRefusesShortRanges) {
+  if (world_size() < 3) GTEST_SKIP() << "needs 3 or more ranks (ranges of 3 tokens)";
   const auto d = seq_mamba_dims(2, true, 4);
-  const dist::Grid grid(layout_config(d, 1, world_size() / 2, 4, 2));
   const auto params = random_model<double>(d, 3);
   ParamSet<double> grad(d);
-  const auto x = random_tokens(4, 12, d.vocab, 4);
-  dist::DistributedEngine<double> windowed(grid, engine_options("adjoint-exact", 4, true), 0, true);
-  expect_error([&] { windowed.compute(params, x, grad); }, "a window grad.truncate < data.seq_len on sequence ranks");
+  // S = world: ranges of 3 tokens; T̄ = 4 reads 3 past a range, 5 reads 4
+  const int S = world_size();
+  const dist::Grid grid(layout_config(d, 1, 1, 2, S));
+  const auto x = random_tokens(2, 3 * S, d.vocab, 4);
+  dist::DistributedEngine<double> fits(grid, engine_options("adjoint-exact", 4, true), 0, true);
+  EXPECT_NO_THROW(fits.compute(params, x, grad));
+  dist::DistributedEngine<double> too_long(grid, engine_options("adjoint-exact", 5, true), 0, true);
+  expect_error([&] { too_long.compute(params, x, grad); }, "each range needs >= T-bar - 1");
 }
 
 // A Mamba on sequence ranks (dist::SequenceBlockwise): the busiest rank's plan
 // against the largest measured Kokkos peak, within 10 %, without a lever and
-// with token blocks, layer checkpointing and bf16 storage.
+// with token blocks, layer checkpointing and bf16 storage, and with a window T̄.
 TEST(Distributed, MambaSequencePlanIsTheBusiestRanksPeak) {
   for (const std::string levers : {"", "grad.token_block=128 grad.layer_checkpoint=2 run.storage=bf16",
-                                    "grad.detach_inputs=true grad.token_block=64"})
+                                    "grad.detach_inputs=true grad.token_block=64",
+                                    "grad.detach_inputs=true grad.truncate=48",
+                                    "grad.detach_inputs=true grad.truncate=100 grad.layer_checkpoint=2"})
     for (const Lay& l : layouts(4, true)) {
       if (l.S == 1 || l.D > 2) continue;
       Config c = layout_config(tiny_dims(4, 64, 16, 8), l.R, l.D, 2, l.S);

@@ -281,7 +281,7 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
 // and data ranks too), exact and detached, without a lever and with each,
 // tied and untied, equals one process with the same options; training with
 // S = 2 and S = 2 x R = 2 gives one process's losses and norms and resumes
-// across layouts; a window T̄ is refused by name on every rank.
+// across layouts; a window T̄ (S = 2, 3, 4 in grad; S = 2 in train) too.
 TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
   const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
                            "--set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
@@ -294,7 +294,8 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
     for (const std::string opts :
          {std::string("--engine adjoint-exact "), std::string("--engine adjoint-exact --detach-inputs "),
           std::string("--engine adjoint-exact --set grad.token_block=8 --set grad.layer_checkpoint=2 "),
-          std::string("--engine adjoint-exact --set run.storage=bf16 --set grad.token_block=4 ")}) {
+          std::string("--engine adjoint-exact --set run.storage=bf16 --set grad.token_block=4 "),
+          std::string("--engine adjoint-exact --detach-inputs --set grad.truncate=5 ")}) {
       const auto one = tmp_path("ms_one.h5");
       ASSERT_EQ(run(g + opts + "--out " + one).code, 0) << opts;
       double l1 = 0;
@@ -349,12 +350,13 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
     for (double l : losses(tmp_path(tag + "_b"))) both.push_back(l);
     expect_same_losses(both, ref, tag + " S=2 then S=2 x R=2");
   }
-  // A window T̄ on sequence ranks would need a halo of y and g too: refused by name, on every rank.
-  const auto rs = mpirun(2, train + " --set model.arch=mamba --set model.layers=3 --set dist.seq_ranks=2 "
-                                    "--set grad.detach_inputs=true --set grad.truncate=6" + dir("mamba_seq_w"));
-  EXPECT_NE(rs.code, 0);
-  EXPECT_NE(rs.out.find("a window grad.truncate < data.seq_len with dist.seq_ranks > 1 is not available for "
-                        "model.arch=mamba"), std::string::npos) << rs.out;
+  // A window T̄ on sequence ranks (halos of y, g and the conv) trains as one process does.
+  const std::string wtrain = train + " --set model.arch=mamba --set model.layers=3 --set grad.detach_inputs=true "
+                                     "--set grad.truncate=6";
+  ASSERT_EQ(run(wtrain + dir("mamba_w1")).code, 0);
+  const auto rs = mpirun(2, wtrain + " --set dist.seq_ranks=2" + dir("mamba_seq_w"));
+  ASSERT_EQ(rs.code, 0) << rs.out;
+  expect_same_losses(losses(tmp_path("mamba_seq_w")), losses(tmp_path("mamba_w1")), "mamba window S=2");
 }
 
 // A Mamba with data.carry_state (issue 34: the conv state and h of every block,

@@ -396,29 +396,6 @@ DistOptions Config::dist_options(const ModelDims& d) const {
   return ds;
 }
 
-// What a Mamba model runs today (docs/design.md §2): E1, E2 (full or
-// truncated) and E3 (exact, detached, windowed), in one process or on data and
-// layer ranks; with E3 the memory levers (the block-wise engine, on every rank
-// of such a layout too) and the carried state, in one process and on every
-// layout; E3 exact or detached on sequence ranks, with or without the levers
-// and the carried state. A window on sequence ranks is refused naming its key,
-// never run wrong.
-void require_mamba_supported(const Settings& st) {
-  if (!st.model.mamba()) return;
-  const auto no = [](const std::string& what) {
-    return what + " is not available for model.arch=mamba yet (only grad.engine=backprop, adjoint or adjoint-exact, "
-                  "grad.detach_inputs and grad.truncate, in one process or on data and layer ranks; with "
-                  "adjoint-exact also grad.token_block, grad.layer_checkpoint, run.storage and data.carry_state, "
-                  "on sequence ranks too)";
-  };
-  // Sequence ranks run E3 over token blocks (dist::SequenceBlockwise): the conv's
-  // K-1-token halo forward, its cotangent's scatter backward. A window T̄ would
-  // also need a halo of y and g past the range: not built.
-  if (st.dist.seq_ranks > 1)
-    require(!(st.grad.truncate > 0 && st.grad.truncate < st.data.seq_len),
-            no("a window grad.truncate < data.seq_len with dist.seq_ranks > 1"));
-}
-
 Settings Config::settings() const {
   Settings st;
   const auto d = st.model = model();

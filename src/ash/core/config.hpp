@@ -33,12 +33,6 @@ std::string separator_bytes(const std::string& utf8);
 // The model keys that only a Mamba has (an SSM-ResNet must leave them at their defaults).
 constexpr const char* mamba_model_keys[] = {"expand", "conv_kernel", "dt_rank", "tie_embeddings", "norm_eps"};
 
-// Throws ash::Error naming the key when the settings ask a Mamba model
-// (model.arch=mamba) for an engine, lever or layout it does not have yet.
-// Called where a gradient engine is built (RunContext, Python's grad), not by
-// settings(): `ash eval` sizes its forward with E3's settings.
-void require_mamba_supported(const Settings& st);
-
 class Config {
  public:
   Config();  // all defaults

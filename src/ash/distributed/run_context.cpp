@@ -26,7 +26,6 @@ struct RunContext<S>::Mpi {};
 
 template <class S>
 RunContext<S>::RunContext(const Settings& st) : range_(LayerRange::all(st.model)), batch_(st.data.batch) {
-  require_mamba_supported(st);
 #ifdef ASH_HAVE_MPI
   int inited = 0, world = 1, rank = 0;
   MPI_Initialized(&inited);

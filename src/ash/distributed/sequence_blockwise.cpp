@@ -92,9 +92,6 @@ double SequenceBlockwise<S>::compute(const ParamSet<S>& params, const TokenView&
   const index_t t_a = lay.seq_begin(T_all), t_b = lay.seq_end(T_all);
   const auto& d = params.dims();
   require(d.mamba() == mamba_, "SequenceBlockwise: built for another model.arch");
-  // A Mamba's window T̄ would read a halo of y and g and also the conv's past the range (not built).
-  require(!mamba_ || !window(T_all), "a window grad.truncate < data.seq_len on sequence ranks (dist.seq_ranks > 1) "
-                                     "is not available for model.arch=mamba");
   if (window(T_all)) require_window_halos(T_all, lay.S, opts_.truncate);  // before any work
   Pass ps;
   ps.T_all = T_all;
@@ -445,18 +442,7 @@ void SequenceBlockwise<S>::layers_mamba(const ParamSet<S>& params, Pass& ps, con
     const int c = ps.seg.starts[i];
     for (int k = std::min(ps.seg.end_of(i), ps.k1 - 1); k >= c; --k) {
       recompute(params, ps, c, k);
-      // Layer k's state before the range as one process's replay has it (16-bit
-      // storage, a cut block: the range before replays its last block and sends
-      // it), exchanged before the carries, which wait on the later ranges.
-      if (ps.replay_in) ps.timed([&] { recv_state(ps.replayed, lay.seq_rank - 1, tag_mamba_replay); });
-      if (ps.replay_out) {
-        const index_t j = blk.n - 1;
-        const bool from_in = j == 0 && ps.replay_in;
-        advance_mamba(params, ps, k, j, ps.blk(ps.y, j), first_rows(ps.tb, ps.fw->rows(j)),
-                      from_in ? &ps.replayed : nullptr);
-        exec.fence();
-        ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_mamba_replay); });
-      }
+      const MambaState<S> first_state = replayed_mamba_start(params, ps, k);
       if (tail) {
         Kokkos::deep_copy(exec, gconv, S(0));
         carry.valid = false;
@@ -471,8 +457,7 @@ void SequenceBlockwise<S>::layers_mamba(const ParamSet<S>& params, Pass& ps, con
       }
       for (index_t j = blk.n - 1; j >= 0; --j)
         whole_.backward_mamba_block(params.mamba_layer(k), d, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j),
-                                    j == 0 && ps.replay_in ? ps.replayed : ps.before(k, j), &carry, gconv,
-                                    grad.mamba_layer(k));
+                                    j == 0 ? first_state : ps.before(k, j), &carry, gconv, grad.mamba_layer(k));
       if (!head_range) {
         exec.fence();
         ps.timed([&] {
@@ -485,6 +470,27 @@ void SequenceBlockwise<S>::layers_mamba(const ParamSet<S>& params, Pass& ps, con
   }
 }
 
+// A Mamba's layer k: its state before the range for the backward as one
+// process's replay has it (16-bit storage, a cut block: the range before
+// replays its last block and sends it), else the kept state; exchanged before
+// the backward's carries, which wait on the later ranges.
+template <class S>
+MambaState<S> SequenceBlockwise<S>::replayed_mamba_start(const ParamSet<S>& params, Pass& ps, int k) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const TokenBlocks& blk = ps.blocks();
+  if (ps.replay_in) ps.timed([&] { recv_state(ps.replayed, lay.seq_rank - 1, tag_mamba_replay); });
+  if (ps.replay_out) {
+    const index_t j = blk.n - 1;
+    const bool from_in = j == 0 && ps.replay_in;
+    advance_mamba(params, ps, k, j, ps.blk(ps.y, j), first_rows(ps.tb, ps.fw->rows(j)),
+                  from_in ? &ps.replayed : nullptr);
+    exec.fence();
+    ps.timed([&] { send_state(ps.run, lay.seq_rank + 1, tag_mamba_replay); });
+  }
+  return ps.replay_in ? ps.replayed : ps.before(k, 0);
+}
+
 // The paper's window T̄ (paper mode, the range one block): g's halo once, then
 // per layer y_k recomputed, its halo, and E3's window backward over the range
 // extended by the halo from the state before the range; only the range's own
@@ -494,8 +500,12 @@ void SequenceBlockwise<S>::layers_window(const ParamSet<S>& params, Pass& ps, co
                                          const ParamSet<S>& grad) {
   const auto& lay = grid_.layout();
   const ExecSpace& exec = layer_.execution_space();
-  const index_t P = params.dims().width, Bt = ps.Bt;
+  const auto& d = params.dims();
+  const index_t P = d.width, Bt = ps.Bt;
   require(ps.blocks().n == 1, "SequenceBlockwise: a window runs each range as one block");
+  // A Mamba's ∂L/∂ the conv state after the range's own tokens, handed range to range.
+  const View2<S> gconv = ps.mamba ? View2<S>("ash::seqblocks::mamba_conv_carry", Bt * d.inner(), d.conv_kernel - 1)
+                                  : View2<S>();
   WindowHalo<S> halo(lay, Bt, P, ps.T_all, opts_.truncate, tag_halo, grid_.seq(), ps.timed);
   const index_t Te = halo.extended();
   require(index_t(ps.ws.window.find("ash::seqblocks::g_halo")->extents[0]) == Bt * halo.halo(),
@@ -513,10 +523,41 @@ void SequenceBlockwise<S>::layers_window(const ParamSet<S>& params, Pass& ps, co
       halo.exchange(ps.y, exec);
       halo.extend(ps.y, halo.received(), y_ext, exec);
       halo.extend(g, g_halo, g_ext, exec);  // again per layer: the halo rows are masked
+      const SeqShape s_ext{Bt, Te, DocStarts(x_ext)};
+      if (ps.mamba) {
+        window_mamba(params, ps, k, s_ext, y_ext, g_ext, gconv, grad);
+        continue;
+      }
       const View2<S> h_first = replayed_start(params, ps, k);
-      layer_.backward_window_range(params.layer(k), SeqShape{Bt, Te, DocStarts(x_ext)}, y_ext, g_ext, h_first,
-                                   ps.T, grad.layer(k));
+      layer_.backward_window_range(params.layer(k), s_ext, y_ext, g_ext, h_first, ps.T, grad.layer(k));
     }
+  }
+}
+
+// A Mamba's layer k in a window: as layers_mamba's reverse wavefront without
+// μ's carry (μ_T̄ reads the halo instead): ∂L/∂ the conv state the next range
+// read arrives (zero after the last range), E3's window backward over the range
+// and its halo from the state before the range (the forward's conv halo and h)
+// adds its own tokens' part, and the conv's scatter onto the range before goes
+// on. The halo of y and g is T̄ − 1 tokens: a halo token's conv reads this
+// range's x (or the state before it), and the conv cotangent of the next
+// range's tokens is that range's (its own μ_T̄), handed back in gconv.
+template <class S>
+void SequenceBlockwise<S>::window_mamba(const ParamSet<S>& params, Pass& ps, int k, const SeqShape& s_ext,
+                                        const View2<S>& y_ext, const View2<S>& g_ext, const View2<S>& gconv,
+                                        const ParamSet<S>& grad) {
+  const auto& lay = grid_.layout();
+  const ExecSpace& exec = layer_.execution_space();
+  const MambaState<S> before = replayed_mamba_start(params, ps, k);
+  if (lay.seq_rank + 1 == lay.S)
+    Kokkos::deep_copy(exec, gconv, S(0));
+  else
+    ps.timed([&] { recv(gconv, lay.seq_rank + 1, tag_gconv, grid_.seq()); });
+  layer_.backward_mamba_window_range(params.mamba_layer(k), params.dims(), s_ext, y_ext, g_ext, before, ps.T, gconv,
+                                     grad.mamba_layer(k));
+  if (lay.seq_rank > 0) {
+    exec.fence();
+    ps.timed([&] { send(gconv, lay.seq_rank - 1, tag_gconv, grid_.seq()); });
   }
 }
 

@@ -34,7 +34,11 @@
 // backward_mamba_block runs per block, last first, and this range's first
 // block hands both on. A carried state (data.carry_state) starts the first
 // range's block 0 and is every range's end state after, as an SSM-ResNet's h.
-// A window T̄ is refused for a Mamba.
+// With a window T̄ the range is one block: per layer the
+// halo of T̄ − 1 tokens of y_k and g from the next range as above, ∂L/∂ the
+// conv state from the next range (no μ carry: μ_T̄ reads the halo), E3's
+// window backward over the range + halo from the state before it, and the
+// conv's scatter on to the range before.
 // Whole-range buffers: y and the next y (forward), y_k and g (backward), in
 // block-major row order (block j's Bt·Tj rows contiguous, so a block is a
 // subview). Layer ranks exchange whole ranges (R × S).
@@ -80,6 +84,10 @@ class SequenceBlockwise {
   void layers_window(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
   // A Mamba: the conv's cotangent and μ's carry handed range to range, layer by layer.
   void layers_mamba(const ParamSet<S>& params, Pass& ps, const View2<S>& g, const ParamSet<S>& grad);
+  // A Mamba's layer k in a window: gconv in from the next range, E3's window
+  // backward over the range + halo (s_ext, y_ext, g_ext), gconv on to the range before.
+  void window_mamba(const ParamSet<S>& params, Pass& ps, int k, const SeqShape& s_ext, const View2<S>& y_ext,
+                    const View2<S>& g_ext, const View2<S>& gconv, const ParamSet<S>& grad);
   // A Mamba's layer k over the range (the state from the range before, to the next).
   void forward_mamba(const ParamSet<S>& params, Pass& ps, int k);
   // A Mamba's layer k on block j from the MambaState kept before the block (or
@@ -93,6 +101,8 @@ class SequenceBlockwise {
   // h of layer k before the range as one process's backward has it (its replay
   // from the block start before the range, received), or the kept state.
   View2<S> replayed_start(const ParamSet<S>& params, Pass& ps, int k);
+  // The same for a Mamba: the MambaState before the range's first block.
+  MambaState<S> replayed_mamba_start(const ParamSet<S>& params, Pass& ps, int k);
   bool window(index_t T_all) const { return opts_.truncate > 0 && opts_.truncate < T_all; }
   EngineOptions whole_opts() const {
     EngineOptions o = opts_;

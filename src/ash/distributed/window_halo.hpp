@@ -3,7 +3,7 @@
 // range's last T̄−1 tokens reads the next range's first T̄−1 tokens, so each
 // rank receives that halo of g and of every layer's input from the next range,
 // Bt·(T̄−1)·P values each. Shared by DistributedEngine (whole ranges) and
-// SequenceBlockwise (the memory levers).
+// SequenceBlockwise (the memory levers; a Mamba, levers or not: P = D).
 #include <algorithm>
 #include <functional>
 #include <string>

@@ -198,6 +198,17 @@ void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangen
       });
 }
 
+// Rows t >= own of every sequence of T rows (a window's halo) set to zero.
+template <class S>
+void zero_halo_rows(const View2<S>& v, index_t T, index_t own, const ExecSpace& exec) {
+  const index_t nh = T - own, B = index_t(v.extent(0)) / T, C = v.extent(1);
+  Kokkos::parallel_for(
+      "ash::e3::zero_halo_rows", Range(exec, 0, B * nh * C), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (nh * C), t = own + (i / C) % nh, c = i % C;
+        v(b * T + t, c) = S(0);
+      });
+}
+
 }  // namespace impl
 
 namespace {
@@ -225,8 +236,9 @@ WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const Laye
 template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
-                              const ExecSpace& exec, const View2<S>& h0, ExactCarry<S>* carry) {
+                              const ExecSpace& exec, const View2<S>& h0, ExactCarry<S>* carry, index_t own_T) {
   const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
+  require(own_T >= 0 && own_T <= T, "adjoint-exact: a range's own tokens must lie in its extended block");
   require(opts_in.chunk >= 1 && opts_in.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
   const EngineOptions opts = scan_wave_options(opts_in, Bt * P * N);
   const index_t C = opts.chunk < T ? opts.chunk : T;
@@ -245,7 +257,8 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
   const ExactCarry<S>& cin = carry ? *carry : none;
   if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec);
   if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec);
-  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, cin, window ? opts.truncate : 0, T, W, work, on_wave, exec);
+  impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, cin, window ? opts.truncate : 0, own_T > 0 ? own_T : T, W, work,
+                 on_wave, exec);
   if (!carry) return;
   if (index_t(carry->mu.extent(0)) != Bt) {  // a layer's first block allocates the carry
     const WorkspaceSpec cs = adjoint_exact_carry_workspace(LayerShape{Bt, T, P, N, sizeof(S)});
@@ -258,11 +271,11 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
 template void adjoint_exact_scan_waves<float>(const EngineOptions&, Workspace<float>&, const SeqShape&,
                                               const LayerActivations<float>&, const View2<float>&,
                                               const ScanWaveFn<float>&, const ExecSpace&, const View2<float>&,
-                                              ExactCarry<float>*);
+                                              ExactCarry<float>*, index_t);
 template void adjoint_exact_scan_waves<double>(const EngineOptions&, Workspace<double>&, const SeqShape&,
                                                const LayerActivations<double>&, const View2<double>&,
                                                const ScanWaveFn<double>&, const ExecSpace&, const View2<double>&,
-                                               ExactCarry<double>*);
+                                               ExactCarry<double>*, index_t);
 
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
@@ -325,6 +338,25 @@ void AdjointExactLayer<S>::backward_mamba_block(const MambaLayerParams<S>& p, co
                                                 const View2<S>& y_blk, const View2<S>& g_blk,
                                                 const MambaState<S>& before, ExactCarry<S>* carry,
                                                 const View2<S>& gconv, const MambaLayerParams<S>& grad) {
+  mamba_block(p, d, sb, y_blk, g_blk, before, carry, gconv, grad, 0);
+}
+
+template <class S>
+void AdjointExactLayer<S>::backward_mamba_window_range(const MambaLayerParams<S>& p, const ModelDims& d,
+                                                       const SeqShape& s_ext, const View2<S>& y_ext,
+                                                       const View2<S>& g_ext, const MambaState<S>& before,
+                                                       index_t own_T, const View2<S>& gconv,
+                                                       const MambaLayerParams<S>& grad) {
+  require(opts_.detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
+  require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
+  mamba_block(p, d, s_ext, y_ext, g_ext, before, nullptr, gconv, grad, own_T);
+}
+
+template <class S>
+void AdjointExactLayer<S>::mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
+                                       const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before,
+                                       ExactCarry<S>* carry, const View2<S>& gconv, const MambaLayerParams<S>& grad,
+                                       index_t own_T) {
   const ExecSpace& exec = this->exec_;
   const index_t rows = sb.rows();
   if (!mamba_act_ || index_t(mamba_act_->x.extent(0)) != rows) {
@@ -340,16 +372,23 @@ void AdjointExactLayer<S>::backward_mamba_block(const MambaLayerParams<S>& p, co
   Kokkos::deep_copy(exec, mamba_state_.conv, before.conv);
   Kokkos::deep_copy(exec, mamba_state_.ssm, before.ssm);
   mamba_layer_forward(p, d, sb, y_blk, act, cot.gyhat, mamba_state_, exec);
-  mamba_gate_backward(p, act, g_blk, cot, grad, exec);
+  // The gate's VJP split around the scan (∂L/∂s first, which μ reads, also in
+  // a halo): with a halo, its rows' g, ∂L/∂o and scan cotangents are zeroed
+  // between, so they add nothing to W_out's gradient or the dense VJPs.
+  mamba_gate_backward_first(p, act, g_blk, cot, exec);
   const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                     const View3<S>& A, const LayerCotangents<S>& wc) {
     selective_scan_backward_rows(p.D, sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
                                  ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
     impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
   };
-  adjoint_exact_scan_waves(opts_, work_, sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry);
+  adjoint_exact_scan_waves(opts_, work_, sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry, own_T);
+  if (own_T > 0 && own_T < sb.T)
+    for (const View2<S>& v : {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma})
+      impl::zero_halo_rows(v, sb.T, own_T, exec);
+  mamba_gate_backward_second(act, g_blk, cot, grad, exec);
   mamba_mixer_backward_block(p, d, sb, y_blk, act, cot, grad, opts_.detach_inputs ? View2<S>() : g_blk, before.conv,
-                             gconv, exec);
+                             gconv, own_T, exec);
 }
 
 template <class S>

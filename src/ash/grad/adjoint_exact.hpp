@@ -62,12 +62,13 @@ using ScanWaveFn = std::function<void(const BlockRows& rows, const View3<S>& mu,
                                       const View3<S>& A, const LayerCotangents<S>& cot)>;
 // On a token block (a Mamba in the block-wise engine): h0 ([Bt·P, N], empty:
 // zero) the state before the block, carry as backward_block's (in: from the
-// block after, out: for the block before; no window).
+// block after, out: for the block before; no window). own_T as run()'s: the
+// rows past it are a window's halo, their μ and gy zeroed, waves past it skipped.
 template <class S>
 void adjoint_exact_scan_waves(const EngineOptions& opts, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const ScanWaveFn<S>& on_wave,
                               const ExecSpace& exec = ExecSpace(), const View2<S>& h0 = View2<S>(),
-                              ExactCarry<S>* carry = nullptr);
+                              ExactCarry<S>* carry = nullptr, index_t own_T = 0);
 // Its buffers: adjoint_exact_workspace's in the wave form.
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh);
 
@@ -108,6 +109,15 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   void backward_mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
                             const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before,
                             ExactCarry<S>* carry, const View2<S>& gconv, const MambaLayerParams<S>& grad);
+  // The window T̄ on a Mamba's token range of a sequence rank (paper mode): the
+  // range's own_T tokens per sequence then the next range's first tokens (the
+  // halo) in s_ext, y_ext and g_ext (its halo rows are zeroed), from `before`
+  // (the MambaState before the range). μ_T̄ of the own tokens reads the halo;
+  // only the own tokens add to grad; gconv: in, ∂L/∂ the conv state after the
+  // own tokens (the next range's scatter); out, before the range.
+  void backward_mamba_window_range(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s_ext,
+                                   const View2<S>& y_ext, const View2<S>& g_ext, const MambaState<S>& before,
+                                   index_t own_T, const View2<S>& gconv, const MambaLayerParams<S>& grad);
 
   // Implementation, public only because nvcc refuses an extended (KOKKOS_LAMBDA)
   // lambda inside a private or protected member function.
@@ -116,6 +126,10 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
                  const View3<S>& v);
   // The projections of one token block, sized for sb and filled with y's.
   const LayerActivations<S>& project_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y);
+  // backward_mamba_block and backward_mamba_window_range (own_T > 0).
+  void mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb, const View2<S>& y_blk,
+                   const View2<S>& g_blk, const MambaState<S>& before, ExactCarry<S>* carry, const View2<S>& gconv,
+                   const MambaLayerParams<S>& grad, index_t own_T);
   // own_T > 0: only the first own_T tokens of each sequence contribute (the
   // rest is a halo the window reads); those waves past it are skipped.
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,

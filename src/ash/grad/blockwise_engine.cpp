@@ -60,6 +60,12 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
                      kept_count(opts, sh));
   w.range.add("ash::seqblocks::y", e, {sh.Bt * sh.T, sh.P}, true).add("ash::seqblocks::y_next", e,
                                                                         {sh.Bt * sh.T, sh.P}, true);
+  if (opts.truncate > 0 && opts.truncate < T_all) {  // a window: g's halo, the range + halo of y and g
+    const index_t Te = sh.T + H;
+    w.window.add("ash::seqblocks::g_halo", e, {sh.Bt * H, sh.P}, true)
+        .add("ash::seqblocks::y_ext", e, {sh.Bt * Te, sh.P}, true)
+        .add("ash::seqblocks::g_ext", e, {sh.Bt * Te, sh.P}, true);
+  }
   if (mamba) {  // a recomputed block's input and output
     w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
         .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true);
@@ -74,12 +80,6 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
   for (const char* l : {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
                         "ash::seqblocks::block_v", "ash::seqblocks::ones"})
     w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
-  if (opts.truncate > 0 && opts.truncate < T_all) {
-    const index_t Te = sh.T + H;
-    w.window.add("ash::seqblocks::g_halo", e, {sh.Bt * H, sh.P}, true)
-        .add("ash::seqblocks::y_ext", e, {sh.Bt * Te, sh.P}, true)
-        .add("ash::seqblocks::g_ext", e, {sh.Bt * Te, sh.P}, true);
-  }
   return w;
 }
 

@@ -240,10 +240,13 @@ namespace {
 
 // mamba_mixer_backward_dense, on a token block when cb (the conv state before
 // it) and gcs (∂L/∂ the conv state after it, in; before it, out) are given.
+// own: the block's own tokens per sequence, the first `own` of s.T (the rest a
+// window's halo with zero cotangents): gcs is the state after token own − 1.
 template <class S>
 void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                       const MambaActivations<S>& act, const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad,
-                      const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, const ExecSpace& exec) {
+                      const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, index_t own,
+                      const ExecSpace& exec) {
   const bool block = gcs.extent(0) > 0;
   require(!block || (index_t(cb.extent(0)) == s.batch * d.inner() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
                      cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
@@ -289,9 +292,9 @@ void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const Se
   if (block && Kc > 1)
     Kokkos::parallel_for(
         "ash::mamba::conv_backward_carry", Range(exec, 0, Bt * E), KOKKOS_LAMBDA(const index_t i) {
-          const index_t b = i / E, e = i % E, first = T - (Kc - 1);  // the token of the state after's column 0
+          const index_t b = i / E, e = i % E, first = own - (Kc - 1);  // the token of the state after's column 0
           index_t start = -Kc;  // the last start after column 0's token, as the forward's conv_state
-          for (index_t t = T - 1; t > first && t >= 0; --t)
+          for (index_t t = own - 1; t > first && t >= 0; --t)
             if (docs.at(b, t)) {
               start = t;
               break;
@@ -300,15 +303,15 @@ void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const Se
             const index_t t = first + j;
             if (t >= 0 && t >= start) gx(b * T + t, e) += gcs(i, j);
           }
-          index_t open = T;  // tokens [0, open) of the block read the state before (no start among them)
-          for (index_t t = 0; t < T; ++t)
+          index_t open = own;  // tokens [0, open) of the block read the state before (no start among them)
+          for (index_t t = 0; t < own; ++t)
             if (docs.at(b, t)) {
               open = t;
               break;
             }
-          for (index_t c = Kc - 2; c >= 0; --c) {  // descending: column c reads column c - T, not yet rewritten
+          for (index_t c = Kc - 2; c >= 0; --c) {  // descending: column c reads column c - own, not yet rewritten
             S acc = 0;
-            if (c - T >= 0 && first + (c - T) >= start) acc += gcs(i, c - T);
+            if (c - own >= 0 && first + (c - own) >= start) acc += gcs(i, c - own);
             for (index_t t = 0; t <= c && t < open; ++t) acc += w(e, c - t) * gc(b * T + t, e);
             gcs(i, c) = acc;
           }
@@ -374,16 +377,17 @@ template <class S>
 void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                 const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
                                 const MambaLayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
-  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, View2<S>(), View2<S>(), exec);
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, View2<S>(), View2<S>(), s.T, exec);
 }
 
 template <class S>
 void mamba_mixer_backward_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                 const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
                                 const MambaLayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
-                                const View2<S>& gconv, const ExecSpace& exec) {
+                                const View2<S>& gconv, index_t own_T, const ExecSpace& exec) {
   require(gconv.extent(0) > 0 || d.conv_kernel == 1, "mamba_mixer_backward_block: needs the conv state's cotangent");
-  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, conv_before, gconv, exec);
+  require(own_T >= 0 && own_T <= s.T, "mamba_mixer_backward_block: the own tokens must lie in the block");
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, conv_before, gconv, own_T > 0 ? own_T : s.T, exec);
 }
 
 #define ASH_INSTANTIATE(S)                                                                                        \
@@ -418,7 +422,7 @@ void mamba_mixer_backward_block(const MambaLayerParams<S>& p, const ModelDims& d
   template void mamba_mixer_backward_block<S>(const MambaLayerParams<S>&, const ModelDims&, const SeqShape&,      \
                                               const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
                                               const MambaLayerParams<S>&, const View2<S>&, const View2<S>&,          \
-                                              const View2<S>&, const ExecSpace&);
+                                              const View2<S>&, index_t, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 

@@ -164,11 +164,14 @@ void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d
 // block's x (and, for blocks shorter than Kc−1, of earlier ones), zero after
 // the window's last block; on return ∂L/∂(the conv state before the block),
 // for the block before. The conv's weight gradient gets the taps into
-// conv_before; document starts cut both as the forward does.
+// conv_before; document starts cut both as the forward does. own_T > 0: the
+// block's own tokens are the first own_T of each sequence, the rest a window's
+// halo whose cotangents the caller zeroed (a range on sequence ranks): gconv
+// is then the state after token own_T − 1.
 template <class S>
 void mamba_mixer_backward_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                 const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
                                 const MambaLayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
-                                const View2<S>& gconv, const ExecSpace& exec = ExecSpace());
+                                const View2<S>& gconv, index_t own_T = 0, const ExecSpace& exec = ExecSpace());
 
 }  // namespace ash

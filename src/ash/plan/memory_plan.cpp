@@ -265,7 +265,9 @@ struct Planner {
   // a recomputed block's in and out and the head chunk; backward: those, the
   // conv's carry and μ's carry (μ, A over E) passed range to range, and
   // AdjointExactLayer::backward_mamba_block's block activations, state copy,
-  // cotangents and scan workspace, held from the first block on.
+  // cotangents and scan workspace, held from the first block on. A window T̄:
+  // the range one block, the backward's over the range and a halo of H tokens
+  // (their y and g, dist::WindowHalo), only the conv's carry passed.
   std::string mamba_sequence(Items& persistent, Phases& phases) const {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     const double Kc1 = double(cfg.model.conv_kernel - 1), state = B * E * (Kc1 + N) * S;
@@ -276,9 +278,11 @@ struct Planner {
     if (o.low_memory())
       for (std::int64_t s = 0; s < Sr; ++s)
         nblocks = std::max<std::int64_t>(nblocks, sequence_blocks(o, Tall, Tall * s / Sr, Tall * (s + 1) / Sr).n);
-    const double nb = double(nblocks), rows = B * double(blen);
-    const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), Tall, 0, true);
-    const LayerShape scan{std::int64_t(B), blen, cfg.model.inner(), cfg.model.state, std::size_t(S)};
+    const bool window = o.truncate > 0 && o.truncate < Tall;
+    const std::int64_t H = window ? std::min<std::int64_t>(o.truncate - 1, Ti) : 0;
+    const double nb = double(nblocks), rows = B * double(blen), rows_b = B * double(blen + H);
+    const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), Tall, H, true);
+    const LayerShape scan{std::int64_t(B), blen + H, cfg.model.inner(), cfg.model.state, std::size_t(S)};
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
     persistent.push_back({"Mamba states at block starts (K x blocks) + running state",
@@ -291,11 +295,15 @@ struct Planner {
       phases.push_back({"head", head_phase});
     }
     const double cot_e = WorkspaceSpec().cotangents(scan.rows(), scan.P, scan.N, false, scan.scalar_bytes).bytes();
-    const double rbk = std::ceil(rows / double(impl::reduce_rows));
+    const double rbk = std::ceil(rows_b / double(impl::reduce_rows));
     Items back = blocks;
-    back.push_back({"conv carry + mu, A carry (from the next range)", B * E * (Kc1 + 2 * N) * S});
-    back.push_back({"E3 block activations + state copy", mamba_acts(rows, false) + state});
-    back.push_back({"cotangents (one block)", (rows * (3 * E + R + P) + rbk * P) * S + cot_e});
+    if (window)
+      back.push_back({"range + halo of y and g; g's halo; halo messages; conv carry",
+                      ws.window.bytes() + (2 * double(H) * B * P + B * E * Kc1) * S});
+    else
+      back.push_back({"conv carry + mu, A carry (from the next range)", B * E * (Kc1 + 2 * N) * S});
+    back.push_back({"E3 block activations + state copy", mamba_acts(rows_b, false) + state});
+    back.push_back({"cotangents (one block)", (rows_b * (3 * E + R + P) + rbk * P) * S + cot_e});
     back.push_back({"E3 scan workspace", adjoint_exact_scan_workspace(o, scan).bytes()});
     phases.push_back({"backward", back});
     if (lr.embedding) {
