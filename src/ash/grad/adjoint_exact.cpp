@@ -9,6 +9,7 @@
 #include "ash/grad/impl/e3_fused.hpp"
 #include "ash/grad/impl/e3_scans.hpp"
 #include "ash/kernels/chunked_scan.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 namespace ash {
 
@@ -48,6 +49,11 @@ impl::FusedShape fused_shape(const EngineOptions& opts, const LayerShape& sh) {
 }  // namespace
 
 
+namespace {
+// Whole units (chunks, windows) of about `tokens` tokens, at least one.
+index_t whole_units(index_t unit, index_t tokens) { return unit * (tokens / unit > 0 ? tokens / unit : 1); }
+}  // namespace
+
 index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token) {
   const bool window = opts.truncate > 0 && opts.truncate < T;
   const index_t unit = window ? opts.truncate : (opts.chunk < T ? opts.chunk : T);
@@ -56,7 +62,30 @@ index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_t
   const index_t wave = opts.wave > 0 ? opts.wave
                        : host_backend ? 1024
                                       : std::min(T, std::max<index_t>(1024, device_wave_state / per_token));
-  return unit * (wave / unit > 0 ? wave / unit : 1);
+  return whole_units(unit, wave);
+}
+
+E3FusedWaves e3_fused_waves(const EngineOptions& opts, const LayerShape& sh) {
+  const index_t T = sh.T, Bt = sh.batch, P = sh.P, N = sh.N, C = opts.chunk < T ? opts.chunk : T;
+  const double e = double(sh.scalar_bytes);
+  // Per token of one wave: the cotangent rows (∂L/∂ŷ, ∂L/∂z, gathered ŷ;
+  // ∂L/∂β, ∂L/∂γ; the norm's row-block sums) and its chunk's share of the
+  // [P, N] and two [P] partial sums. Per launched token: the block shares.
+  constexpr double device_wave_bytes = double(std::size_t(512) << 20), device_share_bytes = double(std::size_t(128) << 20);
+  const double row = double(Bt) * e *
+                     ((3.0 * double(P) + 2.0 * double(N)) + double(P) / double(impl::reduce_rows) +
+                      (double(P) * double(N) + 2.0 * double(P)) / double(C));
+  const index_t nPB = fused_shape(opts, sh).nPB;
+  const double share = nPB > 1 ? double(Bt) * e * 2.0 * double(nPB) * double(N) : 0.0;
+  const auto tokens = [T](double budget, double per_token) {
+    return per_token > 0 ? index_t(std::min(double(T), std::floor(budget / per_token))) : T;
+  };
+  E3FusedWaves f;
+  f.wave = std::min(T, whole_units(C, opts.wave > 0 ? opts.wave : host_backend ? 1024 : tokens(device_wave_bytes, row)));
+  f.launch = std::min(f.wave, whole_units(C, opts.e3_fused_launch > 0 ? opts.e3_fused_launch
+                                             : host_backend              ? f.wave
+                                                                         : tokens(device_share_bytes, share)));
+  return f;
 }
 
 bool e3_fused_form(const EngineOptions& opts, index_t T, bool halo) {
@@ -68,8 +97,9 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
   const std::size_t e = sh.scalar_bytes;
   const bool window = opts.truncate > 0 && opts.truncate < T;
   const index_t C = opts.chunk < T ? opts.chunk : T, nc = Chunks(C, T).n;
-  const index_t W = e3_wave_length(opts, T, Bt * P * N), Wbuf = W < T ? W : T;
   const bool fused = e3_fused_form(opts, T, halo), chunked_h = opts.e3_chunked_h;
+  const E3FusedWaves fw = fused ? e3_fused_waves(opts, sh) : E3FusedWaves{};
+  const index_t W = fused ? fw.wave : e3_wave_length(opts, T, Bt * P * N), Wbuf = W < T ? W : T;
   WorkspaceSpec w;
   // h at chunk ends (chunk-parallel h form) or the running h (sequential form)
   if (chunked_h)
@@ -87,17 +117,18 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
     // size) or the whole league.
     const impl::FusedShape fs = fused_shape(opts, sh);
     const index_t ncw = (Wbuf + C - 1) / C;  // chunks per wave (waves are whole chunks here)
+    const index_t ncl = (fw.launch + C - 1) / C;  // chunks per launch
     w.add(buf::fused_alog_part, e, {Bt * ncw, P, N}, false);
     if (fs.nPB > 1) {
-      w.add(buf::fused_beta_part, e, {Bt * Wbuf, fs.nPB, N}, false);
-      w.add(buf::fused_gamma_part, e, {Bt * Wbuf, fs.nPB, N}, false);
+      w.add(buf::fused_beta_part, e, {Bt * fw.launch, fs.nPB, N}, false);
+      w.add(buf::fused_gamma_part, e, {Bt * fw.launch, fs.nPB, N}, false);
     }
     w.add(buf::fused_d_part, e, {Bt * ncw, P}, false);
     w.add(buf::fused_bd_part, e, {Bt * ncw, P}, false);
     const double per_team = 2 * double(C) * (double(fs.Pt) * double(N) + 1) * double(e);  // two [C, Pt·N + 1]
     const double conc = double(ExecSpace().concurrency());
     const bool level1 = !host_backend && per_team + 8.0 * (fs.team + 2) > 48.0 * 1024;
-    const double league = double(Bt) * (chunked_h ? double(ncw) : 1.0) * double(fs.nPB);
+    const double league = double(Bt) * (chunked_h ? double(ncl) : 1.0) * double(fs.nPB);
     w.team_scratch(buf::fused_team, host_backend ? per_team * conc
                                     : level1     ? per_team * std::min(std::floor(conc / double(fs.team)), league)
                                                  : 0.0);
@@ -453,8 +484,9 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const index_t Tbar = window ? opts_.truncate : T;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks(C, T);
-  const index_t W = e3_wave_length(opts_, T, Bt * P * N);
   const bool fused = e3_fused_form(opts_, T, own < T);  // a halo: the wave form's mask_halo below
+  const E3FusedWaves fw = fused ? e3_fused_waves(opts_, layer_shape(s, layer)) : E3FusedWaves{};
+  const index_t W = fused ? fw.wave : e3_wave_length(opts_, T, Bt * P * N);
   const bool chunked_h = opts_.e3_chunked_h;
   // Every wave buffer row a wave reads was written by that wave first, so
   // they are neither zeroed nor reallocated between layers of a pass.
@@ -486,8 +518,11 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
                                 w.view2(buf::fused_bd_part)};
     for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
       const index_t Ww = (w0 + W < T) ? W : T - w0;
-      ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww, fs,
-                                                           out, exec));
+      for (index_t l0 = w0; l0 < w0 + Ww; l0 += fw.launch) {  // in order, as the waves
+        const index_t Wl = l0 + fw.launch < w0 + Ww ? fw.launch : w0 + Ww - l0;
+        ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
+                                                             l0, Wl, fs, out, exec));
+      }
       const ParamPartials<S> parts{out.alog_part, out.d_part, out.bd_part, Bt * ((Ww + C - 1) / C)};
       ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs, exec);
     }
