@@ -24,6 +24,7 @@ constexpr const char* h_boundary = "ash::e3::h_boundary";
 constexpr const char* h_running = "ash::e3::h_running";
 constexpr const char* chunk_products = "ash::e3::chunk_products";
 constexpr const char* mu_chunk_start = "ash::e3::mu_chunk_start";
+constexpr const char* carry_groups = "ash::e3::carry_groups";
 constexpr const char* fused_alog_part = "ash::e3::fused_alog_part";
 constexpr const char* fused_beta_part = "ash::e3::fused_beta_part";
 constexpr const char* fused_gamma_part = "ash::e3::fused_gamma_part";
@@ -71,7 +72,8 @@ E3FusedWaves e3_fused_waves(const EngineOptions& opts, const LayerShape& sh) {
   // Per token of one wave: the cotangent rows (∂L/∂ŷ, ∂L/∂z, gathered ŷ;
   // ∂L/∂β, ∂L/∂γ; the norm's row-block sums) and its chunk's share of the
   // [P, N] and two [P] partial sums. Per launched token: the block shares.
-  constexpr double device_wave_bytes = double(std::size_t(512) << 20), device_share_bytes = double(std::size_t(128) << 20);
+  constexpr double device_wave_bytes = double(std::size_t(512) << 20);
+  constexpr double device_share_bytes = double(std::size_t(128) << 20);
   const double row = double(Bt) * e *
                      ((3.0 * double(P) + 2.0 * double(N)) + double(P) / double(impl::reduce_rows) +
                       (double(P) * double(N) + 2.0 * double(P)) / double(C));
@@ -81,10 +83,12 @@ E3FusedWaves e3_fused_waves(const EngineOptions& opts, const LayerShape& sh) {
     return per_token > 0 ? index_t(std::min(double(T), std::floor(budget / per_token))) : T;
   };
   E3FusedWaves f;
-  f.wave = std::min(T, whole_units(C, opts.wave > 0 ? opts.wave : host_backend ? 1024 : tokens(device_wave_bytes, row)));
-  f.launch = std::min(f.wave, whole_units(C, opts.e3_fused_launch > 0 ? opts.e3_fused_launch
-                                             : host_backend              ? f.wave
-                                                                         : tokens(device_share_bytes, share)));
+  const index_t wave = opts.wave > 0 ? opts.wave : host_backend ? 1024 : tokens(device_wave_bytes, row);
+  f.wave = std::min(T, whole_units(C, wave));
+  const index_t launch = opts.e3_fused_launch > 0 ? opts.e3_fused_launch
+                         : host_backend           ? f.wave
+                                                  : tokens(device_share_bytes, share);
+  f.launch = std::min(f.wave, whole_units(C, launch));
   return f;
 }
 
@@ -109,6 +113,9 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
   if (chunked_h || !window)  // boundary products (chunked h); μ's chunk products G (exact mode)
     w.add(buf::chunk_products, e, {Bt * nc, P, N}, true);
   if (!window) w.add(buf::mu_chunk_start, e, {Bt * nc, P, N}, true);
+  // carry_chunks' groups (a GPU's long windows), shared by the h and μ passes
+  if (const index_t rows = impl::carry_group_rows(Bt, nc); rows > 0 && (chunked_h || !window))
+    w.add(buf::carry_groups, e, {rows, P, N}, false);
   if (fused) {
     // Per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ
     // (impl/e3_fused.hpp), and the team scratch Kokkos keeps once grown: on
@@ -163,6 +170,15 @@ WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh) {
   w.add(buf::carry_A, sh.scalar_bytes, {sh.batch, sh.P, sh.N}, true);
   return w;
 }
+
+namespace {
+// The workspace's carry_chunks group rows; empty where no carry pass runs in
+// groups (then nothing reads it). passes: whether h or μ runs a carry pass.
+template <class S>
+View3<S> carry_groups(const Workspace<S>& w, index_t Bt, index_t nc, bool passes) {
+  return passes && impl::carry_group_rows(Bt, nc) > 0 ? w.view3(buf::carry_groups) : View3<S>();
+}
+}  // namespace
 
 namespace impl {
 
@@ -270,12 +286,13 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
   const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);
   const View3<S> G = chunked_h || !window ? work.view3(buf::chunk_products) : View3<S>();
   const View3<S> Ms = window ? View3<S>() : work.view3(buf::mu_chunk_start);
+  const View3<S> gbuf = carry_groups(work, Bt, chunks.n, chunked_h || !window);
   require(!(window && carry), "adjoint-exact: a window runs on whole windows, not token blocks");
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
-  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec);
-  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec);
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec, gbuf);
+  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec, gbuf);
   impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, cin, window ? opts.truncate : 0, T, W, work, on_wave, exec);
   if (!carry) return;
   if (index_t(carry->mu.extent(0)) != Bt) {  // a layer's first block allocates the carry
@@ -496,14 +513,15 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const View2<S> hrun = chunked_h ? View2<S>() : w.view2(buf::h_running);
   const View3<S> scratch = chunked_h || !window ? w.view3(buf::chunk_products) : View3<S>();
   const View3<S> Ms = window ? View3<S>() : w.view3(buf::mu_chunk_start);
+  const View3<S> gbuf = carry_groups(w, Bt, chunks.n, chunked_h || !window);
   const LayerCotangents<S>& cot = w.cotangents();
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
 
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T, s.docs};
   const ExecSpace& exec = this->exec_;
-  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
-  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, scratch, h0, exec, gbuf);
+  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec, gbuf);
   if (fused) {
     const impl::FusedShape fs = fused_shape(opts_, layer_shape(s, layer));
     const bool split = fs.nPB > 1;
