@@ -123,4 +123,64 @@ TEST(AdjointExact, FusedChannelBlocksEqualBackprop) {
   }
 }
 
+// The fused kernel launched over parts of a wave (grad.e3_fused_launch): the
+// block shares hold one launch's tokens, the partial sums and cotangent rows
+// the whole wave's. Launches of one and two chunks in waves of three and of
+// all T = 29 tokens, so a wave ends in a shorter launch and the last launch
+// in a partial chunk; with channel blocks (Pt = 3: the two-level sums) and
+// without (Pt = 100). Equal to the wave form's (no fused kernel) to 1e-12
+// and to E1's (or E2's, detached) to 1e-10.
+TEST(AdjointExact, FusedLaunchesWithinAWaveEqualTheWaveForm) {
+  const auto d = tiny_dims(2, 17, 8, 4);
+  auto ps = random_model<double>(d, 161);
+  const auto x = random_tokens(2, 29, d.vocab, 162);
+  for (const bool detach : {false, true}) {
+    const auto ref = grad_of(engine_options(detach ? "adjoint" : "backprop"), ps, x);
+    for (const index_t wave : {index_t(12), index_t(1024)}) {
+      const auto unfused = grad_of(e3(4, wave, detach, 0, E3Form::chunked), ps, x);
+      for (const E3Form form : {E3Form::fused_sequential, E3Form::fused_chunked})
+        for (const index_t launch : {index_t(4), index_t(8)})
+          for (const index_t Pt : {index_t(3), index_t(100)}) {
+            EngineOptions o = e3(4, wave, detach, 0, form);
+            o.e3_fused_launch = launch;
+            o.e3_channel_block = Pt;
+            const auto g = grad_of(o, ps, x);
+            const std::string what = "wave=" + std::to_string(wave) + " launch=" + std::to_string(launch) +
+                                     " Pt=" + std::to_string(Pt) + (detach ? " detached " : " ") + e3_form_name(form);
+            expect_close(g, unfused, d, 1e-12, what);
+            expect_close(g, ref, d, 1e-10, what);
+          }
+    }
+  }
+}
+
+// e3_fused_waves: whole chunks, the launch within the wave, both at most T;
+// grad.wave and grad.e3_fused_launch as asked (rounded down to whole chunks).
+TEST(AdjointExact, FusedWavesAreWholeChunks) {
+  EngineOptions o;
+  o.method = Method::adjoint_exact;
+  o.chunk = 64;
+  const LayerShape bench{1, index_t(1) << 20, 256, 16, sizeof(float)};
+  const E3FusedWaves a = e3_fused_waves(o, bench);
+  EXPECT_EQ(a.wave % 64, 0);
+  EXPECT_EQ(a.launch % 64, 0);
+  EXPECT_LE(a.launch, a.wave);
+  if (host_backend) {
+    EXPECT_EQ(a.wave, 1024);
+    EXPECT_EQ(a.launch, 1024);
+  } else {
+    EXPECT_LE((bench.T + a.wave - 1) / a.wave, 8);  // the bench model: at most 8 waves a layer
+  }
+  o.wave = 1000;
+  o.e3_fused_launch = 200;
+  const E3FusedWaves b = e3_fused_waves(o, bench);
+  EXPECT_EQ(b.wave, 960);
+  EXPECT_EQ(b.launch, 192);
+  o.e3_fused_launch = 5000;
+  EXPECT_EQ(e3_fused_waves(o, bench).launch, 960);
+  const E3FusedWaves c = e3_fused_waves(o, LayerShape{2, 100, 8, 4, sizeof(double)});
+  EXPECT_EQ(c.wave, 100);
+  EXPECT_EQ(c.launch, 100);
+}
+
 }  // namespace ash::test

@@ -1,4 +1,5 @@
 // The Kokkos forward against the independent host loop of docs/design.md §1.
+#include <limits>
 #include <random>
 
 #include "ash/kernels/chunked_scan.hpp"
@@ -76,27 +77,38 @@ TYPED_TEST(Forward, ChunkCarryMatchesSequentialLoop) {
             }
           }
       for (const index_t group : {index_t(0), index_t(1), index_t(2), index_t(4), index_t(5), index_t(22),
-                                  nc, nc + 3}) {
-        View3<S> X("X", Bt * nc, P, N);
-        Kokkos::deep_copy(X, X0);
-        impl::carry_chunks("test::carry", X, F, Bt, nc, with_init ? init : View2<S>(), reverse, group, ExecSpace());
-        auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), X);
-        auto fl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), F);
-        double worst = 0;
-        for (index_t r = 0; r < Bt * nc; ++r)
-          for (index_t q = 0; q < P; ++q)
-            for (index_t n = 0; n < N; ++n) {
-              const double w = want[std::size_t((r * P + q) * N + n)];
-              worst = std::max(worst, std::fabs(double(got(r, q, n)) - w) / (1.0 + std::fabs(w)));
-              ASSERT_EQ(fl(r, q, n), hf(r, q, n)) << "F must be left as it was";
-            }
-        EXPECT_LE(worst, sizeof(S) == 8 ? 1e-13 : 2e-6) << "group " << group << (reverse ? " reverse" : " forward")
-                                               << (with_init ? " with init" : "");
-      }
+                                  nc, nc + 3})
+        for (const bool caller_buffer : {false, true}) {  // the groups' rows from the caller (NaN until written)
+          const index_t G = group > 0 && group < nc ? group : 0;
+          View3<S> gbuf;
+          if (caller_buffer && G > 0) {
+            gbuf = View3<S>("gbuf", Bt * ((nc + G - 1) / G), P, N);
+            Kokkos::deep_copy(gbuf, std::numeric_limits<S>::quiet_NaN());
+          }
+          View3<S> X("X", Bt * nc, P, N);
+          Kokkos::deep_copy(X, X0);
+          impl::carry_chunks("test::carry", X, F, Bt, nc, with_init ? init : View2<S>(), reverse, group, ExecSpace(),
+                             gbuf);
+          auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), X);
+          auto fl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), F);
+          double worst = 0;
+          for (index_t r = 0; r < Bt * nc; ++r)
+            for (index_t q = 0; q < P; ++q)
+              for (index_t n = 0; n < N; ++n) {
+                const double w = want[std::size_t((r * P + q) * N + n)];
+                worst = std::max(worst, std::fabs(double(got(r, q, n)) - w) / (1.0 + std::fabs(w)));
+                ASSERT_EQ(fl(r, q, n), hf(r, q, n)) << "F must be left as it was";
+              }
+          EXPECT_LE(worst, sizeof(S) == 8 ? 1e-13 : 2e-6) << "group " << group << (reverse ? " reverse" : " forward")
+                                                 << (with_init ? " with init" : "")
+                                                 << (caller_buffer ? " caller's buffer" : "");
+        }
     }
   // A GPU groups long carries only; a host never does.
   EXPECT_EQ(impl::carry_group(511), 0);
   EXPECT_EQ(impl::carry_group(16384), host_backend ? 0 : 128);
+  EXPECT_EQ(impl::carry_group_rows(3, 511), 0);
+  EXPECT_EQ(impl::carry_group_rows(3, 16384), host_backend ? 0 : 3 * 128);
 }
 
 TEST(Forward, LongerWindowUsesEveryToken) {

@@ -11,8 +11,9 @@
 # longer fits is not started: it is listed as not run, and the next window starts there
 # with --from STEP. One line per step with its time; results as JSON lines.
 #
-#   A  correctness and the headline: the bench model's gradient at 2^20 as it is (fused E3,
-#      --wave 65536, --chunk 32, a kernel profile), the GoogleTest binaries of the library
+#   A  correctness and the headline: the bench model's gradient at 2^20 as it is (fused E3
+#      with its default waves, --wave 4096 (the waves before e3_fused_waves), --chunk 32, a
+#      kernel profile), the GoogleTest binaries of the library
 #      (not the 64 GB index-width test, MPI or the CLI-heavy ones), compute-sanitizer
 #      memcheck on the fused E3 and forward tests, then E3 against mamba-ssm (mamba's
 #      extension linked here first).
@@ -248,8 +249,8 @@ done
 stage_A() {
   step a_bench_e3 "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps "$REPS" --warmup 1 \
     "${BENCH[@]}" --json "$RES/a_bench_e3.jsonl"
-  step a_bench_e3_wave65536 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \
-    "${BENCH[@]}" --wave 65536 --json "$RES/a_bench_e3_wave65536.jsonl"
+  step a_bench_e3_wave4096 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps "$REPS" \
+    --warmup 1 "${BENCH[@]}" --wave 4096 --json "$RES/a_bench_e3_wave4096.jsonl"
   step a_bench_e3_chunk32 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \
     "${BENCH[@]}" --chunk 32 --json "$RES/a_bench_e3_chunk32.jsonl"
   step a_bench_profile "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \

@@ -101,6 +101,7 @@ struct EngineOptions {
   // window keeps the wave buffers). On by default; tests run both.
   bool e3_fused = true;
   index_t e3_channel_block = 0;  // the fused form's channels per team (0: auto, impl::fused_shape)
+  index_t e3_fused_launch = 0;   // the fused form's tokens per kernel launch within a wave (0: auto, e3_fused_waves)
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
   // block-wise engine of ash/grad/blockwise_engine.hpp):
   Storage storage = Storage::full;  // how kept layer inputs are stored (run.storage)

@@ -9,6 +9,7 @@
 #include "ash/grad/impl/e3_fused.hpp"
 #include "ash/grad/impl/e3_scans.hpp"
 #include "ash/kernels/chunked_scan.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 namespace ash {
 
@@ -23,6 +24,7 @@ constexpr const char* h_boundary = "ash::e3::h_boundary";
 constexpr const char* h_running = "ash::e3::h_running";
 constexpr const char* chunk_products = "ash::e3::chunk_products";
 constexpr const char* mu_chunk_start = "ash::e3::mu_chunk_start";
+constexpr const char* carry_groups = "ash::e3::carry_groups";
 constexpr const char* fused_alog_part = "ash::e3::fused_alog_part";
 constexpr const char* fused_beta_part = "ash::e3::fused_beta_part";
 constexpr const char* fused_gamma_part = "ash::e3::fused_gamma_part";
@@ -48,6 +50,11 @@ impl::FusedShape fused_shape(const EngineOptions& opts, const LayerShape& sh) {
 }  // namespace
 
 
+namespace {
+// Whole units (chunks, windows) of about `tokens` tokens, at least one.
+index_t whole_units(index_t unit, index_t tokens) { return unit * (tokens / unit > 0 ? tokens / unit : 1); }
+}  // namespace
+
 index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token) {
   const bool window = opts.truncate > 0 && opts.truncate < T;
   const index_t unit = window ? opts.truncate : (opts.chunk < T ? opts.chunk : T);
@@ -56,7 +63,33 @@ index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_t
   const index_t wave = opts.wave > 0 ? opts.wave
                        : host_backend ? 1024
                                       : std::min(T, std::max<index_t>(1024, device_wave_state / per_token));
-  return unit * (wave / unit > 0 ? wave / unit : 1);
+  return whole_units(unit, wave);
+}
+
+E3FusedWaves e3_fused_waves(const EngineOptions& opts, const LayerShape& sh) {
+  const index_t T = sh.T, Bt = sh.batch, P = sh.P, N = sh.N, C = opts.chunk < T ? opts.chunk : T;
+  const double e = double(sh.scalar_bytes);
+  // Per token of one wave: the cotangent rows (∂L/∂ŷ, ∂L/∂z, gathered ŷ;
+  // ∂L/∂β, ∂L/∂γ; the norm's row-block sums) and its chunk's share of the
+  // [P, N] and two [P] partial sums. Per launched token: the block shares.
+  constexpr double device_wave_bytes = double(std::size_t(512) << 20);
+  constexpr double device_share_bytes = double(std::size_t(128) << 20);
+  const double row = double(Bt) * e *
+                     ((3.0 * double(P) + 2.0 * double(N)) + double(P) / double(impl::reduce_rows) +
+                      (double(P) * double(N) + 2.0 * double(P)) / double(C));
+  const index_t nPB = fused_shape(opts, sh).nPB;
+  const double share = nPB > 1 ? double(Bt) * e * 2.0 * double(nPB) * double(N) : 0.0;
+  const auto tokens = [T](double budget, double per_token) {
+    return per_token > 0 ? index_t(std::min(double(T), std::floor(budget / per_token))) : T;
+  };
+  E3FusedWaves f;
+  const index_t wave = opts.wave > 0 ? opts.wave : host_backend ? 1024 : tokens(device_wave_bytes, row);
+  f.wave = std::min(T, whole_units(C, wave));
+  const index_t launch = opts.e3_fused_launch > 0 ? opts.e3_fused_launch
+                         : host_backend           ? f.wave
+                                                  : tokens(device_share_bytes, share);
+  f.launch = std::min(f.wave, whole_units(C, launch));
+  return f;
 }
 
 bool e3_fused_form(const EngineOptions& opts, index_t T, bool halo) {
@@ -68,8 +101,9 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
   const std::size_t e = sh.scalar_bytes;
   const bool window = opts.truncate > 0 && opts.truncate < T;
   const index_t C = opts.chunk < T ? opts.chunk : T, nc = Chunks(C, T).n;
-  const index_t W = e3_wave_length(opts, T, Bt * P * N), Wbuf = W < T ? W : T;
   const bool fused = e3_fused_form(opts, T, halo), chunked_h = opts.e3_chunked_h;
+  const E3FusedWaves fw = fused ? e3_fused_waves(opts, sh) : E3FusedWaves{};
+  const index_t W = fused ? fw.wave : e3_wave_length(opts, T, Bt * P * N), Wbuf = W < T ? W : T;
   WorkspaceSpec w;
   // h at chunk ends (chunk-parallel h form) or the running h (sequential form)
   if (chunked_h)
@@ -79,6 +113,9 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
   if (chunked_h || !window)  // boundary products (chunked h); μ's chunk products G (exact mode)
     w.add(buf::chunk_products, e, {Bt * nc, P, N}, true);
   if (!window) w.add(buf::mu_chunk_start, e, {Bt * nc, P, N}, true);
+  // carry_chunks' groups (a GPU's long windows), shared by the h and μ passes
+  if (const index_t rows = impl::carry_group_rows(Bt, nc); rows > 0 && (chunked_h || !window))
+    w.add(buf::carry_groups, e, {rows, P, N}, false);
   if (fused) {
     // Per-chunk partial sums, channel-block shares of ∂L/∂β and ∂L/∂γ
     // (impl/e3_fused.hpp), and the team scratch Kokkos keeps once grown: on
@@ -87,17 +124,18 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
     // size) or the whole league.
     const impl::FusedShape fs = fused_shape(opts, sh);
     const index_t ncw = (Wbuf + C - 1) / C;  // chunks per wave (waves are whole chunks here)
+    const index_t ncl = (fw.launch + C - 1) / C;  // chunks per launch
     w.add(buf::fused_alog_part, e, {Bt * ncw, P, N}, false);
     if (fs.nPB > 1) {
-      w.add(buf::fused_beta_part, e, {Bt * Wbuf, fs.nPB, N}, false);
-      w.add(buf::fused_gamma_part, e, {Bt * Wbuf, fs.nPB, N}, false);
+      w.add(buf::fused_beta_part, e, {Bt * fw.launch, fs.nPB, N}, false);
+      w.add(buf::fused_gamma_part, e, {Bt * fw.launch, fs.nPB, N}, false);
     }
     w.add(buf::fused_d_part, e, {Bt * ncw, P}, false);
     w.add(buf::fused_bd_part, e, {Bt * ncw, P}, false);
     const double per_team = 2 * double(C) * (double(fs.Pt) * double(N) + 1) * double(e);  // two [C, Pt·N + 1]
     const double conc = double(ExecSpace().concurrency());
     const bool level1 = !host_backend && per_team + 8.0 * (fs.team + 2) > 48.0 * 1024;
-    const double league = double(Bt) * (chunked_h ? double(ncw) : 1.0) * double(fs.nPB);
+    const double league = double(Bt) * (chunked_h ? double(ncl) : 1.0) * double(fs.nPB);
     w.team_scratch(buf::fused_team, host_backend ? per_team * conc
                                     : level1     ? per_team * std::min(std::floor(conc / double(fs.team)), league)
                                                  : 0.0);
@@ -132,6 +170,15 @@ WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh) {
   w.add(buf::carry_A, sh.scalar_bytes, {sh.batch, sh.P, sh.N}, true);
   return w;
 }
+
+namespace {
+// The workspace's carry_chunks group rows; empty where no carry pass runs in
+// groups (then nothing reads it). passes: whether h or μ runs a carry pass.
+template <class S>
+View3<S> carry_groups(const Workspace<S>& w, index_t Bt, index_t nc, bool passes) {
+  return passes && impl::carry_group_rows(Bt, nc) > 0 ? w.view3(buf::carry_groups) : View3<S>();
+}
+}  // namespace
 
 namespace impl {
 
@@ -251,12 +298,13 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
   const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);
   const View3<S> G = chunked_h || !window ? work.view3(buf::chunk_products) : View3<S>();
   const View3<S> Ms = window ? View3<S>() : work.view3(buf::mu_chunk_start);
+  const View3<S> gbuf = carry_groups(work, Bt, chunks.n, chunked_h || !window);
   require(!(window && carry), "adjoint-exact: a window runs on whole windows, not token blocks");
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
-  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec);
-  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec);
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec, gbuf);
+  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec, gbuf);
   impl::e3_waves(L, chunks, Bt, Hb, hrun, h0, Ms, cin, window ? opts.truncate : 0, own_T > 0 ? own_T : T, W, work,
                  on_wave, exec);
   if (!carry) return;
@@ -492,8 +540,9 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const index_t Tbar = window ? opts_.truncate : T;
   const index_t C = opts_.chunk < T ? opts_.chunk : T;
   const Chunks chunks(C, T);
-  const index_t W = e3_wave_length(opts_, T, Bt * P * N);
   const bool fused = e3_fused_form(opts_, T, own < T);  // a halo: the wave form's mask_halo below
+  const E3FusedWaves fw = fused ? e3_fused_waves(opts_, layer_shape(s, layer)) : E3FusedWaves{};
+  const index_t W = fused ? fw.wave : e3_wave_length(opts_, T, Bt * P * N);
   const bool chunked_h = opts_.e3_chunked_h;
   // Every wave buffer row a wave reads was written by that wave first, so
   // they are neither zeroed nor reallocated between layers of a pass.
@@ -503,14 +552,15 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   const View2<S> hrun = chunked_h ? View2<S>() : w.view2(buf::h_running);
   const View3<S> scratch = chunked_h || !window ? w.view3(buf::chunk_products) : View3<S>();
   const View3<S> Ms = window ? View3<S>() : w.view3(buf::mu_chunk_start);
+  const View3<S> gbuf = carry_groups(w, Bt, chunks.n, chunked_h || !window);
   const LayerCotangents<S>& cot = w.cotangents();
   const ExactCarry<S> none;
   const ExactCarry<S>& cin = carry ? *carry : none;
 
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, g, act.a, T, s.docs};
   const ExecSpace& exec = this->exec_;
-  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, scratch, h0, exec);
-  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec);
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, scratch, h0, exec, gbuf);
+  if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec, gbuf);
   if (fused) {
     const impl::FusedShape fs = fused_shape(opts_, layer_shape(s, layer));
     const bool split = fs.nPB > 1;
@@ -525,8 +575,11 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
                                 w.view2(buf::fused_bd_part)};
     for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
       const index_t Ww = (w0 + W < T) ? W : T - w0;
-      ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww, fs,
-                                                           out, exec));
+      for (index_t l0 = w0; l0 < w0 + Ww; l0 += fw.launch) {  // in order, as the waves
+        const index_t Wl = l0 + fw.launch < w0 + Ww ? fw.launch : w0 + Ww - l0;
+        ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
+                                                             l0, Wl, fs, out, exec));
+      }
       const ParamPartials<S> parts{out.alog_part, out.d_part, out.bd_part, Bt * ((Ww + C - 1) / C)};
       ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs, exec);
     }

@@ -20,8 +20,25 @@ namespace ash {
 // grad.wave = 0 (auto) asks for 1024 tokens on a host backend (the wave's h,
 // A and μ stay in cache) and, on a GPU, for enough tokens that a wave holds
 // 2^24 state numbers (Bt·W·P·N; 64 MiB per buffer in float), so its kernels
-// fill the device. `state_per_token` is Bt·P·N.
+// fill the device. `state_per_token` is Bt·P·N. The wave form's length (the
+// fused form has no [W, P, N] buffers: e3_fused_waves).
 index_t e3_wave_length(const EngineOptions& opts, index_t T, index_t state_per_token);
+
+// The fused form's waves (grad/impl/e3_fused.hpp) on sh: `wave` tokens per
+// sequence whose dense VJPs run at once, each wave's fused kernel launched
+// over `launch` tokens at a time; both whole chunks, launch <= wave. A wave
+// keeps per token only rows of P and N numbers (∂L/∂z, ∂L/∂ŷ, ∂L/∂β, ∂L/∂γ),
+// per chunk the [P, N] partial sums, and per launched token the channel
+// blocks' shares of ∂L/∂β and ∂L/∂γ ([nPB, N] twice, the largest per-token
+// buffer at small team blocks). grad.wave (> 0) sets the wave as for
+// e3_wave_length; auto is 1024 tokens on a host and, on a GPU, as many as
+// keep the wave's rows and partial sums within 512 MiB. The launch is
+// grad.e3_fused_launch (> 0), else the whole wave on a host and on a GPU as
+// many tokens as keep the shares within 128 MiB. Both at most T.
+struct E3FusedWaves {
+  index_t wave = 1, launch = 1;
+};
+E3FusedWaves e3_fused_waves(const EngineOptions& opts, const LayerShape& sh);
 
 // Whether E3 runs its fused per-chunk backward (grad/impl/e3_fused.hpp) on a
 // window of T tokens: when asked for, outside a window T̄ < T, and not on a

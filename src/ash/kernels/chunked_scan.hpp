@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ash/core/documents.hpp"
+#include "ash/core/error.hpp"
 #include "ash/kernels/blocks.hpp"
 #include "ash/kernels/state_tile.hpp"
 
@@ -91,6 +92,9 @@ inline index_t carry_group(index_t nc) {
 // last chunk, then every other chunk fixed up from its group's carry-in,
 // X_c += (Π F from the group start to c) · carry-in. F is left as it was.
 // `label` names the kernels (the plain pass, then /local, /groups, /fixup).
+// The groups' products and carries go to gbuf ([>= Bt·ng, P, N]: a caller's
+// workspace, so a GPU's layer loop allocates nothing) or, when it is empty,
+// to a buffer of this call's.
 struct ScanOrder {  // the row of (sequence b, scan position k)
   index_t nc;
   bool reverse;
@@ -99,7 +103,8 @@ struct ScanOrder {  // the row of (sequence b, scan position k)
 
 template <class S>
 void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F, index_t Bt, index_t nc,
-                  const View2<S>& init, bool reverse, index_t group, const ExecSpace& exec) {
+                  const View2<S>& init, bool reverse, index_t group, const ExecSpace& exec,
+                  const View3<S>& gbuf = View3<S>()) {
   const index_t P = X.extent(1), N = X.extent(2);
   const bool has_init = init.extent(0) > 0;
   const ScanOrder row{nc, reverse};
@@ -108,9 +113,11 @@ void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F
   const Chunks groups(G, nc);
   // Per group: the product of its F, then (second pass) its carry-in. One
   // group is the plain pass, which needs neither.
-  View3<S> gb;
-  if (ng > 1)
+  View3<S> gb = gbuf;
+  if (ng > 1 && gb.extent(0) == 0)
     gb = View3<S>(Kokkos::view_alloc(std::string("ash::carry_groups"), Kokkos::WithoutInitializing), Bt * ng, P, N);
+  require(ng == 1 || index_t(gb.extent(0)) >= Bt * ng,
+          "carry_chunks: the group buffer is smaller than [Bt·ng, P, N]");
   Kokkos::parallel_for(
       ng == 1 ? label : label + "/local", Range(exec, 0, Bt * ng * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bg = i / (P * N), q = (i / N) % P, n = i % N, b = bg / ng, g = bg % ng;
@@ -149,12 +156,19 @@ void carry_chunks(const std::string& label, const View3<S>& X, const View3<S>& F
       });
 }
 
+// carry_chunks' group rows for nc chunks of Bt sequences (0: no groups).
+inline index_t carry_group_rows(index_t Bt, index_t nc) {
+  const index_t G = carry_group(nc);
+  return G > 0 && G < nc ? Bt * ((nc + G - 1) / G) : 0;
+}
+
 template <class S>
 void boundary_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View3<S>& PA,
-                     const View2<S>& h0 = View2<S>(), const ExecSpace& exec = ExecSpace()) {
+                     const View2<S>& h0 = View2<S>(), const ExecSpace& exec = ExecSpace(),
+                     const View3<S>& gbuf = View3<S>()) {
   const index_t N = Hb.extent(2);
   ASH_WITH_LANE_TILE(N, chunk_local_states<NT>(L, ch, Bt, Hb, PA, exec));
-  carry_chunks("ash::carry_h", Hb, PA, Bt, ch.n, h0, false, carry_group(ch.n), exec);
+  carry_chunks("ash::carry_h", Hb, PA, Bt, ch.n, h0, false, carry_group(ch.n), exec, gbuf);
 }
 
 // a = -exp(Alog) ([P, N]): the decay rates, once per layer and pass.

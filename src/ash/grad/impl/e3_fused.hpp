@@ -21,7 +21,7 @@ namespace ash::impl {
 template <class S>
 struct FusedOut {
   View2<S> gz, gyhat;              // [Bt·W, P]: ∂L/∂z; g D + Δ Σ_n μ β (the dense VJPs add the rest)
-  View3<S> beta_part, gamma_part;  // [Bt·W, nPB, N]: sums over each channel block (nPB > 1)
+  View3<S> beta_part, gamma_part;  // [Bt·Wl, nPB, N]: sums over each channel block (nPB > 1), per launch
   View2<S> gbeta, ggamma;          // [Bt·W, N]: the sums over all channels
   View3<S> alog_part;              // [Bt·ncw, P, N]: Σ_t μ h^{t-1} A Δ per chunk of the wave
   View2<S> d_part, bd_part;        // [Bt·ncw, P]: Σ_t g ŷ and Σ_t ∂L/∂z per chunk
@@ -55,24 +55,27 @@ inline FusedShape fused_shape(index_t P, index_t N, index_t C, int NT, index_t r
 using FusedPolicy = Kokkos::TeamPolicy<ExecSpace>;
 using FusedMember = FusedPolicy::member_type;
 
-// One wave [w0, w0+W) of whole chunks of every sequence (exact or detached
-// mode, no window). h before a chunk comes from one of E3's two h forms:
+// The launch [l0, l0+Wl) of whole chunks of the wave [w0, w0+W) of every
+// sequence (exact or detached mode, no window): the wave's rows of `out` get
+// the launch's tokens; the block shares are the launch's own (row
+// b·Wl + t - l0). h before a chunk comes from one of E3's two h forms:
 // chunk-parallel, Hb holds h at chunk ends (a team per chunk); sequential
 // (Hb empty), hrun ([Bt·P, N]) carries h from chunk to chunk and wave to wave
-// (a team walks its wave's chunks in order; waves come in order). h0: h
+// (a team walks its launch's chunks in order; launches come in order). h0: h
 // before the first chunk (zero when empty). Ms: μ at chunk starts; carry: the
 // later block's A μ past the last chunk. D: the layer's skip weights.
 template <int NT, class S>
 void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Hb, const View2<S>& hrun,
                           const View2<S>& h0, const View3<S>& Ms, const ExactCarry<S>& carry, const Unmanaged1<S>& D,
-                          index_t w0, index_t W, const FusedShape fs, const FusedOut<S>& out, const ExecSpace& exec) {
+                          index_t w0, index_t W, index_t l0, index_t Wl, const FusedShape fs, const FusedOut<S>& out,
+                          const ExecSpace& exec) {
   using Scratch = Kokkos::View<S**, Kokkos::LayoutRight, typename ExecSpace::scratch_memory_space,
                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   const index_t P = L.a.extent(0), N = L.a.extent(1), T = L.T, nc = ch.n, C = ch.len;
   const index_t Pt = fs.Pt, nPB = fs.nPB, ntile = N / NT, PtN = Pt * N;
-  const index_t c_lo = w0 / C, ncw = (W + C - 1) / C;
+  const index_t c_w = w0 / C, ncw = (W + C - 1) / C, c_lo = l0 / C, ncl = (Wl + C - 1) / C;
   const bool has_h0 = h0.extent(0) > 0, split = nPB > 1, sequential = Hb.extent(0) == 0;
-  const index_t per_team = sequential ? ncw : 1;  // chunks a team walks
+  const index_t per_team = sequential ? ncl : 1;  // chunks a team walks
   const FusedOut<S> o = out;
   // Past 48 KiB (CUDA's shared memory without an opt-in) the arrays go to
   // level 1, global memory private to the team. Kokkos' CUDA teams keep
@@ -82,15 +85,16 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   const std::size_t bytes = 2 * Scratch::shmem_size(C, ld);
   const std::size_t reserved = sizeof(double) * std::size_t(fs.team + 2);
   const int level = !host_backend && bytes + reserved > (std::size_t(48) << 10) ? 1 : 0;
-  const index_t league = Bt * (ncw / per_team) * nPB;
+  const index_t league = Bt * (ncl / per_team) * nPB;
   const auto body = KOKKOS_LAMBDA(const FusedMember& team) {
     const index_t l = team.league_rank(), pb = l % nPB, bcw = l / nPB;
-    const index_t b = bcw / (ncw / per_team), c_first = c_lo + (bcw % (ncw / per_team)) * per_team;
+    const index_t b = bcw / (ncl / per_team), c_first = c_lo + (bcw % (ncl / per_team)) * per_team;
     const index_t p0 = pb * Pt, np = p0 + Pt < P ? Pt : P - p0;  // channels of this block
     // X: A^t, then μ^t. Y: h^{t-1}, then h^{t-1} A^t. Row t - t0, column (q - p0)·N + n.
     Scratch X(team.team_scratch(level), C, ld), Y(team.team_scratch(level), C, ld);
     for (index_t c = c_first; c < c_first + per_team; ++c) {
       const index_t t0 = ch.start(c), t1 = ch.end(c), len = t1 - t0;
+      const index_t prow = b * ncw + (c - c_w);  // this chunk's row of the wave's partial sums
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t it) {
         const index_t ql = it / ntile, n0 = (it % ntile) * NT, q = p0 + ql, col = ql * N + n0;
         S h[NT], av[NT], cy[NT];
@@ -111,29 +115,36 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
         }
         if (sequential)
           for (int j = 0; j < NT; ++j) hrun(b * P + q, n0 + j) = h[j];
-        // μ^t = g^t γ^t + A^{t+1} μ^{t+1}, from the carry past the chunk.
-        for (int j = 0; j < NT; ++j)
+        // μ^t = g^t γ^t + A^{t+1} μ^{t+1}, from the carry past the chunk;
+        // on the way the chunk's Σ_t μ h^{t-1} A Δ (A_log's partial sum).
+        S acc[NT];
+        for (int j = 0; j < NT; ++j) {
           cy[j] = c + 1 < nc ? L.A(b * T + t1, q, n0 + j) * Ms(b * nc + c + 1, q, n0 + j)
                              : (carry.valid ? carry.A(b, q, n0 + j) * carry.mu(b, q, n0 + j) : S(0));
+          acc[j] = 0;
+        }
         for (index_t t = t1 - 1; t >= t0; --t) {
           const index_t m = b * T + t;
-          const S g = L.gy(m, q);
+          const S g = L.gy(m, q), dq = L.delta(m, q);
           for (int j = 0; j < NT; ++j) {
-            const S A = X(t - t0, col + j), mu = g * L.gamma(m, n0 + j) + cy[j];
+            const S A = X(t - t0, col + j), mu = g * L.gamma(m, n0 + j) + cy[j], hA = Y(t - t0, col + j) * A;
             X(t - t0, col + j) = mu;
-            Y(t - t0, col + j) *= A;
+            Y(t - t0, col + j) = hA;
+            acc[j] += mu * hA * dq;
             cy[j] = A * mu;
           }
         }
+        for (int j = 0; j < NT; ++j) o.alog_part(prow, q, n0 + j) = acc[j];
       });
       team.team_barrier();
-      const index_t prow = b * ncw + (c - c_lo);  // this chunk's row of the partial sums
       // Per (token, channel), sums over n: gΔ = Σ μ (hA a + β ŷ), then
-      // ∂L/∂z = gΔ softplus'(z), and Σ μ β. Tokens fastest: a GPU's warp
-      // reads 32 rows of scratch, which the padded row length spreads over
-      // the banks.
+      // ∂L/∂z = gΔ softplus'(z), and Σ μ β. Channels fastest: a GPU's warp
+      // reads its Δ, ŷ and g as rows of np neighbouring channels (the team's
+      // whole share of a row) and β as 32/np rows it shares, where tokens
+      // fastest read 32 rows P apart (32 sectors a load). Scratch then shares
+      // banks between channels N apart, cheaper than the global loads were.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * len), [&](const index_t i) {
-        const index_t ql = i / len, t = t0 + i % len, q = p0 + ql, m = b * T + t;
+        const index_t ql = i % np, t = t0 + i / np, q = p0 + ql, m = b * T + t;
         const S dq = L.delta(m, q), yq = L.yhat(m, q);
         S gd = 0, gh = 0;
         for (index_t n0 = 0; n0 < N; n0 += NT) {
@@ -153,21 +164,11 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
         o.gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
         o.gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
       });
-      // Per (channel, state tile): the chunk's Σ_t μ h^{t-1} A Δ.
-      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * ntile), [&](const index_t i) {
-        const index_t ql = i / ntile, n0 = (i % ntile) * NT, q = p0 + ql, col = ql * N + n0;
-        S acc[NT];
-        for (int j = 0; j < NT; ++j) acc[j] = 0;
-        for (index_t t = t0; t < t1; ++t) {
-          const S dq = L.delta(b * T + t, q);
-          for (int j = 0; j < NT; ++j) acc[j] += X(t - t0, col + j) * Y(t - t0, col + j) * dq;
-        }
-        for (int j = 0; j < NT; ++j) o.alog_part(prow, q, n0 + j) = acc[j];
-      });
       // Per (token, state tile), sums over the block's channels in order:
       // ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * ntile), [&](const index_t i) {
         const index_t t = t0 + i / ntile, n0 = (i % ntile) * NT, m = b * T + t, r = b * W + t - w0;
+        const index_t rl = b * Wl + t - l0;  // the launch's row of the block shares
         S gb[NT], gg[NT], bv[NT];
         for (int j = 0; j < NT; ++j) {
           gb[j] = 0;
@@ -184,8 +185,8 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
         }
         for (int j = 0; j < NT; ++j) {
           if (split) {
-            o.beta_part(r, pb, n0 + j) = gb[j];
-            o.gamma_part(r, pb, n0 + j) = gg[j];
+            o.beta_part(rl, pb, n0 + j) = gb[j];
+            o.gamma_part(rl, pb, n0 + j) = gg[j];
           } else {
             o.gbeta(r, n0 + j) = gb[j];
             o.ggamma(r, n0 + j) = gg[j];
@@ -219,12 +220,12 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   if (!split) return;
   // The second level: per (token, state), the channel blocks in order.
   Kokkos::parallel_for(
-      "ash::e3::fused_state_sums", Range(exec, 0, Bt * W * N), KOKKOS_LAMBDA(const index_t i) {
-        const index_t r = i / N, n = i % N;
+      "ash::e3::fused_state_sums", Range(exec, 0, Bt * Wl * N), KOKKOS_LAMBDA(const index_t i) {
+        const index_t rl = i / N, n = i % N, r = (rl / Wl) * W + l0 - w0 + rl % Wl;
         S gb = 0, gg = 0;
         for (index_t k = 0; k < nPB; ++k) {
-          gb += o.beta_part(r, k, n);
-          gg += o.gamma_part(r, k, n);
+          gb += o.beta_part(rl, k, n);
+          gg += o.gamma_part(rl, k, n);
         }
         o.gbeta(r, n) = gb;
         o.ggamma(r, n) = gg;

@@ -57,12 +57,13 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
 
 template <class S>
 void chunk_start_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, const View3<S>& Ms,
-                          const View3<S>& G, const ExactCarry<S>& carry, const ExecSpace& exec) {
+                          const View3<S>& G, const ExactCarry<S>& carry, const ExecSpace& exec,
+                          const View3<S>& gbuf = View3<S>()) {
   const index_t P = Ms.extent(1), N = Ms.extent(2);
   ASH_WITH_LANE_TILE(N, chunk_local_adjoints<NT>(L, ch, Bt, Ms, G, carry, exec));
   // M_c = L_c + G_c M_{c+1} right to left, from the later block's μ (if any).
   const View2<S> init = carry.valid ? View2<S>(carry.mu.data(), Bt * P, N) : View2<S>();
-  carry_chunks("ash::e3::carry_mu", Ms, G, Bt, ch.n, init, true, carry_group(ch.n), exec);
+  carry_chunks("ash::e3::carry_mu", Ms, G, Bt, ch.n, init, true, carry_group(ch.n), exec, gbuf);
 }
 
 // μ over chunk c's tokens [t0, end(c)) of one (sequence b, channel q, state
