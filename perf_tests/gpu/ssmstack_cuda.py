@@ -202,13 +202,13 @@ def sweep(dev, args, out):
                 row["library_peak_bytes"] = ash._core.memory_peak()
                 del y0, W
             rows.append(row)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
-            print(json.dumps(row), flush=True)
+            for stream in (out, sys.stdout):  # the file, and the step's log as it goes
+                print(json.dumps(row), file=stream, flush=True)
     return rows
 
 
-def main():
+def parse_args():
+    """The options; --quick shrinks the sweep to the host dry run's sizes."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="host dry run: any device, tiny sweep")
@@ -229,6 +229,11 @@ def main():
         args.width, args.state, args.layers, args.chunk, args.reps = 16, 4, 2, 8, 1
         args.T = "64,256"
     args.T = [int(t) for t in args.T.split(",")]
+    return args
+
+
+def main():
+    args = parse_args()
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device(ash.device())
     print(f"adjoint_sharding on {dev} (Kokkos {ash.backend}); torch {torch.__version__}, "
