@@ -338,7 +338,7 @@ stage_B() {
 # times it beside it. The host dry run uses the host build's module instead (a CPU build:
 # the same script, on the CPU), and says so.
 ssmstack_steps() {
-  local pyb="$WORKDIR/python-build" pypath="" cap=240 left
+  local pyb="$WORKDIR/python-build" pypath="" cap=200 left
   if [ "$QUICK" = 1 ]; then
     if ls "$BUILD"/python/adjoint_sharding/_core*.so >/dev/null 2>&1; then
       skip b_ssmstack_build "host dry run: the host build's module ($BUILD/python) stands in for the CUDA build"
@@ -348,7 +348,7 @@ ssmstack_steps() {
     fi
   elif [ -d "$B/sdk" ]; then
     [ "$FROM" = b_ssmstack_cuda ] && REACHED=1  # the build is the check's prerequisite
-    step b_ssmstack_build 150 env PYTHONPATH="$B/sdk/python" MPI_HOME="$B/openmpi" bash -c '
+    step b_ssmstack_build 240 env PYTHONPATH="$B/sdk/python" MPI_HOME="$B/openmpi" bash -c '
       command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
       gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
       cmake "${gen[@]}" -S "$1/python" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$3/sdk" \
