@@ -33,7 +33,7 @@ using DeviceTag = std::conditional_t<device_is_cuda, nb::device::cuda, nb::devic
 // The GPU Kokkos runs on (0 on the host).
 inline int device_id() {
 #if defined(KOKKOS_ENABLE_CUDA)
-  if constexpr (device_is_cuda) return ash::ExecSpace().cuda_device();
+  if constexpr (device_is_cuda) return Kokkos::Cuda().cuda_device();
 #endif
   return 0;
 }
