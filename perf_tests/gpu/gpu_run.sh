@@ -21,9 +21,10 @@
 #      then T=2^12 upward to out of memory; mamba's extension linked first unless an earlier
 #      call on this machine linked it); the longest T that the planner fits, then one
 #      gradient at it; run.matmul fp32/tf32/bf16 at P=1024; MPI with 2 ranks on the GPU
-#      (CUDA-aware detected, never assumed); SSMStack on CUDA tensors; last, the 1.36 B
-#      model (P=4096 N=16 K=80 V=256) at T=100K with E3, bf16 storage and layer
-#      checkpointing, 3 AdamW steps.
+#      (CUDA-aware detected, never assumed); the 1.36 B model (P=4096 N=16 K=80 V=256) at
+#      T=100K with E3, bf16 storage and layer checkpointing, 3 AdamW steps; last, SSMStack on
+#      CUDA tensors: the Python module built there from the bundle's sdk/ (b_ssmstack_build),
+#      then checked against PyTorch autograd and timed beside it (perf_tests/gpu/ssmstack_cuda.py).
 #   C  the rest: the CLI-heavy test binaries (train, cli, reliability), the 64 GB
 #      index-width test, racecheck, longer sweeps, kernel benchmarks.
 #
@@ -318,11 +319,6 @@ stage_B() {
   else
     skip b_mpi_distributed_np2 "no test_distributed or mpiexec"
   fi
-  if [ -d "$B/python" ]; then
-    step b_ssmstack_cuda 180 env PYTHONPATH="$B/python" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/python/tests"
-  else
-    skip b_ssmstack_cuda "the bundle has no CUDA build of the Python module (issue 32, item 3: not built yet)"
-  fi
   # The 1.36 B model last (measured on 2026-11-26; its final checkpoint, about 20 GB with
   # the Adam moments, outlasted the cap): its plan first (printed, kept), then 3 AdamW steps
   # on one 100K window.
@@ -334,6 +330,51 @@ stage_B() {
   set+=(--set "data.train=$WORKDIR/big_tokens.txt")
   step b_big_plan 30 "$ASH" plan --precision float "${set[@]}"
   step b_big_train 300 "$ASH" train --set run.precision=float "${set[@]}"
+  ssmstack_steps
+}
+
+# SSMStack on CUDA tensors, after stage B's other steps: the Python module built here for
+# this machine's Python from the bundle's sdk/ (the step's time is the build's), then
+# perf_tests/gpu/ssmstack_cuda.py checks it against PyTorch autograd on the same GPU and
+# times it beside it. The host dry run uses the host build's module instead (a CPU build:
+# the same script, on the CPU), and says so.
+ssmstack_steps() {
+  local pyb="$WORKDIR/python-build" pypath="" cap=200 left
+  if [ "$QUICK" = 1 ]; then
+    if ls "$BUILD"/python/adjoint_sharding/_core*.so >/dev/null 2>&1; then
+      skip b_ssmstack_build "host dry run: the host build's module ($BUILD/python) stands in for the CUDA build"
+      pypath="$BUILD/python"
+    else
+      skip b_ssmstack_build "host dry run: the host build has no Python module (-DASH_ENABLE_PYTHON=ON)"
+    fi
+  elif [ -d "$B/sdk" ]; then
+    [ "$FROM" = b_ssmstack_cuda ] && REACHED=1  # the build is the check's prerequisite
+    step b_ssmstack_build 240 env PYTHONPATH="$B/sdk/python" MPI_HOME="$B/openmpi" bash -c '
+      command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+      gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+      cmake "${gen[@]}" -S "$1/python" -B "$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$3/sdk" \
+        -DCMAKE_CXX_COMPILER="$3/sdk/bin/nvcc_wrapper" -DMPI_HOME="$3/openmpi" -DPython_EXECUTABLE="$(command -v "$4")" &&
+      cmake --build "$2" -j "$(nproc)"' _ "$ROOT" "$pyb" "$B" "$PY"
+    if [[ "$(tail -1 "$RES/steps.jsonl")" == *'"status":"not_run"'* ]]; then  # no time to build: none to check
+      NOT_RUN+=(b_ssmstack_cuda); record b_ssmstack_cuda not_run 0 0 0 "budget: b_ssmstack_build did not run"
+      return 0
+    fi
+    ls "$pyb"/adjoint_sharding/_core*.so >/dev/null 2>&1 && pypath="$pyb"
+  else
+    skip b_ssmstack_build "the bundle has no sdk/ (bundle.sh's sdk step: built before it)"
+  fi
+  if [ -z "$pypath" ]; then
+    skip b_ssmstack_cuda "no Python module (b_ssmstack_build)"
+    return 0
+  fi
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    skip b_ssmstack_cuda "no torch for $PY"
+    return 0
+  fi
+  left=$((BUDGET - RESERVE - (SECONDS - T_START)))
+  step b_ssmstack_cuda "$cap" env PYTHONPATH="$pypath" "$PY" "$ROOT/perf_tests/gpu/ssmstack_cuda.py" \
+    --out "$RES/ssmstack" --deadline $(((cap < left ? cap : left) > 90 ? (cap < left ? cap : left) - 60 : 30)) \
+    $([ "$QUICK" = 1 ] && echo --quick)
 }
 
 stage_C() {
@@ -399,7 +440,8 @@ EOF
     echo "Every step of stage(s) $STAGES ran; $FAILED failed."
   fi
   echo; echo "## Benchmark rows"; echo
-  for f in "$RES"/*.jsonl "$RES"/mamba/summary.md "$RES"/mamba_block/summary.md; do
+  for f in "$RES"/*.jsonl "$RES"/mamba/summary.md "$RES"/mamba_block/summary.md "$RES"/ssmstack/check.json \
+           "$RES"/ssmstack/sweep.jsonl; do
     [ -f "$f" ] && [ "$(basename "$f")" != steps.jsonl ] || continue
     echo "### ${f#"$RES"/}"; echo '```'; head -c 4000 "$f"; echo '```'
   done

@@ -18,9 +18,15 @@ from . import _core
 from ._core import Error
 
 __all__ = ["Error", "grad", "load", "save", "init", "evaluate", "train", "generate", "plan", "default_config",
-           "import_hf", "export_hf", "backend"]
+           "import_hf", "export_hf", "backend", "device"]
 
 backend = _core.backend  # the Kokkos execution space the library was built for ("Serial", "OpenMP", ...)
+
+
+def device():
+    """Where this build runs and where the tensors it reads in place must be: "cpu", or
+    "cuda:N" (the GPU Kokkos runs on) for a CUDA build (docs/python.md, "CUDA")."""
+    return _core.device()
 
 
 def _tokens(tokens, what="tokens"):

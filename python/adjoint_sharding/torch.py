@@ -31,6 +31,23 @@ from ._core import Error
 
 __all__ = ["SSMStack", "SSMLayer", "wrap", "unwrap"]
 
+# The device whose tensors the C++ passes read and write in place (no copies): the CPU,
+# or the GPU of a CUDA build. Tensors elsewhere are refused by name.
+DEVICE = _torch.device(_core.device())
+
+
+def _check_device(t, where, what):
+    if t.device != DEVICE:
+        raise Error(f"{where}: {what} is on {t.device}; this build of adjoint_sharding runs on {DEVICE} "
+                    f"(Kokkos {_core.backend}; adjoint_sharding.device())")
+
+
+def _ready(t):
+    """Before the C++ pass reads t: torch's queued work on t's GPU has finished (Kokkos
+    runs on its own stream; the pass fences before it returns)."""
+    if t.is_cuda:
+        _torch.cuda.synchronize(t.device)
+
 LAYER_TENSORS = ("norm", "W_delta", "b_delta", "A_log", "W_B", "W_C", "D")
 
 
@@ -49,7 +66,9 @@ class _StackFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, stack, y0, cu_seqlens, *params):
         yK = _torch.empty_like(y0)
-        _core.stack_forward(stack._arrays(params), stack._options, y0.detach(), yK, cu_seqlens)
+        arrays = stack._arrays(params)
+        _ready(y0)
+        _core.stack_forward(arrays, stack._options, y0.detach(), yK, cu_seqlens)
         ctx.stack = stack
         ctx.cu_seqlens = cu_seqlens
         ctx.save_for_backward(y0, *params)
@@ -61,8 +80,12 @@ class _StackFunction(_torch.autograd.Function):
         stack = ctx.stack
         # g is overwritten in place with ∂L/∂y0: a private contiguous copy of the cotangent.
         g = gK.detach().to(dtype=y0.dtype).contiguous().clone()
-        grads = _core.stack_backward(stack._arrays(params), stack._options, y0.detach(), g, ctx.cu_seqlens)
-        out = [_torch.from_numpy(grads[name]) for name in stack._names]
+        _check_device(g, "SSMStack", "the cotangent ∂L/∂yK")
+        arrays = stack._arrays(params)
+        _ready(g)
+        grads = _core.stack_backward(arrays, stack._options, y0.detach(), g, ctx.cu_seqlens)
+        # The gradient comes back in host memory (O(parameters)), placed beside the parameters.
+        out = [_torch.from_numpy(grads[name]).to(y0.device) for name in stack._names]
         return (None, g, None, *out)
 
 
@@ -153,19 +176,17 @@ class SSMStack(_torch.nn.Module):
         out = {}
         for name, p in zip(self._names, params):
             t = p.detach()
-            if t.device.type != "cpu":
-                raise Error(f"SSMStack: parameter '{name}' is on {t.device}; this build runs on the CPU")
+            _check_device(t, "SSMStack", f"parameter '{name}'")
             if t.dtype != self.dtype:
                 raise Error(f"SSMStack: parameter '{name}' is {t.dtype}, the stack is {self.dtype}")
-            out[name] = t.contiguous().numpy()
+            # CPU: numpy arrays, as ever; a CUDA build reads the tensors on the GPU (DLPack).
+            out[name] = t.contiguous().numpy() if t.device.type == "cpu" else t.contiguous()
         return out
 
     def _check_input(self, y0):
         if not isinstance(y0, _torch.Tensor):
             raise Error(f"SSMStack: y0 must be a torch.Tensor, got {type(y0).__name__}")
-        if y0.device.type != "cpu":
-            raise Error(f"SSMStack: y0 is on {y0.device}; this build of adjoint_sharding runs on the CPU "
-                        f"(Kokkos {_core.backend})")
+        _check_device(y0, "SSMStack", "y0")
         if y0.dtype != self.dtype:
             raise Error(f"SSMStack: y0 is {y0.dtype}, the stack is {self.dtype} (convert with .to({self.dtype}))")
         if y0.dim() != 3 or y0.shape[2] != self.width:
@@ -186,7 +207,9 @@ class SSMStack(_torch.nn.Module):
         if _torch.is_grad_enabled() and (y0.requires_grad or any(p.requires_grad for p in params)):
             return _StackFunction.apply(self, y0, cu, *params)
         yK = _torch.empty_like(y0)
-        _core.stack_forward(self._arrays(params), self._options, y0.detach(), yK, cu)
+        arrays = self._arrays(params)
+        _ready(y0)
+        _core.stack_forward(arrays, self._options, y0.detach(), yK, cu)
         return yK
 
     @staticmethod
@@ -296,6 +319,7 @@ class _MambaStackFunction(_torch.autograd.Function):
     def forward(ctx, state, y0, *params):
         yK = _torch.empty_like(y0)
         d = state["dims"]
+        _ready(y0)
         _core.mamba_stack_forward(_block_arrays(params, d["width"] * d["expand"], d["conv_kernel"]),
                                   _stack_options(state), y0.detach(), yK)
         ctx.state = state
@@ -310,7 +334,9 @@ class _MambaStackFunction(_torch.autograd.Function):
         E, Kc = d["width"] * d["expand"], d["conv_kernel"]
         # g is overwritten in place with ∂L/∂y0: a private contiguous copy of the cotangent.
         g = gK.detach().to(dtype=y0.dtype).contiguous().clone()
+        _check_device(g, "adjoint_sharding.torch.wrap", "the cotangent of the hidden states")
         grads = [_torch.empty_like(p, memory_format=_torch.contiguous_format) for p in params]
+        _ready(g)
         _core.mamba_stack_backward(_block_arrays(params, E, Kc), _block_arrays(grads, E, Kc), _stack_options(state),
                                    y0.detach(), g)
         need = ctx.needs_input_grad
@@ -325,9 +351,7 @@ def _run_blocks(backbone, y0):
         raise Error(f"adjoint_sharding.torch.wrap: the hidden states must be [B >= 1, T >= 1, D], got {list(y0.shape)}")
     for name, t in [("the hidden states", y0)] + [(f"parameter {n}", p) for n, p in zip(
             (f"layers.{k}.{path}" for k in range(len(backbone.layers)) for _, path in MAMBA_TENSORS), params)]:
-        if t.device.type != "cpu":
-            raise Error(f"adjoint_sharding.torch.wrap: {name} is on {t.device}; CUDA tensors are not supported yet "
-                        f"(this build of adjoint_sharding runs on the CPU, Kokkos {_core.backend})")
+        _check_device(t, "adjoint_sharding.torch.wrap", name)
         if t.dtype not in (_torch.float32, _torch.float64):
             raise Error(f"adjoint_sharding.torch.wrap: {name} is {t.dtype}; the wrapped blocks run in torch.float32 "
                         f"or torch.float64")
@@ -341,6 +365,7 @@ def _run_blocks(backbone, y0):
         return _MambaStackFunction.apply(state, y0, *params)
     d = state["dims"]
     yK = _torch.empty_like(y0)
+    _ready(y0)
     _core.mamba_stack_forward(_block_arrays(params, d["width"] * d["expand"], d["conv_kernel"]),
                               _stack_options(state), y0.detach(), yK)
     return yK
@@ -402,9 +427,7 @@ def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", l
     backbone = _backbone(model)
     dims = _mamba_dims(backbone)
     for name, p in backbone.layers.named_parameters():
-        if p.device.type != "cpu":
-            raise Error(f"adjoint_sharding.torch.wrap: parameter layers.{name} is on {p.device}; CUDA tensors are not "
-                        f"supported yet (this build of adjoint_sharding runs on the CPU, Kokkos {_core.backend})")
+        _check_device(p, "adjoint_sharding.torch.wrap", f"parameter layers.{name}")
         if p.dtype not in (_torch.float32, _torch.float64):
             raise Error(f"adjoint_sharding.torch.wrap: parameter layers.{name} is {p.dtype}; the wrapped blocks run in "
                         f"torch.float32 or torch.float64")

@@ -1,13 +1,17 @@
 #pragma once
-// numpy <-> the library's containers for adjoint_sharding._core (docs/python.md):
-// parameters cross as dicts of numpy arrays, copied into or out of a ParamSet per
-// call (O(parameters)); token ids as 1-D uint32 arrays, copied into a vector.
+// numpy / torch <-> the library's containers for adjoint_sharding._core (docs/python.md):
+// parameters cross as dicts of arrays, copied into or out of a ParamSet per call
+// (O(parameters)); token ids as 1-D uint32 arrays, copied into a vector. Arrays the
+// library reads or writes in place (the stack's y0, yK, g, a Mamba's blocks, grad's
+// carried state) must live where the library's Kokkos memory space is: host memory
+// for Serial / OpenMP, the GPU Kokkos runs on for CUDA (torch tensors through DLPack).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ash/ash.hpp"
@@ -16,8 +20,61 @@ namespace ash_py {
 
 namespace nb = nanobind;
 
-static_assert(Kokkos::SpaceAccessibility<Kokkos::HostSpace, ash::MemSpace>::accessible,
-              "the Python binding needs a host-accessible Kokkos memory space (Serial, OpenMP, Threads)");
+// The device of the library's memory space, as DLPack names it.
+#if defined(KOKKOS_ENABLE_CUDA)
+constexpr bool device_is_cuda = std::is_same<ash::MemSpace, Kokkos::CudaSpace>::value;
+#else
+constexpr bool device_is_cuda = false;
+#endif
+static_assert(device_is_cuda || Kokkos::SpaceAccessibility<Kokkos::HostSpace, ash::MemSpace>::accessible,
+              "the Python binding needs a host-accessible Kokkos memory space or CudaSpace");
+using DeviceTag = std::conditional_t<device_is_cuda, nb::device::cuda, nb::device::cpu>;
+
+// The GPU Kokkos runs on (0 on the host).
+inline int device_id() {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (device_is_cuda) return Kokkos::Cuda().cuda_device();
+#endif
+  return 0;
+}
+
+// "cpu" or "cuda:N", as torch names a device.
+inline std::string device_name() { return device_is_cuda ? "cuda:" + std::to_string(device_id()) : "cpu"; }
+
+template <class S>
+const char* dtype_name() {
+  return sizeof(S) == 8 ? "float64" : "float32";
+}
+
+// What an array-like object is, for an error message: "a float64 array of shape [2, 3] on cpu".
+inline std::string describe(nb::handle h) {
+  nb::ndarray<> a;
+  if (!nb::try_cast(h, a, false)) return std::string("a ") + nb::type_name(h.type()).c_str() + " (not an array)";
+  const auto dt = a.dtype();
+  const char* kind = dt.code == std::uint8_t(nb::dlpack::dtype_code::Float) ? "float"
+                     : dt.code == std::uint8_t(nb::dlpack::dtype_code::Int) ? "int"
+                     : dt.code == std::uint8_t(nb::dlpack::dtype_code::UInt) ? "uint"
+                                                                              : "other-type";
+  std::string shape = "[";
+  for (std::size_t i = 0; i < a.ndim(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape(i));
+  const int dev = a.device_type();
+  const std::string where = dev == nb::device::cpu::value    ? std::string("cpu")
+                            : dev == nb::device::cuda::value ? "cuda:" + std::to_string(a.device_id())
+                                                             : "device type " + std::to_string(dev);
+  return std::string("a ") + kind + std::to_string(dt.bits) + " array of shape " + shape + "] on " + where;
+}
+
+// h as an array of S on the library's device (C-contiguous, Extra... constraints),
+// viewed without a copy; otherwise an ash::Error naming `what` and what it got.
+template <class S, class... Extra>
+nb::ndarray<S, nb::c_contig, DeviceTag, Extra...> device_array(nb::handle h, const std::string& what,
+                                                             const char* form = "") {
+  nb::ndarray<S, nb::c_contig, DeviceTag, Extra...> a;
+  const bool ok = nb::try_cast(h, a, false) && (!device_is_cuda || a.device_id() == device_id());
+  ash::require(ok, what + " must be a C-contiguous " + form + dtype_name<S>() + " array on " + device_name() +
+                       " (this build's device; Kokkos " + ash::ExecSpace::name() + "), got " + describe(h));
+  return a;
+}
 
 template <class S>
 using Array = nb::ndarray<nb::numpy, S>;
@@ -41,29 +98,41 @@ template <class S>
 nb::dict paramset_to_dict(const ash::ParamSet<S>& ps) {
   nb::dict out;
   Kokkos::fence();
-  for (const auto& t : ps.tensors()) out[t.name.c_str()] = to_numpy<S>(ps.data().data() + t.offset, t.shape);
+  const auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps.data());  // no copy on the host
+  for (const auto& t : ps.tensors()) out[t.name.c_str()] = to_numpy<S>(host.data() + t.offset, t.shape);
   return out;
 }
 
 // Copies every tensor of ps's layout from `params` (a mapping name -> array of
-// that shape; any float dtype, converted by numpy on the Python side).
+// that shape: a host array, numpy's, or one on the library's device, e.g. a CUDA
+// torch tensor, copied on the device).
 template <class S>
 void dict_to_paramset(const nb::dict& params, const ash::ParamSet<S>& ps) {
   for (const auto& t : ps.tensors()) {
     ash::require(params.contains(t.name.c_str()), "parameter '" + t.name + "' is missing");
-    nb::ndarray<S, nb::c_contig, nb::device::cpu> a;
-    ash::require(nb::try_cast(params[t.name.c_str()], a),
-                 "parameter '" + t.name + "' must be a C-contiguous " + (sizeof(S) == 8 ? "float64" : "float32") +
-                     " CPU array");
+    const nb::handle h = params[t.name.c_str()];
+    // A host array (numpy converts another float dtype), else one on the device, read in place.
+    nb::ndarray<S, nb::c_contig, nb::device::cpu> host;
+    nb::ndarray<S, nb::c_contig, DeviceTag> dev;
+    const bool on_host = nb::try_cast(h, host);
+    if (!on_host) dev = device_array<S>(h, "parameter '" + t.name + "'");
+    const S* src = on_host ? host.data() : dev.data();
+    const std::size_t ndim = on_host ? host.ndim() : dev.ndim();
+    const auto extent = [&](std::size_t i) { return on_host ? host.shape(i) : dev.shape(i); };
     std::string want = "[", got = "[";
-    bool same = a.ndim() == t.shape.size();
+    bool same = ndim == t.shape.size();
     for (std::size_t i = 0; i < t.shape.size(); ++i) {
       want += (i ? ", " : "") + std::to_string(t.shape[i]);
-      if (same && std::int64_t(a.shape(i)) != t.shape[i]) same = false;
+      if (same && std::int64_t(extent(i)) != t.shape[i]) same = false;
     }
-    for (std::size_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+    for (std::size_t i = 0; i < ndim; ++i) got += (i ? ", " : "") + std::to_string(extent(i));
     ash::require(same, "parameter '" + t.name + "' has shape " + got + "], expected " + want + "]");
-    if (t.size()) std::memcpy(ps.data().data() + t.offset, a.data(), std::size_t(t.size()) * sizeof(S));
+    if (!t.size()) continue;
+    using Unmanaged = Kokkos::MemoryTraits<Kokkos::Unmanaged>;
+    if (on_host)
+      Kokkos::deep_copy(ps.flat(t), Kokkos::View<const S*, Kokkos::HostSpace, Unmanaged>(src, std::size_t(t.size())));
+    else
+      Kokkos::deep_copy(ps.flat(t), Kokkos::View<const S*, ash::MemSpace, Unmanaged>(src, std::size_t(t.size())));
   }
 }
 

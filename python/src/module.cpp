@@ -5,6 +5,7 @@
 // convert.hpp converts. No Kokkos object outlives a call, so Kokkos can be
 // finalised at exit (docs/python.md). This file starts Kokkos and binds the rooms.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include "convert.hpp"
 
@@ -42,6 +43,16 @@ NB_MODULE(_core, m) {
   // Objects a torch module keeps until interpreter shutdown are not leaks worth a warning.
   nb::set_leak_warnings(false);
   m.attr("backend") = ash::ExecSpace::name();
+  // Where the arrays read in place must be: "cpu", or "cuda:N" for a CUDA build.
+  m.def("device", &ash_py::device_name);
+  // The library's own allocations (Kokkos Views) per memory space, peak since the last reset
+  // (bytes): on a GPU, what torch.cuda.max_memory_allocated does not see.
+  m.def("memory_peak", [] {
+    nb::dict d;
+    for (const auto& u : ash::MemoryTracker::usage()) d[u.space.c_str()] = u.peak;
+    return d;
+  });
+  m.def("memory_reset_peak", &ash::MemoryTracker::reset_peak);
   nb::exception<ash::Error>(m, "Error", PyExc_ValueError);
   ash_py::bind_verbs(m);
   ash_py::bind_stack(m);

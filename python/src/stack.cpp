@@ -1,6 +1,7 @@
 // adjoint_sharding._core's layer stack: StackAdjoint (grad/stack_adjoint) over
 // per-token arrays y_0, y_K, g [B, T, P] that cross without copies, as views of the
-// caller's buffer (numpy through the buffer protocol, torch through DLPack); the
+// caller's buffer (numpy through the buffer protocol, torch through DLPack; on the
+// device the library was built for: host memory, or the GPU of a CUDA build); the
 // adjoint_sharding.torch SSMStack module calls these. The Mamba stack
 // (MambaStackAdjoint, adjoint_sharding.torch.wrap) reads its blocks' parameters
 // in place too, and writes their gradients into arrays the caller allocated.
@@ -63,8 +64,22 @@ ash::Config stack_config(const StackOptions& o, std::int64_t T) {
 ash::ModelDims stack_dims(const StackOptions& o) { return stack_config(o, 2).model(); }
 ash::EngineOptions stack_engine(const StackOptions& o, std::int64_t T) { return stack_config(o, T).settings().grad; }
 
+// [B, T, P] arrays on the library's device (convert.hpp), read and written in place.
 template <class S>
-using Tensor3 = nb::ndarray<S, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+using Tensor3 = nb::ndarray<S, nb::c_contig, DeviceTag, nb::ndim<3>>;
+
+template <class S>
+Tensor3<S> tensor3(nb::handle h, const char* what) {
+  return device_array<S, nb::ndim<3>>(h, what, "3-D ");
+}
+
+// Calls f(S{}) with S the float type of y0 (float32 or float64; any other is refused by name).
+template <class F>
+auto by_dtype(nb::handle y0, F&& f) {
+  nb::ndarray<> a;
+  const bool is64 = nb::try_cast(y0, a, false) && a.dtype() == nb::dtype<double>();
+  return is64 ? f(double{}) : f(float{});
+}
 
 template <class S>
 ash::View2<S> rows_view(const Tensor3<S>& a) {
@@ -194,7 +209,7 @@ constexpr const char* mamba_tensor_names[] = {"norm", "in_proj", "conv_weight", 
 constexpr std::size_t mamba_tensor_count = sizeof(mamba_tensor_names) / sizeof(mamba_tensor_names[0]);
 
 template <class S>
-using AnyArray = nb::ndarray<S, nb::c_contig, nb::device::cpu>;
+using AnyArray = nb::ndarray<S, nb::c_contig, DeviceTag>;
 
 // Views of the caller's arrays, without copies (a wrong dtype, layout or device
 // is refused, never converted: a converted copy of a gradient would be lost).
@@ -218,9 +233,7 @@ std::vector<ash::MambaLayerParams<S>> mamba_blocks(const nb::list& blocks, const
     std::vector<S*> ptr;
     for (std::size_t i = 0; i < mamba_tensor_count; ++i) {
       const std::string name = where + ": " + mamba_tensor_names[i];
-      AnyArray<S> a;
-      ash::require(nb::try_cast(seq[i], a, false),
-                   name + " must be a C-contiguous " + (sizeof(S) == 8 ? "float64" : "float32") + " CPU array");
+      const AnyArray<S> a = device_array<S>(seq[i], name);
       const auto& want = shapes[i];
       bool same = a.ndim() == want.size();
       std::string got = "[", exp = "[";
@@ -266,6 +279,7 @@ void mamba_stack_forward(const nb::list& blocks, const MambaStackOptions& o, Ten
   const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
   nb::gil_scoped_release nogil;
   stack.forward(ps, s, rows_view(y0), rows_view(yK));
+  Kokkos::fence();
 }
 
 template <class S>
@@ -282,6 +296,7 @@ void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const M
   const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
   nb::gil_scoped_release nogil;
   stack.backward(ps, s, rows_view(y0), rows_view(g), gs);
+  Kokkos::fence();
 }
 
 // Constructing the stack checks the options (the refusals come before any tensor is touched).
@@ -306,14 +321,29 @@ void bind_stack(nb::module_& m) {
       .def_rw("token_block", &StackOptions::token_block)
       .def_rw("storage", &StackOptions::storage);
   m.def("stack_layout", &stack_layout, "options"_a);
-  m.def("stack_forward", &stack_forward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert(),
-        "cu_seqlens"_a = std::vector<std::int64_t>());
-  m.def("stack_forward", &stack_forward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "yK"_a.noconvert(),
-        "cu_seqlens"_a = std::vector<std::int64_t>());
-  m.def("stack_backward", &stack_backward<float>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert(),
-        "cu_seqlens"_a = std::vector<std::int64_t>());
-  m.def("stack_backward", &stack_backward<double>, "params"_a, "options"_a, "y0"_a.noconvert(), "g"_a.noconvert(),
-        "cu_seqlens"_a = std::vector<std::int64_t>());
+  // y0's dtype picks the precision; every array is then checked by its name (dtype, device, layout).
+  m.def(
+      "stack_forward",
+      [](const nb::dict& params, const StackOptions& o, nb::handle y0, nb::handle yK,
+         const std::vector<std::int64_t>& cu_seqlens) {
+        by_dtype(y0, [&](auto tag) {
+          using S = decltype(tag);
+          const auto a = tensor3<S>(y0, "y0");  // y0 first: the arguments are checked in order
+          stack_forward<S>(params, o, a, tensor3<S>(yK, "yK"), cu_seqlens);
+        });
+      },
+      "params"_a, "options"_a, "y0"_a, "yK"_a, "cu_seqlens"_a = std::vector<std::int64_t>());
+  m.def(
+      "stack_backward",
+      [](const nb::dict& params, const StackOptions& o, nb::handle y0, nb::handle g,
+         const std::vector<std::int64_t>& cu_seqlens) {
+        return by_dtype(y0, [&](auto tag) {
+          using S = decltype(tag);
+          const auto a = tensor3<S>(y0, "y0");
+          return stack_backward<S>(params, o, a, tensor3<S>(g, "g"), cu_seqlens);
+        });
+      },
+      "params"_a, "options"_a, "y0"_a, "g"_a, "cu_seqlens"_a = std::vector<std::int64_t>());
   nb::class_<MambaStackOptions>(m, "MambaStackOptions")
       .def(nb::init<>())
       .def_rw("width", &MambaStackOptions::width)
@@ -330,14 +360,26 @@ void bind_stack(nb::module_& m) {
       .def_rw("token_block", &MambaStackOptions::token_block)
       .def_rw("storage", &MambaStackOptions::storage);
   m.def("mamba_stack_check", &mamba_stack_check, "options"_a);
-  m.def("mamba_stack_forward", &mamba_stack_forward<float>, "blocks"_a, "options"_a, "y0"_a.noconvert(),
-        "yK"_a.noconvert());
-  m.def("mamba_stack_forward", &mamba_stack_forward<double>, "blocks"_a, "options"_a, "y0"_a.noconvert(),
-        "yK"_a.noconvert());
-  m.def("mamba_stack_backward", &mamba_stack_backward<float>, "blocks"_a, "grads"_a, "options"_a,
-        "y0"_a.noconvert(), "g"_a.noconvert());
-  m.def("mamba_stack_backward", &mamba_stack_backward<double>, "blocks"_a, "grads"_a, "options"_a,
-        "y0"_a.noconvert(), "g"_a.noconvert());
+  m.def(
+      "mamba_stack_forward",
+      [](const nb::list& blocks, const MambaStackOptions& o, nb::handle y0, nb::handle yK) {
+        by_dtype(y0, [&](auto tag) {
+          using S = decltype(tag);
+          const auto a = tensor3<S>(y0, "y0");
+          mamba_stack_forward<S>(blocks, o, a, tensor3<S>(yK, "yK"));
+        });
+      },
+      "blocks"_a, "options"_a, "y0"_a, "yK"_a);
+  m.def(
+      "mamba_stack_backward",
+      [](const nb::list& blocks, const nb::list& grads, const MambaStackOptions& o, nb::handle y0, nb::handle g) {
+        by_dtype(y0, [&](auto tag) {
+          using S = decltype(tag);
+          const auto a = tensor3<S>(y0, "y0");
+          mamba_stack_backward<S>(blocks, grads, o, a, tensor3<S>(g, "g"));
+        });
+      },
+      "blocks"_a, "grads"_a, "options"_a, "y0"_a, "g"_a);
 }
 
 }  // namespace ash_py

@@ -38,7 +38,7 @@ struct GradOptions {
 };
 
 // state: None, or the carried state [K, B·rows, cols] in the compute type, read
-// and overwritten in place (the layers' views alias it: a host memory space).
+// and overwritten in place (the layers' views alias it: on the library's device).
 template <class S>
 std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector<std::uint32_t>& tokens,
                                       const ash::Config& cfg, const nb::object& state) {
@@ -46,11 +46,9 @@ std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector
   source.ids = &tokens;
   std::vector<ash::View2<S>> carried;
   if (!state.is_none()) {
-    nb::ndarray<S, nb::ndim<3>, nb::c_contig, nb::device::cpu> a;
     // No conversion: the state is written back in place, so a copy would lose it.
-    ash::require(nb::try_cast(state, a, false), std::string("grad: state must be a writable C-contiguous 3-D ") +
-                                                    (sizeof(S) == 8 ? "float64" : "float32") +
-                                                    " array [layers, batch x rows, columns] (the compute precision)");
+    const auto a = device_array<S, nb::ndim<3>>(
+        state, "grad: state [layers, batch x rows, columns] in the compute precision", "writable 3-D ");
     const std::size_t R = a.shape(1), C = a.shape(2);
     for (std::size_t k = 0; k < a.shape(0); ++k) carried.emplace_back(a.data() + k * R * C, R, C);
   }

@@ -1,6 +1,7 @@
 """The numpy-level API against the ash tool: grad() bit for bit, the other entry
 points, errors; and the layer stack's backward against finite differences."""
 import json
+import re
 
 import h5py
 import numpy as np
@@ -241,16 +242,39 @@ def test_stack_refuses_bad_arrays(tiny_model):
     ck = ash.load(tiny_model[0])
     params, opts = _stack_params(ck), _stack_opts(ck)
     y0 = np.zeros((1, 5, 8))
-    with pytest.raises(TypeError):
+    # each array is refused by its name, with what it is and where it must be (the build's device)
+    here = rf"on {ash.device()} \(this build's device; Kokkos {ash.backend}\), got"
+    with pytest.raises(ash.Error, match=rf"y0 must be a C-contiguous 3-D float32 array {here} a float16 array"):
         _core.stack_forward(params, opts, y0.astype(np.float16), np.zeros((1, 5, 8), np.float16))
-    with pytest.raises(TypeError):
+    with pytest.raises(ash.Error, match=rf"y0 must be a C-contiguous 3-D float64 array {here} a float64 array of "
+                                        r"shape \[2, 3, 8\]"):
         _core.stack_forward(params, opts, np.zeros((2, 5, 8))[:, ::2], np.zeros((2, 3, 8)))
+    with pytest.raises(ash.Error, match=rf"yK must be a C-contiguous 3-D float64 array {here} a float32 array"):
+        _core.stack_forward(params, opts, y0, np.zeros((1, 5, 8), np.float32))
+    with pytest.raises(ash.Error, match=rf"g must be a C-contiguous 3-D float64 array {here} a list \(not an array\)"):
+        _core.stack_backward(params, opts, y0, [0.0] * 40)
+    with pytest.raises(ash.Error, match=rf"parameter 'layers/000/D' must be a C-contiguous float64 array {here}"):
+        _core.stack_forward({**params, "layers/000/D": "text"}, opts, y0, np.zeros_like(y0))
     with pytest.raises(ash.Error, match="width P = 8"):
         _core.stack_forward(params, opts, np.zeros((1, 5, 7)), np.zeros((1, 5, 7)))
     with pytest.raises(ash.Error, match="missing"):
         _core.stack_forward({}, opts, y0, np.zeros_like(y0))
     with pytest.raises(ash.Error, match="shape"):
         _core.stack_forward({**params, "layers/000/D": np.zeros(3)}, opts, y0, np.zeros_like(y0))
+
+
+def test_device_and_memory_peak(tiny_model):
+    # a host Kokkos reads arrays in host memory; a CUDA build names its GPU
+    if ash.backend in ("Serial", "OpenMP", "Threads"):
+        assert ash.device() == "cpu"
+    else:
+        assert re.fullmatch(r"cuda:\d+", ash.device()), ash.device()
+    ck = ash.load(tiny_model[0])
+    y0 = np.zeros((1, 64, 8))
+    _core.memory_reset_peak()
+    before = max(_core.memory_peak().values(), default=0)
+    _core.stack_forward(_stack_params(ck), _stack_opts(ck), y0, np.zeros_like(y0))
+    assert max(_core.memory_peak().values()) > before  # the pass's own Views are counted
 
 
 def test_init_too_big_is_the_cli_estimate():
