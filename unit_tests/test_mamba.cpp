@@ -394,12 +394,7 @@ std::vector<double> mamba_brute_force_window(const ParamSet<double>& ps, const T
 // several chunks and waves, and E1 detached are one gradient; the window T̄: E2
 // truncated equals the brute-force window sum and E3 windowed, and differs from the
 // full window (T̄ is not ignored).
-struct WindowCase {
-  int K;
-  index_t batch, T;
-  std::int64_t Kc;
-  bool docs;
-};
+using WindowCase = E3Case;  // the same cases' fields (and PrintTo)
 
 class MambaWindow : public ::testing::TestWithParam<WindowCase> {};
 

@@ -179,6 +179,12 @@ struct MambaStackCase {
   index_t chunk, wave;
 };
 
+// ctest's test list shows the case (gtest would print the struct's bytes, padding included).
+void PrintTo(const MambaStackCase& c, std::ostream* os) {
+  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << " R=" << c.R
+      << (c.tied ? " tied" : " untied") << (c.docs ? " docs" : "") << " chunk=" << c.chunk << " wave=" << c.wave;
+}
+
 class MambaStack : public ::testing::TestWithParam<MambaStackCase> {};
 
 // Embedding (C++), the stack's forward, the head's loss and g, the stack's

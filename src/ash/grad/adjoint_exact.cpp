@@ -431,9 +431,11 @@ void AdjointExactLayer<S>::mamba_block(const MambaLayerParams<S>& p, const Model
     impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
   };
   adjoint_exact_scan_waves(opts_, work_, sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry, own_T);
-  if (own_T > 0 && own_T < sb.T)
-    for (const View2<S>& v : {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma})
-      impl::zero_halo_rows(v, sb.T, own_T, exec);
+  if (own_T > 0 && own_T < sb.T) {
+    // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
+    const View2<S> halo_rows[] = {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma};
+    for (const View2<S>& v : halo_rows) impl::zero_halo_rows(v, sb.T, own_T, exec);
+  }
   mamba_gate_backward_second(act, g_blk, cot, grad, exec);
   mamba_mixer_backward_block(p, d, sb, y_blk, act, cot, grad, opts_.detach_inputs ? View2<S>() : g_blk, before.conv,
                              gconv, own_T, exec);
