@@ -191,9 +191,10 @@ class MambaStack : public ::testing::TestWithParam<MambaStackCase> {};
 // backward and the embedding's backward of its ∂L/∂y_0 give the whole model's
 // E1 loss and gradient (LocalEngine: every activation kept, E1's reverse scan).
 // The stack (options `so`) under the embedding and head against the whole
-// model's engine (options `ref_opts`), loss to 1e-13 and gradient to 1e-12.
-void expect_stack_equals_model(const MambaStackCase& c, EngineOptions so, const EngineOptions& ref_opts,
-                               const char* what) {
+// model's engine (options `ref_opts`), loss to 1e-13 and each gradient tensor
+// to `tol` (relative L2); returns the whole gradient's relative L2 distance.
+double expect_stack_equals_model(const MambaStackCase& c, EngineOptions so, const EngineOptions& ref_opts,
+                                 const char* what, double tol = 1e-12) {
   const auto d = mamba_stack_dims(c.K, c.tied, c.Kc, c.R);
   const auto params = random_model<double>(d, 40 + std::uint64_t(c.K));
   auto x = random_tokens(c.batch, c.T, d.vocab, 50 + std::uint64_t(c.T));
@@ -228,11 +229,40 @@ void expect_stack_equals_model(const MambaStackCase& c, EngineOptions so, const 
   stack.backward(blocks, s, y0, g, blocks_of(grad, 0, c.K));
   EXPECT_EQ(host_rows(y0), y0_before) << "y0 is read only";
   embedding_backward(x, g, gg.embedding);
-  expect_close(to_host(grad), ref, d, 1e-12, what);
+  const auto got = to_host(grad);
+  expect_close(got, ref, d, tol, what);
+  return rel_l2(got, ref);
 }
 
 TEST_P(MambaStack, EqualsTheWholeModelsBackprop) {
   expect_stack_equals_model(GetParam(), engine_options("adjoint-exact"), EngineOptions{}, "Mamba stack");
+}
+
+// The memory levers (the block-wise engine's pass over the stack as a layer
+// range): token blocks of 4 tokens and layer checkpointing m = 2 equal E1 (full
+// storage, 1e-12), and the window T̄ = 4 with m = 2 the whole model's E2
+// truncated. 16-bit kept inputs (the stack's y_0 among them, which the whole
+// model would recompute from its embedding instead, so no whole-model run is
+// the same computation): within each format's rounding of E1 (bf16 3e-2, fp16
+// 5e-3 per tensor) and more than 1e-6 from it (the lever is on).
+TEST_P(MambaStack, LeversEqualTheWholeModelsRun) {
+  const auto c = GetParam();
+  const auto levers = [](Storage st, index_t m, index_t block, index_t Tbar = 0) {
+    auto o = engine_options("adjoint-exact", Tbar, Tbar > 0);
+    o.storage = st;
+    o.layer_checkpoint = m;
+    o.token_block = block;
+    return o;
+  };
+  expect_stack_equals_model(c, levers(Storage::full, 1, 4), EngineOptions{}, "Mamba stack, token blocks");
+  expect_stack_equals_model(c, levers(Storage::full, 2, 4), EngineOptions{}, "Mamba stack, m = 2, token blocks");
+  expect_stack_equals_model(c, levers(Storage::full, 2, 0, 4), engine_options("adjoint", 4, true),
+                            "Mamba stack, m = 2, T-bar 4");
+  for (const Storage st : {Storage::bf16, Storage::fp16})
+    EXPECT_GT(expect_stack_equals_model(c, levers(st, 2, 4), EngineOptions{}, "Mamba stack, 16-bit storage",
+                                        st == Storage::bf16 ? 3e-2 : 5e-3),
+              1e-6)
+        << storage_name(st) << " storage must change the gradient";
 }
 
 // The paper's window T̄ = 4 (< T in every case): the stack's E3 detached and
@@ -311,19 +341,16 @@ TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
   }
 }
 
-TEST(MambaStackAdjoint, RefusesLeversOtherMethodsAndWrongShapes) {
+TEST(MambaStackAdjoint, RefusesTheCarriedStateOtherMethodsAndWrongShapes) {
   const auto d = mamba_stack_dims(2, true, 3, 2);
   const auto ok = engine_options("adjoint-exact");
   expect_error([&] { MambaStackAdjoint<double> s(d, engine_options("backprop")); }, "adjoint-exact");
   EngineOptions o = ok;
-  o.storage = Storage::bf16;
-  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "run.storage=bf16");
+  o.carry_state = true;
+  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "data.carry_state=true");
   o = ok;
-  o.layer_checkpoint = 2;
+  o.layer_checkpoint = 0;
   expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "grad.layer_checkpoint");
-  o = ok;
-  o.token_block = 16;
-  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "grad.token_block");
   expect_error([&] { MambaStackAdjoint<double> s(tiny_dims(2), ok); }, "model.arch=mamba");
   const MambaStackAdjoint<double> stack(d, ok);
   const ParamSet<double> ps(d);

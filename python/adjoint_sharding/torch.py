@@ -421,8 +421,9 @@ def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", l
       detach_inputs: the paper's gradient (each block's input detached in its branch);
       chunk: E3's chunk length C;
       truncate: the paper's window T̄ (needs detach_inputs; 0 = the whole window);
-      storage, layer_checkpoint, token_block: refused for a Mamba until the
-        block-wise engine takes one (adjoint_sharding.Error naming the setting).
+      storage, layer_checkpoint, token_block: the memory levers, as SSMStack's
+        ("bf16"/"fp16" kept block inputs, keep every m-th, tokens per block): the
+        backward then runs the block-wise engine over the stack.
     Wrapping a wrapped model sets its options anew. docs/python.md has the details."""
     backbone = _backbone(model)
     dims = _mamba_dims(backbone)

@@ -75,6 +75,22 @@ def test_wrapped_equals_transformers_float64(float64_slow_path, K, T, B, Kc, R, 
     assert rel_err(logits, ref_out.logits.detach()) <= RTOL
 
 
+@pytest.mark.parametrize("K,T,B,Kc,R,tied", [(2, 13, 1, 4, 3, False), (3, 11, 2, 3, 3, True)])
+def test_memory_levers_equal_transformers(float64_slow_path, K, T, B, Kc, R, tied):
+    # Token blocks and layer checkpointing (the block-wise engine under the wrapped
+    # stack) give transformers' gradient to RTOL; bf16 kept inputs are within bf16's
+    # rounding of it, and off it (the lever is on).
+    ref = hf_model(V, D, N, K, EXPAND, Kc, R, tied, EPS, seed=K * 100 + T).train()
+    ids = torch.tensor(np.random.default_rng(T).integers(0, V, (B, T)))
+    ref_out, ref_grads = loss_and_grads(ref, ids)
+    for kw in ({"token_block": 3}, {"token_block": 4, "layer_checkpoint": 2}, {"layer_checkpoint": 2}):
+        out, grads = loss_and_grads(no_hf_blocks(wrap(copy.deepcopy(ref), chunk=3, **kw)), ids)
+        assert_same(out, grads, ref_out, ref_grads, RTOL)
+    out, grads = loss_and_grads(no_hf_blocks(wrap(copy.deepcopy(ref), chunk=3, storage="bf16", token_block=4)), ids)
+    errs = [rel_err(grads[n], ref_grads[n]) for n in ref_grads if "layers" in n]
+    assert max(errs) <= 3e-2 and max(errs) > 1e-6, errs
+
+
 def test_parameters_are_shared_not_copied(float64_slow_path):
     """The wrapped model reads its parameters at every call: a change made in place is seen."""
     ref = hf_model(V, D, N, 2, EXPAND, 3, 2, True, EPS, seed=3)
@@ -282,8 +298,8 @@ def test_refusals(float64_slow_path):
     with pytest.raises(ash.Error, match="MambaForCausalLM or MambaModel"):
         wrap(torch.nn.Linear(2, 2))
     model = transformers.MambaForCausalLM(cfg()).to(torch.float64)
-    for kw, key in [({"storage": "bf16"}, "run.storage"), ({"layer_checkpoint": 2}, "grad.layer_checkpoint"),
-                    ({"token_block": 16}, "grad.token_block"), ({"truncate": 4}, "grad.truncate needs"),
+    for kw, key in [({"storage": "half"}, "run.storage"), ({"layer_checkpoint": -1}, "grad.layer_checkpoint"),
+                    ({"token_block": -1}, "grad.token_block"), ({"truncate": 4}, "grad.truncate needs"),
                     ({"chunk": 0}, "chunk")]:
         with pytest.raises(ash.Error, match=key):
             wrap(model, **kw)

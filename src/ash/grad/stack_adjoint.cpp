@@ -11,6 +11,38 @@
 namespace ash {
 
 namespace {
+// The block pass's links for a whole layer stack in one process: block j's
+// input from y0's rows, its g_K from g's, its ∂L/∂y_0 back into g's rows (g
+// is read before it is written, block by block, last first); y_K is dropped
+// (the caller's head gave g). y_in_again: the pass may read y0 twice (an
+// SSM-ResNet's range does; a Mamba's keeps its input).
+template <class S>
+RangeLinks<S> whole_stack_links(const View2<S>& y0, const View2<S>& g, const SeqShape& s, const TokenBlocks& blocks,
+                                bool y_in_again, const ExecSpace& exec) {
+  RangeLinks<S> links;
+  links.y_in = [=](index_t j, const View2<S>& y) {
+    copy_block_rows(y0, y, BlockRows{blocks.size(j), s.T, blocks.start(j)}, true, exec);
+  };
+  links.g_in = [=](index_t j, const View2<S>& gb) {
+    copy_block_rows(g, gb, BlockRows{blocks.size(j), s.T, blocks.start(j)}, true, exec);
+  };
+  links.g_out = [=](index_t j, const View2<S>& gb) {
+    copy_block_rows(g, gb, BlockRows{blocks.size(j), s.T, blocks.start(j)}, false, exec);
+  };
+  links.y_out = [](index_t, const View2<S>&) {};
+  links.y_in_again = y_in_again;
+  return links;
+}
+
+// The tokens a stack's block pass reads: only their shape (no embedding, no
+// head) and their document starts, when s has them.
+inline TokenView stack_tokens(const SeqShape& s, const char* who) {
+  require(s.docs.x.extent(0) == 0 || (index_t(s.docs.x.extent(0)) == s.batch &&
+                                      index_t(s.docs.x.extent(1)) == s.T && s.docs.t0 == 0),
+          std::string(who) + ": document starts must be a [batch, T] token view from its first token");
+  return s.docs.x.extent(0) > 0 ? s.docs.x : TokenView("ash::stack::no_tokens", s.batch, s.T);
+}
+
 template <class S>
 void check_stack(const ParamSet<S>& layers, const SeqShape& s, const View2<S>& y, const char* what) {
   const auto& d = layers.dims();
@@ -64,25 +96,8 @@ void StackAdjoint<S>::backward(const ParamSet<S>& layers, const SeqShape& s, con
   }
   const ExecSpace& exec = engine_.execution_space();
   const TokenBlocks blocks(engine_.block_length(s.T), s.T);
-  RangeLinks<S> links;
-  links.y_in = [&](index_t j, const View2<S>& y) {
-    copy_block_rows(y0, y, BlockRows{blocks.size(j), s.T, blocks.start(j)}, true, exec);
-  };
-  links.g_in = [&](index_t j, const View2<S>& gb) {
-    copy_block_rows(g, gb, BlockRows{blocks.size(j), s.T, blocks.start(j)}, true, exec);
-  };
-  links.g_out = [&](index_t j, const View2<S>& gb) {
-    copy_block_rows(g, gb, BlockRows{blocks.size(j), s.T, blocks.start(j)}, false, exec);
-  };
-  links.y_out = [](index_t, const View2<S>&) {};  // y_K is not needed: g_K comes from the caller
-  links.y_in_again = true;
-  // The block pass reads only the shape of the tokens (no embedding, no head)
-  // and their document starts, when s has them.
-  require(s.docs.x.extent(0) == 0 || (index_t(s.docs.x.extent(0)) == s.batch &&
-                                      index_t(s.docs.x.extent(1)) == s.T && s.docs.t0 == 0),
-          "StackAdjoint: document starts must be a [batch, T] token view from its first token");
-  const TokenView x = s.docs.x.extent(0) > 0 ? s.docs.x : TokenView("ash::stack::no_tokens", s.batch, s.T);
-  engine_.compute_range(layers, x, s.rows(), blocks, links, nullptr, grad);
+  const TokenView x = stack_tokens(s, "StackAdjoint");
+  engine_.compute_range(layers, x, s.rows(), blocks, whole_stack_links(y0, g, s, blocks, true, exec), nullptr, grad);
   exec.fence();
 }
 
@@ -145,19 +160,19 @@ MambaStackAdjoint<S>::MambaStackAdjoint(const ModelDims& d, const EngineOptions&
   require(d.mamba(), "MambaStackAdjoint: the model is not a Mamba (model.arch=mamba)");
   require(opts.method == Method::adjoint_exact,
           "MambaStackAdjoint: grad.engine must be adjoint-exact, got " + method_name(opts.method));
-  // The memory levers live in the block-wise engine, which runs SSM-ResNet
-  // layers only so far; E3's modes (exact, detached, windowed) are the
-  // per-layer method's, checked when it is made.
-  const auto no = [](const std::string& what) {
-    return what + " is not available for a Mamba layer stack yet (E3 over the whole window: exact, detached or "
-                  "windowed)";
-  };
+  // E3's modes (exact, detached, windowed) are the per-layer method's, checked
+  // when it is made; the memory levers the block-wise engine's (backward).
   check_grad_numbers(opts);
   require(opts.truncate == 0 || opts.detach_inputs, "grad.truncate needs grad.detach_inputs (the paper's window)");
-  require(opts.storage == Storage::full, no("run.storage=" + storage_name(opts.storage)));
-  require(opts.layer_checkpoint == 1, no("grad.layer_checkpoint=" + std::to_string(opts.layer_checkpoint)));
-  require(opts.token_block == 0, no("grad.token_block=" + std::to_string(opts.token_block)));
-  require(!opts.carry_state, no("data.carry_state=true"));
+  require(opts.layer_checkpoint >= 1, "grad.layer_checkpoint must be >= 1 for a Mamba layer stack");
+  require(opts.token_block >= 0, "grad.token_block must be >= 0 (0: the whole window)");
+  require(!opts.carry_state,
+          "data.carry_state=true is not available for a Mamba layer stack (every call starts from a zero state)");
+}
+
+template <class S>
+bool MambaStackAdjoint<S>::levers() const {
+  return opts_.storage != Storage::full || opts_.layer_checkpoint > 1 || opts_.token_block > 0;
 }
 
 template <class S>
@@ -215,6 +230,10 @@ void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, con
     return;
   }
   const MatmulScope matmul(opts_.matmul, sizeof(S));
+  if (levers()) {
+    backward_blockwise(blocks, s, y0, g, grad);
+    return;
+  }
   // The engines' own per-layer E3 (AdjointExactLayer, which takes a Mamba
   // block through LayerRef): the block inputs y_0 (a copy of the caller's) ..
   // y_{K-1} recomputed into a store that keeps nothing else, then block by
@@ -230,6 +249,35 @@ void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, con
     store.release(k);
   }
   layer->release();
+  exec.fence();
+}
+
+// The memory levers: the block-wise engine's pass over a layer range
+// without embedding and head (BlockwiseEngine::compute_mamba), fed by the
+// whole-stack links. It takes a ParamSet, so the blocks (views of the
+// caller's tensors) are copied into one and the gradient copied out: O(parameters)
+// per call beside the O(T) pass.
+template <class S>
+void MambaStackAdjoint<S>::backward_blockwise(const Blocks& blocks, const SeqShape& s, const View2<S>& y0,
+                                              const View2<S>& g, const Blocks& grad) const {
+  const auto& d = dims_;
+  const ExecSpace exec;
+  const ParamSet<S> params(d, range(d)), gs(d, range(d));
+  const auto flat = [&](const MambaLayerParams<S>& p) {  // every tensor as its contiguous span
+    std::vector<Unmanaged1<S>> out;
+    for_each_tensor(p, d, [&](const char*, const auto& v, index_t, index_t) { out.emplace_back(v.data(), v.span()); });
+    return out;
+  };
+  const auto copy = [&](const MambaLayerParams<S>& from, const MambaLayerParams<S>& to) {
+    const auto f = flat(from), t = flat(to);
+    for (std::size_t i = 0; i < f.size(); ++i) Kokkos::deep_copy(exec, t[i], f[i]);
+  };
+  for (int k = 0; k < int(d.layers); ++k) copy(blocks[std::size_t(k)], params.mamba_layer(k));
+  BlockwiseEngine<S> engine(opts_);
+  const TokenBlocks tb(engine.block_length(s.T), s.T);
+  engine.compute_range(params, stack_tokens(s, "MambaStackAdjoint"), s.rows(), tb,
+                       whole_stack_links(y0, g, s, tb, false, exec), nullptr, gs);
+  for (int k = 0; k < int(d.layers); ++k) copy(gs.mamba_layer(k), grad[std::size_t(k)]);
   exec.fence();
 }
 

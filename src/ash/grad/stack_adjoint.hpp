@@ -53,10 +53,11 @@ class MambaStackAdjoint {
   // d: a Mamba's sizes (model.layers = K blocks). Throws ash::Error unless
   // opts.method is adjoint-exact; exact, detached (grad.detach_inputs: each
   // block's input detached in its branch, g_k = g_K for every block) or
-  // windowed (grad.truncate = T̄ with detach_inputs). What the block-wise
-  // engine would bring is refused by name until it takes a Mamba: run.storage,
-  // grad.layer_checkpoint, grad.token_block, data.carry_state. grad.chunk,
-  // grad.wave and run.matmul apply.
+  // windowed (grad.truncate = T̄ with detach_inputs); the memory levers
+  // run.storage, grad.layer_checkpoint and grad.token_block run backward through
+  // the block-wise engine (BlockwiseEngine::compute_mamba on the whole stack as
+  // a layer range); data.carry_state is refused by name. grad.chunk, grad.wave
+  // and run.matmul apply.
   MambaStackAdjoint(const ModelDims& d, const EngineOptions& opts);
   static LayerRange range(const ModelDims& d) { return StackAdjoint<S>::range(d); }
   // A ParamSet's blocks (its range must be range(d)).
@@ -65,15 +66,21 @@ class MambaStackAdjoint {
   void forward(const Blocks& blocks, const SeqShape& s, const View2<S>& y0, const View2<S>& yK) const;
   // grad (K blocks, the parameters' shapes) is overwritten with ∂L/∂θ_k of every
   // block; g is ∂L/∂y_K on entry and ∂L/∂y_0 on return. y_0 is read, not changed.
-  // Memory: the K block inputs [M, D] (a copy of y_0, then the recomputed
-  // ones, each freed once its block is done) and one block's E3 buffers
-  // (MambaActivations without h and A, MambaCotangents, the scan's waves).
+  // Memory without a lever: the K block inputs [M, D] (a copy of y_0, then
+  // the recomputed ones, each freed once its block is done) and one block's E3
+  // buffers (MambaActivations without h and A, MambaCotangents, the scan's
+  // waves). With one, the block-wise engine's (design.md §8) and a copy of the
+  // parameters and of their gradient.
   void backward(const Blocks& blocks, const SeqShape& s, const View2<S>& y0, const View2<S>& g,
                 const Blocks& grad) const;
   const ModelDims& dims() const { return dims_; }
   const EngineOptions& options() const { return opts_; }
 
  private:
+  // Whether a memory lever is set (the backward is then backward_blockwise).
+  bool levers() const;
+  void backward_blockwise(const Blocks& blocks, const SeqShape& s, const View2<S>& y0, const View2<S>& g,
+                          const Blocks& grad) const;
   ModelDims dims_;
   EngineOptions opts_;
 };
