@@ -477,25 +477,10 @@ TEST(Distributed, MemoryLeversMatchOneProcess) {
 // off the checkpoint grid within twice what 16-bit storage costs one process.
 // Token blocks that do not divide T = 29, blocks of one token (chunk 1),
 // layer checkpointing m = 1..K+1, bf16 and fp16, exact, detached and windowed.
-namespace {
-
-ModelDims mamba_tiny(int K, bool tied) {
-  ModelDims d = tiny_dims(K, 11, 4, 3);
-  d.arch = Arch::mamba;
-  d.expand = 2;
-  d.conv_kernel = 3;
-  d.dt_rank = 2;
-  d.tie_embeddings = tied;
-  d.norm_eps = 1e-4;
-  return d;
-}
-
-}  // namespace
-
 TEST(Distributed, MambaMemoryLeversMatchOneProcess) {
   for (const bool tied : {true, false})
     for (int K : {4, 5}) {
-      const auto d = mamba_tiny(K, tied);
+      const auto d = mamba_tiny_dims(K, tied);
       const auto run = [&](const EngineOptions& o) { expect_levers_match(K, 29, 4, o, false, &d); };
       for (index_t m = 1; m <= K + 1; ++m) run(lever_options(Storage::full, m, 8));  // blocks of 8 and 5
       auto one = lever_options(Storage::full, 2, 1);
@@ -734,27 +719,6 @@ TEST(Distributed, MambaPlanIsTheBusiestRanksPeak) {
 
 namespace {
 
-ModelDims seq_mamba_dims(int K, bool tied, std::int64_t Kc) {
-  ModelDims d = tiny_dims(K, 11, 4, 3);
-  d.arch = Arch::mamba;
-  d.expand = 2;
-  d.conv_kernel = Kc;
-  d.dt_rank = 2;
-  d.tie_embeddings = tied;
-  d.norm_eps = 1e-4;
-  return d;
-}
-
-// Tokens with document starts at the given flat offsets.
-TokenView starts_at(const TokenView& x, const std::vector<index_t>& starts) {
-  Kokkos::View<index_t*, MemSpace> s("starts", starts.size());
-  auto h = Kokkos::create_mirror_view(s);
-  for (std::size_t i = 0; i < starts.size(); ++i) h(i) = starts[i];
-  Kokkos::deep_copy(s, h);
-  set_document_starts(x, s);
-  return x;
-}
-
 // A Mamba on every layout with S > 1 (R × S × D) against one process with the
 // same options (the block-wise engine with a lever, the whole window without),
 // loss and gradient within 1e-12 relative in double. Returns how many layouts ran.
@@ -803,7 +767,7 @@ TEST(Distributed, MambaOnSequenceRanksMatchesOneProcess) {
   int ran = 0;
   for (const bool tied : {true, false})
     for (const auto& [T, Kc] : {std::pair<index_t, std::int64_t>{29, 3}, std::pair<index_t, std::int64_t>{10, 4}}) {
-      const auto d = seq_mamba_dims(3, tied, Kc);
+      const auto d = mamba_tiny_dims(3, tied, Kc);
       const auto x = random_tokens(2, T, d.vocab, 930 + T);
       auto exact = engine_options("adjoint-exact");
       exact.chunk = 4;
@@ -814,7 +778,7 @@ TEST(Distributed, MambaOnSequenceRanksMatchesOneProcess) {
                             lever_options(Storage::full, 4, 4, true), lever_options(Storage::full, 2, 12)})
         ran += expect_mamba_ranges_match(d, x, o, "plain");
       if (T == 29) {  // documents: inside the second range of S = 2, at a range start of S = 3 (29·2/3 = 19)
-        const auto xd = starts_at(random_tokens(2, T, d.vocab, 940), {17, 19, T + 5, T + 14});
+        const auto xd = with_document_starts(random_tokens(2, T, d.vocab, 940), {17, 19, T + 5, T + 14});
         ran += expect_mamba_ranges_match(d, xd, exact, "documents");
         ran += expect_mamba_ranges_match(d, xd, lever_options(Storage::full, 2, 8), "documents");
       }
@@ -832,7 +796,7 @@ TEST(Distributed, MambaSixteenBitStorageOnSequenceRanksMatchesOneProcess) {
   for (const Storage st : {Storage::bf16, Storage::fp16})
     for (const bool detach : {false, true})
       for (const index_t m : {1, 2}) {
-        const auto d = seq_mamba_dims(3, !detach, 4);
+        const auto d = mamba_tiny_dims(3, !detach, 4);
         const auto x = random_tokens(2, 29, d.vocab, 950 + int(m));
         const auto o = lever_options(st, m, 8, detach);
         auto fo = o;
@@ -950,7 +914,7 @@ int expect_mamba_carry_matches(const ModelDims& d, index_t T, const EngineOption
 TEST(Distributed, MambaCarriedStateMatchesOneProcess) {
   int ran = 0;
   for (const auto& [T, Kc] : {std::pair<index_t, std::int64_t>{29, 3}, std::pair<index_t, std::int64_t>{10, 4}}) {
-    const auto d = seq_mamba_dims(4, T == 29, Kc);  // tied on T = 29: the embedding's parts summed on R > 1
+    const auto d = mamba_tiny_dims(4, T == 29, Kc);  // tied on T = 29: the embedding's parts summed on R > 1
     auto exact = engine_options("adjoint-exact");
     exact.chunk = 4;
     exact.wave = 8;
@@ -992,14 +956,14 @@ TEST(Distributed, MambaWindowsOnSequenceRanksMatchOneProcess) {
   };
   int ran = 0;
   for (const std::int64_t Kc : {2, 3, 4}) {
-    const auto d = seq_mamba_dims(3, Kc != 3, Kc);
+    const auto d = mamba_tiny_dims(3, Kc != 3, Kc);
     const auto x = random_tokens(2, 29, d.vocab, 960 + int(Kc));
     for (const index_t Tbar : {1, 2, 3, 5, 8}) {
       ran += expect_mamba_ranges_match(d, x, windowed(Tbar), "window");
       ran += expect_mamba_ranges_match(d, x, lever_options(Storage::full, 2, 8, true, Tbar), "window");
     }
   }
-  const auto d4 = seq_mamba_dims(3, true, 4);
+  const auto d4 = mamba_tiny_dims(3, true, 4);
   for (const index_t Tbar : {2, 3}) {
     const auto x = random_tokens(2, 10, d4.vocab, 970 + int(Tbar));
     ran += expect_mamba_ranges_match(d4, x, windowed(Tbar), "short ranges");
@@ -1007,7 +971,7 @@ TEST(Distributed, MambaWindowsOnSequenceRanksMatchOneProcess) {
   }
   // Starts at 17 (inside S = 2's second range), 19 (S = 3's third range's first
   // token) and 29 + 16 (inside the halo S = 2's first range reads with T̄ = 5).
-  const auto xd = starts_at(random_tokens(2, 29, d4.vocab, 975), {17, 19, 29 + 5, 29 + 16});
+  const auto xd = with_document_starts(random_tokens(2, 29, d4.vocab, 975), {17, 19, 29 + 5, 29 + 16});
   ran += expect_mamba_ranges_match(d4, xd, windowed(5), "documents");
   ran += expect_mamba_ranges_match(d4, xd, lever_options(Storage::full, 2, 8, true, 3), "documents");
   for (const Storage st : {Storage::bf16, Storage::fp16})
@@ -1027,7 +991,7 @@ TEST(Distributed, MambaWindowsOnSequenceRanksMatchOneProcess) {
 // longer than a range after the first, as an SSM-ResNet's, before any work.
 TEST(Distributed, MambaOnSequenceRanksRefusesShortRanges) {
   if (world_size() < 3) GTEST_SKIP() << "needs 3 or more ranks (ranges of 3 tokens)";
-  const auto d = seq_mamba_dims(2, true, 4);
+  const auto d = mamba_tiny_dims(2, true, 4);
   const auto params = random_model<double>(d, 3);
   ParamSet<double> grad(d);
   // S = world: ranges of 3 tokens; T̄ = 4 reads 3 past a range, 5 reads 4

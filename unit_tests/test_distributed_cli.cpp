@@ -52,6 +52,15 @@ std::vector<double> grad_norms(const std::string& run_dir) {
   return out;
 }
 
+// The gradient file `path` (`ash grad --out`) against the reference gradient
+// `ref` and its L2 norm `l_ref`, both to 1e-12.
+void expect_gradients(const std::string& path, const ModelDims& d, const std::vector<double>& ref, double l_ref,
+                      const std::string& what) {
+  double l = 0;
+  expect_close(to_host(load_gradients(path, d, &l)), ref, d, 1e-12, what);
+  EXPECT_NEAR(l, l_ref, 1e-12 * l_ref) << what;
+}
+
 void expect_same_losses(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
   for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-12 * std::abs(ref[i])) << what << " step " << i + 1;
@@ -121,20 +130,16 @@ TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
     ASSERT_EQ(run(g + extra + "--out " + ref).code, 0);
     const auto rx = mpirun(2, g + extra + (window ? "--set dist.seq_ranks=2" : "--set dist.layer_ranks=2") + " --out " + got);
     ASSERT_EQ(rx.code, 0) << rx.out;
-    double lr = 0, lx = 0;
-    expect_close(to_host(load_gradients(got, d, &lx)), to_host(load_gradients(ref, d, &lr)), d, 1e-12, extra);
-    EXPECT_NEAR(lx, lr, 1e-12 * lr) << extra;
+    double lr = 0;
+    const auto want = to_host(load_gradients(ref, d, &lr));
+    expect_gradients(got, d, want, lr, extra);
   }
 }
 
 // Six steps: the same losses on every layout (sequence ranks included),
 // resharded resumes (1 -> 3, 2x2 -> 1, 4 -> 2), and a same-layout resume bit for bit.
 TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
-  auto dir = [&](const std::string& n) {
-    std::filesystem::remove_all(tmp_path(n));  // metrics.jsonl appends: start from nothing
-    return " --set run.out_dir=" + tmp_path(n);
-  };
-  ASSERT_EQ(run(train + dir("one")).code, 0);
+  ASSERT_EQ(run(train + out_dir("one")).code, 0);
   const auto ref = losses(tmp_path("one"));
   ASSERT_EQ(ref.size(), 6u);
   struct Run {
@@ -142,7 +147,7 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
   };
   for (const auto& [n, R, S] : {Run{2, 2, 1}, Run{4, 2, 1}, Run{3, 3, 1}, Run{2, 1, 2}, Run{4, 2, 2}}) {
     const auto name = "n" + std::to_string(n) + "R" + std::to_string(R) + (S > 1 ? "S" + std::to_string(S) : "");
-    const auto r = mpirun(n, train + dir(name) + " --set dist.layer_ranks=" + std::to_string(R) +
+    const auto r = mpirun(n, train + out_dir(name) + " --set dist.layer_ranks=" + std::to_string(R) +
                                  " --set dist.seq_ranks=" + std::to_string(S));
     ASSERT_EQ(r.code, 0) << r.out;
     expect_same_losses(losses(tmp_path(name)), ref, name);
@@ -153,9 +158,9 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
   for (const auto& h : {Hop{1, 1, 3, 3}, Hop{4, 2, 1, 1}, Hop{4, 4, 2, 2}, Hop{2, 2, 2, 2}}) {
     const auto a = "a" + std::to_string(h.n_a) + std::to_string(h.R_a) + "_" + std::to_string(h.n_b) + std::to_string(h.R_b);
     const auto b = "b" + a.substr(1);
-    const auto ra = mpirun(h.n_a, train + dir(a) + " --until 3 --set dist.layer_ranks=" + std::to_string(h.R_a));
+    const auto ra = mpirun(h.n_a, train + out_dir(a) + " --until 3 --set dist.layer_ranks=" + std::to_string(h.R_a));
     ASSERT_EQ(ra.code, 0) << ra.out;
-    const auto rb = mpirun(h.n_b, train + dir(b) + " --resume " + tmp_path(a) + "/checkpoint.h5 --set dist.layer_ranks=" +
+    const auto rb = mpirun(h.n_b, train + out_dir(b) + " --resume " + tmp_path(a) + "/checkpoint.h5 --set dist.layer_ranks=" +
                                       std::to_string(h.R_b));
     ASSERT_EQ(rb.code, 0) << rb.out;
     auto both = losses(tmp_path(a));
@@ -201,9 +206,7 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
         ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
         EXPECT_NE(r.out.find("on " + std::to_string(R) + " layer rank(s) x " + std::to_string(D) + " data rank(s)"),
                   std::string::npos) << r.out;
-        double l2 = 0;
-        expect_close(to_host(load_gradients(got, d, &l2)), a, d, 1e-12, what);
-        EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
+        expect_gradients(got, d, a, l1, what);
       }
     }
     // E3's memory levers (the block-wise pipeline on each rank's layers) equal one process
@@ -226,33 +229,27 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
         const auto r = mpirun(n, e3 + "--set dist.layer_ranks=" + std::to_string(R) + " --out " + got);
         ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
         EXPECT_NE(r.out.find("storage, layer checkpoint"), std::string::npos) << r.out;
-        double l2 = 0;
-        expect_close(to_host(load_gradients(got, d, &l2)), a, d, 1e-12, what);
-        EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
+        expect_gradients(got, d, a, l1, what);
       }
     }
   }
   // Training: one process, then 2 layer ranks, 2 data ranks and 2 x 2; a resume from 2 layer
   // ranks on 4 ranks (2 x 2) continues one process's losses.
-  auto dir = [&](const std::string& n) {
-    std::filesystem::remove_all(tmp_path(n));
-    return " --set run.out_dir=" + tmp_path(n);
-  };
   const std::string mtrain = train + " --set model.arch=mamba --set model.layers=3";
-  ASSERT_EQ(run(mtrain + dir("mamba1")).code, 0);
+  ASSERT_EQ(run(mtrain + out_dir("mamba1")).code, 0);
   const auto ref = losses(tmp_path("mamba1"));
   ASSERT_EQ(ref.size(), 6u);
   for (const auto& [n, R] : {std::pair{2, 2}, std::pair{2, 1}, std::pair{4, 2}}) {
     const auto name = "mamba_n" + std::to_string(n) + "R" + std::to_string(R);
-    const auto r = mpirun(n, mtrain + dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
+    const auto r = mpirun(n, mtrain + out_dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
     ASSERT_EQ(r.code, 0) << r.out;
     expect_same_losses(losses(tmp_path(name)), ref, name);
     // The norm under the clip: a tied embedding's copy on the last layer rank counts once.
     expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path("mamba1")), name + " grad_norm");
   }
-  const auto ra = mpirun(2, mtrain + dir("mamba_a") + " --until 3 --set dist.layer_ranks=2");
+  const auto ra = mpirun(2, mtrain + out_dir("mamba_a") + " --until 3 --set dist.layer_ranks=2");
   ASSERT_EQ(ra.code, 0) << ra.out;
-  const auto rb = mpirun(4, mtrain + dir("mamba_b") + " --resume " + tmp_path("mamba_a") +
+  const auto rb = mpirun(4, mtrain + out_dir("mamba_b") + " --resume " + tmp_path("mamba_a") +
                                 "/checkpoint.h5 --set dist.layer_ranks=2");
   ASSERT_EQ(rb.code, 0) << rb.out;
   auto both = losses(tmp_path("mamba_a"));
@@ -261,15 +258,15 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
   // With the memory levers: 2 layer ranks equal one process; stopped on 2 layer ranks,
   // resumed on 2 data ranks, the losses continue one process's.
   const std::string mlev = mtrain + " --set run.storage=bf16 --set grad.layer_checkpoint=2 --set grad.token_block=8";
-  ASSERT_EQ(run(mlev + dir("mamba_lev1")).code, 0);
+  ASSERT_EQ(run(mlev + out_dir("mamba_lev1")).code, 0);
   const auto lref = losses(tmp_path("mamba_lev1"));
   ASSERT_EQ(lref.size(), 6u);
-  const auto rl = mpirun(2, mlev + dir("mamba_lev2") + " --set dist.layer_ranks=2");
+  const auto rl = mpirun(2, mlev + out_dir("mamba_lev2") + " --set dist.layer_ranks=2");
   ASSERT_EQ(rl.code, 0) << rl.out;
   EXPECT_NE(rl.out.find("bf16 storage, layer checkpoint 2"), std::string::npos) << rl.out;
   expect_same_losses(losses(tmp_path("mamba_lev2")), lref, "mamba levers R=2");
-  ASSERT_EQ(mpirun(2, mlev + dir("mamba_lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
-  const auto rlb = mpirun(2, mlev + dir("mamba_lev_b") + " --resume " + tmp_path("mamba_lev_a") +
+  ASSERT_EQ(mpirun(2, mlev + out_dir("mamba_lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
+  const auto rlb = mpirun(2, mlev + out_dir("mamba_lev_b") + " --resume " + tmp_path("mamba_lev_a") +
                                  "/checkpoint.h5 --set dist.layer_ranks=1");
   ASSERT_EQ(rlb.code, 0) << rlb.out;
   auto lboth = losses(tmp_path("mamba_lev_a"));
@@ -315,25 +312,19 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
         EXPECT_NE(r.out.find("on " + std::to_string(R) + " layer rank(s) x " + std::to_string(S) +
                              " sequence rank(s) x " + std::to_string(D) + " data rank(s)"),
                   std::string::npos) << r.out;
-        double l2 = 0;
-        expect_close(to_host(load_gradients(got, d, &l2)), a, d, 1e-12, what);
-        EXPECT_NEAR(l2, l1, 1e-12 * l1) << what;
+        expect_gradients(got, d, a, l1, what);
       }
     }
   }
-  auto dir = [&](const std::string& n) {
-    std::filesystem::remove_all(tmp_path(n));
-    return " --set run.out_dir=" + tmp_path(n);
-  };
   for (const std::string levers : {std::string(), std::string(" --set run.storage=bf16 --set grad.token_block=8")}) {
     const std::string mtrain = train + " --set model.arch=mamba --set model.layers=3" + levers;
     const std::string tag = levers.empty() ? "mseq" : "mseq_lev";
-    ASSERT_EQ(run(mtrain + dir(tag + "1")).code, 0);
+    ASSERT_EQ(run(mtrain + out_dir(tag + "1")).code, 0);
     const auto ref = losses(tmp_path(tag + "1"));
     ASSERT_EQ(ref.size(), 6u);
     for (const auto& [n, R] : {std::pair{2, 1}, std::pair{4, 2}}) {
       const auto name = tag + "_n" + std::to_string(n) + "R" + std::to_string(R);
-      const auto r = mpirun(n, mtrain + dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" +
+      const auto r = mpirun(n, mtrain + out_dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" +
                                    std::to_string(R));
       ASSERT_EQ(r.code, 0) << r.out;
       expect_same_losses(losses(tmp_path(name)), ref, name);
@@ -341,9 +332,9 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
       expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path(tag + "1")), name + " grad_norm");
     }
     // Three steps on S = 2, then a resume on S = 2 x R = 2 continues one process's losses.
-    const auto ra = mpirun(2, mtrain + dir(tag + "_a") + " --until 3 --set dist.seq_ranks=2");
+    const auto ra = mpirun(2, mtrain + out_dir(tag + "_a") + " --until 3 --set dist.seq_ranks=2");
     ASSERT_EQ(ra.code, 0) << ra.out;
-    const auto rb = mpirun(4, mtrain + dir(tag + "_b") + " --resume " + tmp_path(tag + "_a") +
+    const auto rb = mpirun(4, mtrain + out_dir(tag + "_b") + " --resume " + tmp_path(tag + "_a") +
                                   "/checkpoint.h5 --set dist.seq_ranks=2 --set dist.layer_ranks=2");
     ASSERT_EQ(rb.code, 0) << rb.out;
     auto both = losses(tmp_path(tag + "_a"));
@@ -353,8 +344,8 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
   // A window T̄ on sequence ranks (halos of y, g and the conv) trains as one process does.
   const std::string wtrain = train + " --set model.arch=mamba --set model.layers=3 --set grad.detach_inputs=true "
                                      "--set grad.truncate=6";
-  ASSERT_EQ(run(wtrain + dir("mamba_w1")).code, 0);
-  const auto rs = mpirun(2, wtrain + " --set dist.seq_ranks=2" + dir("mamba_seq_w"));
+  ASSERT_EQ(run(wtrain + out_dir("mamba_w1")).code, 0);
+  const auto rs = mpirun(2, wtrain + " --set dist.seq_ranks=2" + out_dir("mamba_seq_w"));
   ASSERT_EQ(rs.code, 0) << rs.out;
   expect_same_losses(losses(tmp_path("mamba_seq_w")), losses(tmp_path("mamba_w1")), "mamba window S=2");
 }
@@ -403,14 +394,10 @@ TEST_F(DistributedCli, MambaCarriedStateTrainsAndResumesAcrossLayouts) {
 // token blocks, a carried state): training equals one process, and a
 // checkpoint with a carried state resumes on another layout.
 TEST_F(DistributedCli, MemoryLeversTrainAndResumeAcrossLayouts) {
-  auto dir = [&](const std::string& n) {
-    std::filesystem::remove_all(tmp_path(n));
-    return " --set run.out_dir=" + tmp_path(n);
-  };
   const std::string levers = train +
                              " --set run.storage=bf16 --set grad.layer_checkpoint=3 --set grad.token_block=8"
                              " --set data.sequential=true --set data.carry_state=true";
-  ASSERT_EQ(run(levers + dir("lev1")).code, 0);
+  ASSERT_EQ(run(levers + out_dir("lev1")).code, 0);
   const auto ref = losses(tmp_path("lev1"));
   ASSERT_EQ(ref.size(), 6u);
   struct Run {
@@ -418,14 +405,14 @@ TEST_F(DistributedCli, MemoryLeversTrainAndResumeAcrossLayouts) {
   };
   for (const auto& [n, R] : {Run{2, 2}, Run{2, 1}, Run{4, 2}}) {
     const auto name = "lev_n" + std::to_string(n) + "R" + std::to_string(R);
-    const auto r = mpirun(n, levers + dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
+    const auto r = mpirun(n, levers + out_dir(name) + " --set dist.layer_ranks=" + std::to_string(R));
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("bf16 storage, layer checkpoint 3, carried state"), std::string::npos) << r.out;
     expect_same_losses(losses(tmp_path(name)), ref, name);
   }
   // Stop after 3 steps on 2 layer ranks, resume on 2 data ranks: the carried state crosses layouts.
-  ASSERT_EQ(mpirun(2, levers + dir("lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
-  const auto rb = mpirun(2, levers + dir("lev_b") + " --resume " + tmp_path("lev_a") +
+  ASSERT_EQ(mpirun(2, levers + out_dir("lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
+  const auto rb = mpirun(2, levers + out_dir("lev_b") + " --resume " + tmp_path("lev_a") +
                                 "/checkpoint.h5 --set dist.layer_ranks=1");
   ASSERT_EQ(rb.code, 0) << rb.out;
   auto both = losses(tmp_path("lev_a"));

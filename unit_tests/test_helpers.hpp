@@ -44,6 +44,29 @@ inline ModelDims tiny_dims(int K, std::int64_t V = 17, std::int64_t P = 8, std::
   return d;
 }
 
+// A tiny Mamba (V = 11, D = 4, N = 3, E = 8) for the tests: K blocks, conv
+// kernel Kc, Δ rank R, tied or untied embeddings.
+inline ModelDims mamba_tiny_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t R = 2) {
+  ModelDims d = tiny_dims(K, 11, 4, 3);
+  d.arch = Arch::mamba;
+  d.expand = 2;
+  d.conv_kernel = Kc;
+  d.dt_rank = R;
+  d.tie_embeddings = tied;
+  d.norm_eps = 1e-4;
+  return d;
+}
+
+// x with document starts at the given flat offsets (set_document_starts).
+inline TokenView with_document_starts(const TokenView& x, const std::vector<index_t>& starts) {
+  Kokkos::View<index_t*, MemSpace> s("starts", starts.size());
+  auto h = Kokkos::create_mirror_view(s);
+  for (std::size_t i = 0; i < starts.size(); ++i) h(i) = starts[i];
+  Kokkos::deep_copy(s, h);
+  set_document_starts(x, s);
+  return x;
+}
+
 template <class S>
 std::vector<double> to_host(const ParamSet<S>& ps) {
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ps.data());

@@ -14,27 +14,6 @@ namespace ash::test {
 
 namespace {
 
-ModelDims mamba_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t R = 2) {
-  ModelDims d = tiny_dims(K, 11, 4, 3);
-  d.arch = Arch::mamba;
-  d.expand = 2;
-  d.conv_kernel = Kc;
-  d.dt_rank = R;
-  d.tie_embeddings = tied;
-  d.norm_eps = 1e-4;
-  return d;
-}
-
-// Tokens with document starts at the given flat offsets.
-TokenView with_starts(const TokenView& x, const std::vector<index_t>& starts) {
-  Kokkos::View<index_t*, MemSpace> s("starts", starts.size());
-  auto h = Kokkos::create_mirror_view(s);
-  for (std::size_t i = 0; i < starts.size(); ++i) h(i) = starts[i];
-  Kokkos::deep_copy(s, h);
-  set_document_starts(x, s);
-  return x;
-}
-
 // random_model, with Δ moved from transformers' 1e-3..0.1 to O(1): the
 // gradients through Δ and A are then large enough for central differences to
 // resolve (at Δ ~ 0.01 some are ~1e-8, below the differences' noise).
@@ -60,11 +39,11 @@ class MambaFD : public ::testing::TestWithParam<FDCase> {};
 
 TEST_P(MambaFD, EveryTensorMatchesCentralDifferences) {
   const auto c = GetParam();
-  const auto d = mamba_dims(c.K, c.tied, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.tied, c.Kc);
   auto ps = fd_model(d, 40 + c.K);
   auto x = random_tokens(2, 9, d.vocab, 50 + c.K);
   // starts at token 3 of window 0 (a document shorter than the conv after it: 3..4) and 5, and 6 of window 1
-  if (c.docs) x = with_starts(x, {3, 5, 9 + 6});
+  if (c.docs) x = with_document_starts(x, {3, 5, 9 + 6});
   // Richardson's extrapolation of central differences at h = 1e-3 and 5e-4 (error
   // O(h⁴)): the gradients through Δ are ~1e-5 of the loss, which a plain central
   // difference resolves to only ~1e-5 (noise at small h, h² at large).
@@ -99,11 +78,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaFD,
 // documents that start just before, at and after block boundaries and a conv reach
 // that crosses them, against central differences, for E1 and E3.
 TEST(Mamba, ConvGradientOverSeveralRowBlocks) {
-  const auto d = mamba_dims(1, true, 4);
+  const auto d = mamba_tiny_dims(1, true, 4);
   auto ps = fd_model(d, 77);
   const index_t T = impl::reduce_rows + 22, B = 2;  // rows 0..2·T-1: three blocks
   const index_t rb = impl::reduce_rows;
-  auto x = with_starts(random_tokens(B, T, d.vocab, 78), {rb - 2, rb + 1, T + 10, 2 * rb, 2 * rb + 2});
+  auto x = with_document_starts(random_tokens(B, T, d.vocab, 78), {rb - 2, rb + 1, T + 10, 2 * rb, 2 * rb + 2});
   const auto loss_of = [&](const ParamSet<double>& q) { return forward_loss(q, x); };
   const auto f1 = finite_difference(ps, loss_of, 1e-3), f2 = finite_difference(ps, loss_of, 5e-4);
   std::vector<double> fd(f1.size());
@@ -128,10 +107,10 @@ TEST(Mamba, ConvGradientOverSeveralRowBlocks) {
 // nothing before a start (the loss of a window of two documents is the
 // target-weighted mean of each one's).
 TEST(Mamba, DocumentsAreIndependent) {
-  const auto d = mamba_dims(2, true, 4);
+  const auto d = mamba_tiny_dims(2, true, 4);
   auto ps = random_model<double>(d, 3);
   const auto ids = random_token_ids(12, d.vocab, 4);
-  auto x = with_starts(make_windows(ids, 1, 12, d.vocab), {7});
+  auto x = with_document_starts(make_windows(ids, 1, 12, d.vocab), {7});
   const std::vector<std::uint32_t> a(ids.begin(), ids.begin() + 7), b(ids.begin() + 7, ids.end());
   const double la = forward_loss(ps, make_windows(a, 1, 7, d.vocab));
   const double lb = forward_loss(ps, make_windows(b, 1, 5, d.vocab));
@@ -142,11 +121,11 @@ template <class S>
 class MambaTyped : public ::testing::Test {};
 TYPED_TEST_SUITE(MambaTyped, Scalars);
 
-TYPED_TEST(MambaTyped, AgreesWithDouble) { expect_agrees_with_double<TypeParam>(mamba_dims(2, false)); }
+TYPED_TEST(MambaTyped, AgreesWithDouble) { expect_agrees_with_double<TypeParam>(mamba_tiny_dims(2, false)); }
 
 TEST(Mamba, LayoutAndTiedHead) {
   for (bool tied : {true, false}) {
-    const auto d = mamba_dims(2, tied, 4, 0);
+    const auto d = mamba_tiny_dims(2, tied, 4, 0);
     ParamSet<float> ps(d);
     EXPECT_EQ(ps.size(), checked_parameter_count(d));
     EXPECT_EQ(d.rank(), 1);  // ceil(4 / 16)
@@ -167,7 +146,7 @@ TEST(Mamba, LayoutAndTiedHead) {
 
 TEST(Mamba, CheckpointRoundTrip) {
   for (bool tied : {true, false}) {
-    const auto d = mamba_dims(2, tied);
+    const auto d = mamba_tiny_dims(2, tied);
     auto ps = random_model<double>(d, 9);
     const auto path = tmp_path(tied ? "tied.h5" : "untied.h5");
     save_checkpoint(path, config_for(d), ps);
@@ -202,10 +181,10 @@ class MambaE3 : public ::testing::TestWithParam<E3Case> {};
 
 TEST_P(MambaE3, EqualsBackprop) {
   const auto c = GetParam();
-  const auto d = mamba_dims(c.K, c.K % 2 == 1, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 1, c.Kc);
   auto ps = fd_model(d, 60 + c.K);
   auto x = random_tokens(c.batch, c.T, d.vocab, 70 + c.K);
-  if (c.docs) x = with_starts(x, c.batch == 2 ? std::vector<index_t>{2, 6, c.T + 4} : std::vector<index_t>{3, 4, 8});
+  if (c.docs) x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{2, 6, c.T + 4} : std::vector<index_t>{3, 4, 8});
   double l1 = 0;
   const auto e1 = grad_of(EngineOptions{}, ps, x, &l1);
   for (const bool chunked_h : {false, true})
@@ -255,12 +234,12 @@ class MambaBlockwise : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(MambaBlockwise, EqualsWholeWindow) {
   const auto c = GetParam();
-  const auto d = mamba_dims(c.K, c.K % 2 == 0, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 0, c.Kc);
   auto ps = fd_model(d, 80 + c.K);
   auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
   // Starts on block boundaries and inside a block's first Kc−1 tokens for the block lengths below.
   if (c.docs)
-    x = with_starts(x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
+    x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
                                     : std::vector<index_t>{2, 5, 9});
   for (const bool detach : {false, true})
     for (const index_t chunk : {1, 2}) {
@@ -304,11 +283,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaBlockwise,
 // (test_low_memory.cpp). Float storage over token blocks is the whole window's to
 // float rounding (the blocks' weight-gradient sums add in another order: not bitwise).
 TEST(Mamba, BlockwiseSixteenBitStorage) {
-  ModelDims d = mamba_dims(4, false, 4);
+  ModelDims d = mamba_tiny_dims(4, false, 4);
   d.width = 16;
   d.state = 4;
   const auto ps = cast_model<float>(random_model<double>(d, 51));
-  const auto x = with_starts(random_tokens(2, 64, d.vocab, 52), {20, 64 + 33});
+  const auto x = with_document_starts(random_tokens(2, 64, d.vocab, 52), {20, 64 + 33});
   const auto opts = [](Storage st, index_t tb) {
     EngineOptions o = engine_options("adjoint-exact");
     o.chunk = 8;
@@ -400,12 +379,12 @@ class MambaWindow : public ::testing::TestWithParam<WindowCase> {};
 
 TEST_P(MambaWindow, DetachedAndWindowedModesAgree) {
   const auto c = GetParam();
-  const auto d = mamba_dims(c.K, c.K % 2 == 0, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 0, c.Kc);
   auto ps = fd_model(d, 80 + c.K);  // Δ ~ O(1): the state reaches across T̄ tokens
   auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
   // documents of 1..7 tokens, one with targets past every T̄ below (else the window is
   // the whole document: a window's last token has no target, so its ∂L/∂s is 0)
-  if (c.docs) x = with_starts(x, c.batch == 2 ? std::vector<index_t>{1, c.T + 4} : std::vector<index_t>{3, 4});
+  if (c.docs) x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{1, c.T + 4} : std::vector<index_t>{3, 4});
   double l0 = 0;
   const auto e2 = grad_of(engine_options("adjoint"), ps, x, &l0);
   const auto check = [&](const EngineOptions& o, const std::vector<double>& ref, const std::string& what) {
@@ -453,7 +432,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaWindow,
 // float against double in the new modes (E2 truncated, E3 detached and windowed).
 TYPED_TEST(MambaTyped, DetachedModesAgreeWithDouble) {
   using S = TypeParam;
-  const auto d = mamba_dims(2, true);
+  const auto d = mamba_tiny_dims(2, true);
   auto ref = random_model<double>(d, 15);
   const auto x = random_tokens(2, 17, d.vocab, 16);
   for (const auto& o : {engine_options("adjoint"), engine_options("adjoint", 5), engine_options("adjoint-exact", 0, true),
@@ -536,7 +515,7 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
                                    "grad.engine=adjoint-exact grad.token_block=96 run.storage=bf16 "
                                    "data.sequential=true data.carry_state=true"})
   for (const char* T : {"data.seq_len=512", "data.seq_len=200"}) {
-    Config c = config_for(mamba_dims(2, false, 4, 0));
+    Config c = config_for(mamba_tiny_dims(2, false, 4, 0));
     for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
                                                         "data.batch=2", "grad.chunk=32", "grad.wave=64", T})
       c.set(s);
@@ -571,7 +550,7 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
 }
 
 TEST(Mamba, EnginesRefuse) {
-  const auto d = mamba_dims(1, true);
+  const auto d = mamba_tiny_dims(1, true);
   auto ps = random_model<double>(d, 1);
   const auto x = random_tokens(1, 8, d.vocab, 2);
   ParamSet<double> grad(d);
@@ -630,7 +609,7 @@ TEST(Mamba, GeneratorStepMatchesFullForward) {
     bool tied, docs;
   };
   for (const auto c : {Case{4, true, false}, Case{4, false, true}, Case{3, true, true}, Case{1, false, true}}) {
-    const auto d = mamba_dims(2, c.tied, c.Kc);
+    const auto d = mamba_tiny_dims(2, c.tied, c.Kc);
     auto ps = random_model<double>(d, 11 + c.Kc);
     const index_t T = 23;
     const auto ids = random_token_ids(T, d.vocab, 12);
@@ -641,7 +620,7 @@ TEST(Mamba, GeneratorStepMatchesFullForward) {
         flags[std::size_t(t)] = 1;
         starts.push_back(t);
       }
-    const auto ref = full_logits(ps, with_starts(make_windows(ids, 1, T, d.vocab), starts));
+    const auto ref = full_logits(ps, with_document_starts(make_windows(ids, 1, T, d.vocab), starts));
     for (const auto& pieces : {std::vector<index_t>(T, 1), std::vector<index_t>{2, 5, 3, 1, 2, 4, 1, 5}}) {
       Generator<double> gen(ps);
       index_t t0 = 0;
@@ -664,7 +643,7 @@ TEST(Mamba, GeneratorStepMatchesFullForward) {
   }
   // Greedy sampling feeds the argmax back: the same as the full forward over the
   // sequence so far.
-  const auto d = mamba_dims(2, true, 4);
+  const auto d = mamba_tiny_dims(2, true, 4);
   auto ps = random_model<double>(d, 21);
   std::vector<std::uint32_t> seq{3, 1, 4, 1, 5};
   Generator<double> gen(ps);
@@ -741,10 +720,10 @@ EngineOptions carry_options(index_t token_block = 0, index_t m = 1, Storage stor
 TEST(MambaCarry, TwoWindowsEqualOneLongWindow) {
   for (const std::int64_t Kc : {2, 4}) {
     SCOPED_TRACE("Kc " + std::to_string(Kc));
-    const auto d = mamba_dims(2, false, Kc);
+    const auto d = mamba_tiny_dims(2, false, Kc);
     const auto ps = fd_model(d, 101 + Kc);
     const index_t B = 2, T = 11;
-    const auto x = with_starts(random_tokens(B, 2 * T, d.vocab, 102), {T + 2, 2 * T + T});
+    const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 102), {T + 2, 2 * T + T});
     const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T), xh1 = token_block(x, 0, T + 1);
     // Every layer's output rows: whole window against the two halves carried.
     {
@@ -814,7 +793,7 @@ TEST(MambaCarry, TwoWindowsEqualOneLongWindow) {
 // ash eval's stream (evaluate_stream with the state carried) over a Mamba equals
 // the forward of the whole sequence in one window, documents included.
 TEST(MambaCarry, EvalStreamEqualsOneLongWindow) {
-  const auto d = mamba_dims(3, true, 4);
+  const auto d = mamba_tiny_dims(3, true, 4);
   const auto ps = fd_model(d, 111);
   const index_t n = 61;
   const auto ids = random_token_ids(n, d.vocab, 112);
@@ -833,10 +812,10 @@ TEST(MambaCarry, EvalStreamEqualsOneLongWindow) {
 // state a constant: central differences (Richardson) of the carried forward loss.
 // With the conv part of the state zeroed the gradient is another one.
 TEST(MambaCarry, GradientMatchesFiniteDifferences) {
-  const auto d = mamba_dims(2, false, 3);
+  const auto d = mamba_tiny_dims(2, false, 3);
   const auto ps = fd_model(d, 121);
   const index_t B = 2, T = 9;
-  const auto x = with_starts(random_tokens(B, 2 * T, d.vocab, 122), {2 * T + T + 1});
+  const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 122), {2 * T + T + 1});
   const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T);
   auto h0 = carried_state(d, B);
   forward_loss(ps, x1, 1024, h0, x1, 0);  // the state after the first window
@@ -869,10 +848,10 @@ TEST(MambaCarry, GradientMatchesFiniteDifferences) {
 // carried run's loss, gradient and end state (1e-12 in double; bf16 within its
 // rounding, test_low_memory.cpp's tolerances).
 TEST(MambaCarry, LeversEqualTheWholeWindowCarriedRun) {
-  const auto d = mamba_dims(3, true, 4);
+  const auto d = mamba_tiny_dims(3, true, 4);
   const auto ps = fd_model(d, 131);
   const index_t B = 2, T = 13;
-  const auto x = with_starts(random_tokens(B, 2 * T, d.vocab, 132), {T + 2, 2 * T + 5});
+  const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 132), {T + 2, 2 * T + 5});
   const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T);
   auto h0 = carried_state(d, B);
   forward_loss(ps, x1, 1024, h0, x1, 0);

@@ -144,17 +144,6 @@ TEST(StackAdjoint, RefusesWrongShapesAndOtherMethods) {
 
 namespace {
 
-ModelDims mamba_stack_dims(int K, bool tied, std::int64_t Kc, std::int64_t R) {
-  ModelDims d = tiny_dims(K, 11, 4, 3);
-  d.arch = Arch::mamba;
-  d.expand = 2;
-  d.conv_kernel = Kc;
-  d.dt_rank = R;
-  d.tie_embeddings = tied;
-  d.norm_eps = 1e-4;
-  return d;
-}
-
 // The blocks of a whole model's ParamSet (views into it: the stack takes blocks from anywhere).
 template <class S>
 typename MambaStackAdjoint<S>::Blocks blocks_of(const ParamSet<S>& ps, int k0, int k1) {
@@ -195,18 +184,14 @@ class MambaStack : public ::testing::TestWithParam<MambaStackCase> {};
 // to `tol` (relative L2); returns the whole gradient's relative L2 distance.
 double expect_stack_equals_model(const MambaStackCase& c, EngineOptions so, const EngineOptions& ref_opts,
                                  const char* what, double tol = 1e-12) {
-  const auto d = mamba_stack_dims(c.K, c.tied, c.Kc, c.R);
+  const auto d = mamba_tiny_dims(c.K, c.tied, c.Kc, c.R);
   const auto params = random_model<double>(d, 40 + std::uint64_t(c.K));
   auto x = random_tokens(c.batch, c.T, d.vocab, 50 + std::uint64_t(c.T));
   if (c.docs) {  // starts at 0, 3, 4 of window 0 and T + 5 (window 1); closing offset B·T
     std::vector<index_t> at = {0, 3, 4};
     if (c.batch > 1) at.push_back(c.T + 5);
     at.push_back(c.batch * c.T);
-    Kokkos::View<index_t*, MemSpace> sv("cu_seqlens", at.size());
-    auto h = Kokkos::create_mirror_view(sv);
-    for (std::size_t i = 0; i < at.size(); ++i) h(i) = at[i];
-    Kokkos::deep_copy(sv, h);
-    set_document_starts(x, sv);
+    with_document_starts(x, at);
   }
   double ref_loss = 0;
   const auto ref = grad_of(ref_opts, params, x, &ref_loss);
@@ -273,7 +258,7 @@ TEST_P(MambaStack, WindowedEqualsTheWholeModelsTruncatedE2) {
   const auto c = GetParam();
   const EngineOptions e2 = engine_options("adjoint", 4, true);
   expect_stack_equals_model(c, engine_options("adjoint-exact", 4, true), e2, "Mamba stack, T-bar 4");
-  const auto d = mamba_stack_dims(c.K, c.tied, c.Kc, c.R);
+  const auto d = mamba_tiny_dims(c.K, c.tied, c.Kc, c.R);
   const auto params = random_model<double>(d, 40 + std::uint64_t(c.K));
   const auto x = random_tokens(c.batch, c.T, d.vocab, 50 + std::uint64_t(c.T));
   EXPECT_GT(rel_l2(grad_of(e2, params, x), grad_of(engine_options("adjoint", 0, true), params, x)), 1e-6)
@@ -297,7 +282,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaStack,
 // stack's at its input y_{k-1} with the cotangent g_K, and ∂L/∂y_0 = g_K.
 TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
   const int K = 3;
-  const auto d = mamba_stack_dims(K, true, 3, 2);
+  const auto d = mamba_tiny_dims(K, true, 3, 2);
   const auto params = random_model<double>(d, 77);
   const SeqShape s{2, 9};
   EngineOptions exact = engine_options("adjoint-exact");
@@ -342,7 +327,7 @@ TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
 }
 
 TEST(MambaStackAdjoint, RefusesTheCarriedStateOtherMethodsAndWrongShapes) {
-  const auto d = mamba_stack_dims(2, true, 3, 2);
+  const auto d = mamba_tiny_dims(2, true, 3, 2);
   const auto ok = engine_options("adjoint-exact");
   expect_error([&] { MambaStackAdjoint<double> s(d, engine_options("backprop")); }, "adjoint-exact");
   EngineOptions o = ok;
