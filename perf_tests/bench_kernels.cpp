@@ -128,7 +128,7 @@ void time_layer_backward(benchmark::State& st, ash::LayerAdjoint<S>& layer, ash:
     st.PauseTiming();
     Kokkos::deep_copy(g, su.g);
     st.ResumeTiming();
-    layer.backward(su.params.layer(0), 0, store, g, su.grad.layer(0));
+    layer.backward(su.params.layer(0), su.d, 0, store, g, su.grad.layer(0));
     Kokkos::fence();
   }
 }

@@ -23,6 +23,8 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/adjoint.cpp
   ash/grad/adjoint_exact.cpp
   ash/grad/workspace.cpp
+  ash/grad/ssm_resnet_kind.cpp
+  ash/grad/mamba_kind.cpp
   ash/io/tokens.cpp
   ash/io/hdf5_objects.cpp
   ash/io/hdf5_digest.cpp

@@ -38,17 +38,17 @@ EvalFileResult eval_file(const std::string& checkpoint, const Config& cfg, const
     bool any = false;
     for (index_t i = 1; i < (opts.carry ? n : end) && !any; ++i)
       any = (opts.carry || i % T != 0) && !document.flags[std::size_t(i)];
-    require(any, no_targets(tokens.name(), "its windows"));
+    require(any, no_targets_message(tokens.name(), "its windows"));
   }
   EvalFileResult r;
   if (!opts.carry) {
     r.totals = evaluate_windows(params, ids, T, B, st.grad.head_chunk, opts.progress, docs);
-    require(r.totals.targets > 0, no_targets(tokens.name(), "its windows"));
+    require(r.totals.targets > 0, no_targets_message(tokens.name(), "its windows"));
     return r;
   }
   for (int pass = 0; pass < 2; ++pass) {
     r.passes[pass] = evaluate_stream(params, ids, T, st.grad.head_chunk, pass == 0, docs);
-    require(r.passes[pass].targets > 0, no_targets(tokens.name(), "its windows"));
+    require(r.passes[pass].targets > 0, no_targets_message(tokens.name(), "its windows"));
     if (opts.on_pass) opts.on_pass(pass, r.passes[pass]);
   }
   return r;

@@ -33,7 +33,7 @@ GradFileResult<S> grad_file(const std::string& checkpoint, const Config& cfg, co
   }();
   // A loss over no target is 0 and its gradient all zeros: not a result.
   require(target_count(x) > 0,
-          no_targets(tokens.name(), "the " + std::to_string(B) + " window(s) of T=" + std::to_string(T) + " tokens"));
+          no_targets_message(tokens.name(), "the " + std::to_string(B) + " window(s) of T=" + std::to_string(T) + " tokens"));
   const auto params = ctx.load(checkpoint);
   GradFileResult<S> r;
   r.grad = ParamSet<S>(st.model, ctx.range());

@@ -18,7 +18,7 @@ void require_distinct_output(const std::string& out, const std::vector<std::pair
     if (!path.empty()) require(!same_file(out, path), "--out '" + out + "' is the same file as " + flag + " '" + path + "'");
 }
 
-std::string no_targets(const std::string& source, const std::string& windows) {
+std::string no_targets_message(const std::string& source, const std::string& windows) {
   return source + ": " + windows +
          " hold no target: every token after the first of a window starts a document (data.separator), so there "
          "is nothing to predict and no loss";

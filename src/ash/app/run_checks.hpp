@@ -26,7 +26,7 @@ void require_distinct_output(const std::string& out, const std::vector<std::pair
 // The message for windows that hold no target (data.separator only: a window of
 // T >= 2 tokens without document starts has T - 1 targets). source names the tokens
 // ("token file 'x'"), windows the windows ("its windows").
-std::string no_targets(const std::string& source, const std::string& windows);
+std::string no_targets_message(const std::string& source, const std::string& windows);
 
 // Throws ash::Error when a checkpoint holds some of its /params datasets and not
 // the others (info from inspect_checkpoint): no verified checkpoint, and every verb

@@ -110,7 +110,8 @@ struct EngineOptions {
   index_t token_block = 0;          // tokens per block of the block-wise pass (0: auto)
   bool carry_state = false;         // windows start from the previous window's state (data.carry_state)
 
-  bool low_memory() const {
+  // Whether a memory lever or a carried state is set: either selects the block-wise E3.
+  bool blockwise_levers() const {
     return storage != Storage::full || layer_checkpoint != 1 || token_block > 0 || carry_state;
   }
   bool exact_adjoint() const { return method == Method::adjoint_exact; }

@@ -32,11 +32,6 @@ void in_pieces(S* p, std::size_t n, Fn&& fn) {
   for (std::size_t off = 0; off < n; off += max_piece) fn(p + off, int(n - off < max_piece ? n - off : max_piece));
 }
 
-template <class View>
-constexpr bool host_readable() {
-  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename View::memory_space>::accessible;
-}
-
 }  // namespace
 
 template <class View>

@@ -65,7 +65,7 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
   }
   if (opts.exact_adjoint() && grid.layout().S == 1)
     block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
-  else if (opts.exact_adjoint() && opts.low_memory())
+  else if (opts.exact_adjoint() && opts.blockwise_levers())
     seq_pass_ = std::make_unique<SequenceBlockwise<S>>(grid, opts);
   if (grid.layout().S > 1 && opts.truncate > 0) {
     EngineOptions whole = opts;
@@ -246,10 +246,20 @@ void DistributedEngine<S>::backward_detached(const ParamSet<S>& params, Pass& ps
   const auto& lay = grid_.layout();
   if (!lay.last()) ps.g = View2<S>("ash::g", ps.shape().rows(), params.dims().width);
   timed([&] { broadcast(ps.g, lay.R - 1, grid_.layers()); });
-  for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
-    layer_->backward(params.layer_ref(k), k, ps.store, ps.g, grad.layer_ref(k));  // either architecture
-    ps.store.release(k);
-  }
+  layers_backward(params, ps, grad);
+}
+
+// The layer method over this rank's layers, top down (any kind), each layer's storage freed when done.
+template <class S>
+void DistributedEngine<S>::layers_backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad) {
+  const auto& d = params.dims();
+  with_layer_kind(d, [&](auto kind) {
+    using K = decltype(kind);
+    for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
+      layer_->backward(K::layer(params, k), d, k, ps.store, ps.g, K::layer(grad, k));
+      ps.store.release(k);
+    }
+  });
 }
 
 // E1 (or E3 in one block): g_k hands over once per rank.
@@ -261,10 +271,7 @@ void DistributedEngine<S>::backward_whole(const ParamSet<S>& params, Pass& ps, c
     ps.g = View2<S>("ash::g", ps.shape().rows(), params.dims().width);
     timed([&] { recv(ps.g, lay.layer_rank + 1, tag_g, lc); });
   }
-  for (int k = ps.store.k1() - 1; k >= ps.store.k0(); --k) {
-    layer_->backward(params.layer_ref(k), k, ps.store, ps.g, grad.layer_ref(k));
-    ps.store.release(k);
-  }
+  layers_backward(params, ps, grad);
   if (!lay.first()) timed([&] { send(ps.g, lay.layer_rank - 1, tag_g, lc); });
 }
 

@@ -99,6 +99,7 @@ class DistributedEngine final : public GradientEngine<S> {
   void backward_window_ranges(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);  // ... with a window T̄
   void backward_detached(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);   // paper mode
   void backward_whole(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);      // g_k handed over once
+  void layers_backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);     // the layer method, top down
   // Replica sums of the gradient and loss, the loss on every rank, stats.
   double finish(double loss, const ParamSet<S>& grad);
   // A tied Mamba on R > 1: the first rank's embedding part plus the last

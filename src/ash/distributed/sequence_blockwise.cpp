@@ -78,7 +78,7 @@ TokenBlocks SequenceBlockwise<S>::range_blocks(index_t T_all) const {
   const auto& l = grid_.layout();
   const index_t t_a = l.seq_begin(T_all), t_b = l.seq_end(T_all);
   // Without a lever one process runs a Mamba's whole window at once: the range is one block.
-  if (mamba_ && !opts_.low_memory()) return TokenBlocks(t_b - t_a, t_b - t_a);
+  if (mamba_ && !opts_.blockwise_levers()) return TokenBlocks(t_b - t_a, t_b - t_a);
   return sequence_blocks(opts_, T_all, t_a, t_b);
 }
 
@@ -422,7 +422,7 @@ void SequenceBlockwise<S>::layers_carried(const ParamSet<S>& params, Pass& ps, c
 // last) ∂L/∂ the conv state it read — the scatter of the forward's halo onto
 // this range's last Kc − 1 inputs (and, from a range shorter than Kc − 1
 // tokens, onto older ones, which this range passes on) — and μ's carry (μ
-// and A at its first token); E3's backward_mamba_block per block, last first,
+// and A at its first token); E3's block backward per block, last first,
 // as one process runs its blocks; the two carries of the first block to the
 // range before. The range before runs layer k while this one runs layer k − 1.
 template <class S>
@@ -434,10 +434,12 @@ void SequenceBlockwise<S>::layers_mamba(const ParamSet<S>& params, Pass& ps, con
   const TokenBlocks& blk = ps.blocks();
   const index_t E = d.inner(), N = d.state;
   const bool head_range = lay.seq_rank == 0, tail = lay.seq_rank == lay.S - 1;
-  const View2<S> gconv("ash::seqblocks::mamba_conv_carry", ps.Bt * E, d.conv_kernel - 1);
-  ExactCarry<S> carry;  // allocated here: backward_mamba_block keeps buffers of its batch
-  carry.mu = View3<S>("ash::seqblocks::mamba_carry_mu", ps.Bt, E, N);
-  carry.A = View3<S>("ash::seqblocks::mamba_carry_A", ps.Bt, E, N);
+  typename MambaKind::template Carry<S> both;  // allocated here: the block backward keeps buffers of its batch
+  both.gconv = View2<S>("ash::seqblocks::mamba_conv_carry", ps.Bt * E, d.conv_kernel - 1);
+  both.mu.mu = View3<S>("ash::seqblocks::mamba_carry_mu", ps.Bt, E, N);
+  both.mu.A = View3<S>("ash::seqblocks::mamba_carry_A", ps.Bt, E, N);
+  const View2<S> gconv = both.gconv;
+  ExactCarry<S>& carry = both.mu;
   for (std::size_t i = ps.seg.starts.size(); i-- > 0;) {
     const int c = ps.seg.starts[i];
     for (int k = std::min(ps.seg.end_of(i), ps.k1 - 1); k >= c; --k) {
@@ -456,8 +458,8 @@ void SequenceBlockwise<S>::layers_mamba(const ParamSet<S>& params, Pass& ps, con
         carry.valid = true;
       }
       for (index_t j = blk.n - 1; j >= 0; --j)
-        whole_.backward_mamba_block(params.mamba_layer(k), d, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j),
-                                    j == 0 ? first_state : ps.before(k, j), &carry, gconv, grad.mamba_layer(k));
+        MambaKind::backward_block(whole_, params.mamba_layer(k), d, ps.fw->shape(j), ps.blk(ps.y, j), ps.blk(g, j),
+                                  j == 0 ? first_state : ps.before(k, j), false, both, true, grad.mamba_layer(k));
       if (!head_range) {
         exec.fence();
         ps.timed([&] {
@@ -553,8 +555,8 @@ void SequenceBlockwise<S>::window_mamba(const ParamSet<S>& params, Pass& ps, int
     Kokkos::deep_copy(exec, gconv, S(0));
   else
     ps.timed([&] { recv(gconv, lay.seq_rank + 1, tag_gconv, grid_.seq()); });
-  layer_.backward_mamba_window_range(params.mamba_layer(k), params.dims(), s_ext, y_ext, g_ext, before, ps.T, gconv,
-                                     grad.mamba_layer(k));
+  MambaKind::backward_window_range(layer_, params.mamba_layer(k), params.dims(), s_ext, y_ext, g_ext, before, ps.T,
+                                   gconv, grad.mamba_layer(k));
   if (lay.seq_rank > 0) {
     exec.fence();
     ps.timed([&] { send(gconv, lay.seq_rank - 1, tag_gconv, grid_.seq()); });

@@ -31,7 +31,7 @@
 // one process's replay reaches). Backward, per layer a reverse wavefront: ∂L/∂ the conv
 // state the next range read (the halo's scatter onto this range's inputs) and
 // μ's carry (μ, A at its first token) arrive from it, E3's
-// backward_mamba_block runs per block, last first, and this range's first
+// block backward runs per block, last first, and this range's first
 // block hands both on. A carried state (data.carry_state) starts the first
 // range's block 0 and is every range's end state after, as an SSM-ResNet's h.
 // With a window T̄ the range is one block: per layer the

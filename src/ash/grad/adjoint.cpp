@@ -129,30 +129,24 @@ std::string AdjointLayer<S>::name() const {
 // Layers are independent given g (paper §4.5): every layer uses the same g and
 // leaves it unchanged (inputs detached; the residual stream passes g to the embedding).
 template <class S>
-void AdjointLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStore<S>& store, const View2<S>& g,
-                               const LayerRef<S>& lgrad) {
+template <class K>
+void AdjointLayer<S>::backward_kind(const typename K::template Params<S>& p, const ModelDims& d, int k,
+                                    ActivationStore<S>& store, const View2<S>& g,
+                                    const typename K::template Params<S>& grad) {
   const auto& s = store.shape();
   const ExecSpace& exec = this->exec_;
-  work_.plan(adjoint_workspace(EngineOptions(), layer_shape(s, lp), !lp.is_mamba));
+  work_.plan(adjoint_workspace(EngineOptions(), K::template scan_shape<S>(s, d), K::window_cotangents));
   const View3<S> mu = work_.view3("ash::e2::mu");
-  if (lp.is_mamba) {  // the gate's VJP gives ∂L/∂s, the scan's cotangent; the block's input detached
-    const auto& act = store.kept_mamba(k);
-    const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, true);
-    mamba_gate_backward(lp.mamba, act, g, cot, lgrad.mamba, exec);
-    impl::e2_mu(s, act.scan, cot.gs, truncate_, mu, exec);
-    mamba_mixer_backward(lp.mamba, lp.dims, s, store.input(k), act, mu, cot, lgrad.mamba, View2<S>(), exec);
-    return;
-  }
-  const auto& act = store.kept(k);
-  impl::e2_mu(s, act, g, truncate_, mu, exec);
-  ssm_layer_backward_rows(lp.ssm, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A,
-                          work_.cotangents(), lgrad.ssm, g, /*detach_input=*/true, exec);
+  const FormMu<S> form_mu = [&](const LayerActivations<S>& scan, const View2<S>& gy) {
+    impl::e2_mu(s, scan, gy, truncate_, mu, exec);
+  };
+  K::backward_window(p, d, store, k, g, /*detach=*/true, form_mu, mu, work_, scratch_.template get<K>(), grad, exec);
 }
 
 template <class S>
 void AdjointLayer<S>::release() {
   work_.release();
-  mamba_cot_.reset();
+  scratch_.release();
 }
 
 template class AdjointLayer<float>;

@@ -11,16 +11,18 @@
 //
 // Every layer uses the same g (the paper's formula), i.e. each layer's input
 // is a constant: E2 equals E1 on the stop-gradient-inputs model; the embedding
-// receives Σ g. T̄ = 0 or T̄ >= T is full adjoint sharding. A Mamba block: the
-// same window sums over its scan's E channels with ∂L/∂s (from the gate's
-// VJP) for g, then the mixer's VJPs with the block's input detached.
+// receives Σ g. T̄ = 0 or T̄ >= T is full adjoint sharding. A layer kind whose
+// scan core is inside a block (grad/layer_kinds.hpp) gets the same window sums
+// over its scan's channels with the scan output's cotangent for g, then its
+// block's VJPs with the block's input detached.
 #include "ash/grad/engine.hpp"
 #include "ash/grad/workspace.hpp"
 
 namespace ash {
 
-// The buffers of one layer's backward on sh: μ = Σ_t v^{t,i} of every token
-// and the cotangents (none for a Mamba's scan; the window T̄ changes no size).
+// The buffers of one layer's backward on sh (the kind's scan_shape): μ =
+// Σ_t v^{t,i} of every token and the cotangents (when the kind's
+// window_cotangents; the window T̄ changes no size).
 WorkspaceSpec adjoint_workspace(const EngineOptions& opts, const LayerShape& sh, bool cotangents = true);
 
 template <class S>
@@ -31,14 +33,18 @@ class AdjointLayer final : public LayerAdjoint<S> {
   bool keeps_activations() const override { return true; }
   typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::with_hprev_and_A; }
   bool detached() const override { return true; }
-  void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                const LayerRef<S>& grad) override;
+  ASH_LAYER_ADJOINT_OVERRIDES
   void release() override;
+
+  // backward() of a layer of kind K: the window sums over the kind's scan core, the kind's VJPs (detached).
+  template <class K>
+  void backward_kind(const typename K::template Params<S>& p, const ModelDims& d, int k, ActivationStore<S>& store,
+                     const View2<S>& g, const typename K::template Params<S>& grad);
 
  private:
   index_t truncate_;
-  Workspace<S> work_;  // adjoint_workspace, kept from layer to layer of a pass
-  std::unique_ptr<MambaCotangents<S>> mamba_cot_;  // a Mamba's, kept likewise
+  Workspace<S> work_;         // adjoint_workspace, kept from layer to layer of a pass
+  KindScratches<S> scratch_;  // the kinds' own, kept likewise
 };
 
 namespace impl {
@@ -51,9 +57,9 @@ enum class WindowForm { host, device };
 template <class S>
 void window_adjoint(WindowForm form, const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g,
                     index_t Tbar, const View3<S>& mu, const ExecSpace& exec = ExecSpace());
-// E2's μ of one layer's scan (either architecture): window_adjoint in the form
-// that suits the backend, with T̄ = truncate (0 or > T: the whole window) and
-// gy the cotangent of the scan's output (an SSM-ResNet's g, a Mamba's ∂L/∂s).
+// E2's μ of one layer's scan (any kind's scan core): window_adjoint in the
+// form that suits the backend, with T̄ = truncate (0 or > T: the whole window)
+// and gy the cotangent of the scan's output.
 template <class S>
 void e2_mu(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, index_t truncate,
            const View3<S>& mu, const ExecSpace& exec = ExecSpace());

@@ -186,7 +186,7 @@ namespace impl {
 // hrun) and μ at chunk starts (Ms, exact mode) are known: per wave of W
 // tokens h^{t-1}, A^t and μ (μ_T̄ with a window Tbar > 0) in the workspace's
 // wave buffers, then on_wave for its rows. Shared by AdjointExactLayer::run
-// and adjoint_exact_scan_waves (a Mamba's scan).
+// and adjoint_exact_scan_waves (a kind's scan core).
 template <class S>
 void e3_waves(const ScanView<S>& L, const Chunks chunks, index_t Bt, const View3<S>& Hb, const View2<S>& hrun,
               const View2<S>& h0, const View3<S>& Ms, const ExactCarry<S>& cin, index_t Tbar, index_t own, index_t W,
@@ -221,49 +221,14 @@ void e3_waves(const ScanView<S>& L, const Chunks chunks, index_t Bt, const View3
   }
 }
 
-
-// A Mamba's wave: the scan's cotangents of the wave (row b·W + t - t0) into
-// the window's (row b·T + t), for the dense VJPs after the scan. (A named
-// function: nvcc takes no KOKKOS_LAMBDA inside a lambda.)
-template <class S>
-void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangents<S>& wave,
-                     const LayerCotangents<S>& all, const ExecSpace& exec) {
-  const index_t W = rb.W, t0 = rb.t0, T = s.T, E = all.gz.extent(1), N = all.gbeta.extent(1);
-  const View2<S> gz = all.gz, gu = all.gyhat, gb = all.gbeta, gc = all.ggamma;
-  const View2<S> wz = wave.gz, wu = wave.gyhat, wb = wave.gbeta, wg = wave.ggamma;
-  Kokkos::parallel_for(
-      "ash::mamba::e3::wave_rows", Range(exec, 0, s.batch * W), KOKKOS_LAMBDA(const index_t r) {
-        const index_t m = (r / W) * T + t0 + r % W;
-        for (index_t e = 0; e < E; ++e) {
-          gz(m, e) = wz(r, e);
-          gu(m, e) = wu(r, e);
-        }
-        for (index_t n = 0; n < N; ++n) {
-          gb(m, n) = wb(r, n);
-          gc(m, n) = wg(r, n);
-        }
-      });
-}
-
-// Rows t >= own of every sequence of T rows (a window's halo) set to zero.
-template <class S>
-void zero_halo_rows(const View2<S>& v, index_t T, index_t own, const ExecSpace& exec) {
-  const index_t nh = T - own, B = index_t(v.extent(0)) / T, C = v.extent(1);
-  Kokkos::parallel_for(
-      "ash::e3::zero_halo_rows", Range(exec, 0, B * nh * C), KOKKOS_LAMBDA(const index_t i) {
-        const index_t b = i / (nh * C), t = own + (i / C) % nh, c = i % C;
-        v(b * T + t, c) = S(0);
-      });
-}
-
 }  // namespace impl
 
 namespace {
 // The scan part alone runs the wave form; detachment is its caller's (the dense
-// VJPs), the window T̄ its own. A Mamba's scan: its three [Bt·W, E, N] wave
-// buffers are read by the VJPs right after the scans, so on a host "auto"
-// sizes W so that each holds at most 2^19 numbers (one 64-token chunk at
-// E·N = 8192; the default 1024 tokens made them 32 MiB each there, and the
+// VJPs), the window T̄ its own. A wide scan core (a mixer's, over its inner
+// width E): its three [Bt·W, E, N] wave buffers are read by the VJPs right
+// after the scans, so on a host "auto" sizes W so that each holds at most
+// 2^19 numbers (one 64-token chunk at E·N = 8192; the default 1024 tokens made them 32 MiB each there, and the
 // gradient 1.6x slower: perf_tests/RESULTS.md), never more than 1024 tokens.
 EngineOptions scan_wave_options(const EngineOptions& opts, index_t state_per_token) {
   EngineOptions o = opts;
@@ -342,103 +307,10 @@ std::string AdjointExactLayer<S>::name() const {
 }
 
 template <class S>
-void AdjointExactLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStore<S>& store, const View2<S>& g,
-                                    const LayerRef<S>& lgrad) {
-  if (!lp.is_mamba) {
-    const auto& act = store.activations(lp.ssm, k, this->exec_);
-    run(lp.ssm, store.shape(), store.input(k), act, g, View2<S>(), nullptr, lgrad.ssm);
-    return;
-  }
-  // A Mamba block (the fused per-chunk form is an SSM-ResNet layer's: its
-  // scan runs the wave form); detached, the input VJP is skipped (g passes on).
-  const SeqShape& s = store.shape();
-  const ExecSpace& exec = this->exec_;
-  const MambaLayerParams<S>& p = lp.mamba;
-  const MambaLayerParams<S>& gk = lgrad.mamba;
-  // The block's activations again only up to the scan's inputs: the waves
-  // replay h^{t-1} and A^t, which give the scan's output s without a second
-  // forward scan, and the gate's VJP is split around them (∂L/∂s needs no s).
-  const auto& act = store.mamba_activations(p, k, exec, MambaUpTo::scan_inputs);
-  const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, false);
-  mamba_gate_backward_first(p, act, g, cot, exec);
-  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
-                                    const View3<S>& A, const LayerCotangents<S>& wc) {
-    mamba_scan_output_rows(p.D, s, act, rb, hprev, A, exec);
-    selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                 ScanParamGrads<S>{gk.A_log, gk.D, gk.dt_bias}, exec);
-    impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
-  };
-  adjoint_exact_scan_waves(opts_, work_, s, act.scan, cot.gs, on_wave, exec);
-  mamba_gate_backward_second(act, g, cot, gk, exec);  // s complete: o, W_out's gradient, ∂L/∂z
-  mamba_mixer_backward_dense(p, lp.dims, s, store.input(k), act, cot, gk, opts_.detach_inputs ? View2<S>() : g,
-                             exec);
-}
-
-template <class S>
 void AdjointExactLayer<S>::backward_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk,
                                           const View2<S>& g_blk, const View2<S>& h0, ExactCarry<S>* carry,
                                           const LayerParams<S>& grad) {
   run(p, sb, y_blk, project_block(p, sb, y_blk), g_blk, h0, carry, grad);
-}
-
-template <class S>
-void AdjointExactLayer<S>::backward_mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
-                                                const View2<S>& y_blk, const View2<S>& g_blk,
-                                                const MambaState<S>& before, ExactCarry<S>* carry,
-                                                const View2<S>& gconv, const MambaLayerParams<S>& grad) {
-  mamba_block(p, d, sb, y_blk, g_blk, before, carry, gconv, grad, 0);
-}
-
-template <class S>
-void AdjointExactLayer<S>::backward_mamba_window_range(const MambaLayerParams<S>& p, const ModelDims& d,
-                                                       const SeqShape& s_ext, const View2<S>& y_ext,
-                                                       const View2<S>& g_ext, const MambaState<S>& before,
-                                                       index_t own_T, const View2<S>& gconv,
-                                                       const MambaLayerParams<S>& grad) {
-  require(opts_.detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
-  require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
-  mamba_block(p, d, s_ext, y_ext, g_ext, before, nullptr, gconv, grad, own_T);
-}
-
-template <class S>
-void AdjointExactLayer<S>::mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
-                                       const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before,
-                                       ExactCarry<S>* carry, const View2<S>& gconv, const MambaLayerParams<S>& grad,
-                                       index_t own_T) {
-  const ExecSpace& exec = this->exec_;
-  const index_t rows = sb.rows();
-  if (!mamba_act_ || index_t(mamba_act_->x.extent(0)) != rows) {
-    mamba_act_.reset();  // the old ones freed first
-    mamba_act_ = std::make_unique<MambaActivations<S>>(sb, d, LayerActivations<S>::projections_only);
-  }
-  if (index_t(mamba_state_.ssm.extent(0)) != index_t(before.ssm.extent(0))) mamba_state_ = MambaState<S>(sb.batch, d);
-  const MambaActivations<S>& act = *mamba_act_;
-  const auto& cot = mamba_cotangents(mamba_cot_, rows, d, false);
-  // The block's forward again, bit for bit the forward's: from a copy of the
-  // state it started from (the forward advances the state it is given); its
-  // output lands in ∂ŷ's rows, unused until the norm's VJP.
-  Kokkos::deep_copy(exec, mamba_state_.conv, before.conv);
-  Kokkos::deep_copy(exec, mamba_state_.ssm, before.ssm);
-  mamba_layer_forward(p, d, sb, y_blk, act, cot.gyhat, mamba_state_, exec);
-  // The gate's VJP split around the scan (∂L/∂s first, which μ reads, also in
-  // a halo): with a halo, its rows' g, ∂L/∂o and scan cotangents are zeroed
-  // between, so they add nothing to W_out's gradient or the dense VJPs.
-  mamba_gate_backward_first(p, act, g_blk, cot, exec);
-  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
-                                    const View3<S>& A, const LayerCotangents<S>& wc) {
-    selective_scan_backward_rows(p.D, sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
-    impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
-  };
-  adjoint_exact_scan_waves(opts_, work_, sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry, own_T);
-  if (own_T > 0 && own_T < sb.T) {
-    // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
-    const View2<S> halo_rows[] = {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma};
-    for (const View2<S>& v : halo_rows) impl::zero_halo_rows(v, sb.T, own_T, exec);
-  }
-  mamba_gate_backward_second(act, g_blk, cot, grad, exec);
-  mamba_mixer_backward_block(p, d, sb, y_blk, act, cot, grad, opts_.detach_inputs ? View2<S>() : g_blk, before.conv,
-                             gconv, own_T, exec);
 }
 
 template <class S>
@@ -526,9 +398,7 @@ template <class S>
 void AdjointExactLayer<S>::release() {
   block_work_.release();
   work_.release();
-  mamba_cot_.reset();
-  mamba_act_.reset();
-  mamba_state_ = MambaState<S>();
+  scratch_.release();
 }
 
 template <class S>

@@ -64,8 +64,8 @@ WorkspaceSpec adjoint_exact_block_workspace(const LayerShape& sh);
 // caller through the pass.
 WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh);
 
-// E3's scan part on its own, over P = act.a.extent(0) channels (a Mamba's
-// scan: P = E): whole window, no carry, exact or with the window T̄ of
+// E3's scan part on its own, over P = act.a.extent(0) channels (a layer
+// kind's scan core, e.g. over the mixer's inner width): whole window, no carry, exact or with the window T̄ of
 // opts.truncate (μ_T̄; detachment is the caller's, in its dense VJPs), in the
 // wave form whatever grad.e3_fused says (the fused form forms an SSM-ResNet
 // block's VJPs itself). From the scan's Δ, u (act.yhat), β, γ, decay rates a
@@ -77,7 +77,7 @@ WorkspaceSpec adjoint_exact_carry_workspace(const LayerShape& sh);
 template <class S>
 using ScanWaveFn = std::function<void(const BlockRows& rows, const View3<S>& mu, const View3<S>& hprev,
                                       const View3<S>& A, const LayerCotangents<S>& cot)>;
-// On a token block (a Mamba in the block-wise engine): h0 ([Bt·P, N], empty:
+// On a token block (a kind's block backward in the block-wise engine): h0 ([Bt·P, N], empty:
 // zero) the state before the block, carry as backward_block's (in: from the
 // block after, out: for the block before; no window). own_T as run()'s: the
 // rows past it are a window's halo, their μ and gy zeroed, waves past it skipped.
@@ -98,10 +98,8 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   bool keeps_activations() const override { return false; }
   typename LayerAdjoint<S>::Store store() const override { return LayerActivations<S>::projections_only; }
   bool detached() const override { return opts_.detach_inputs; }
-  // A Mamba block: its forward again from the kept input, the gate's VJP,
-  // adjoint_exact_scan_waves over E channels, the mixer's dense VJPs.
-  void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                const LayerRef<S>& grad) override;
+  // Layer k of any kind over the whole window: the kind's E3 (K::backward_exact).
+  ASH_LAYER_ADJOINT_OVERRIDES
   void release() override;
   BlockAdjoint<S>* block_adjoint() override { return this; }
 
@@ -116,25 +114,12 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
                              const LayerParams<S>& grad) override;
   void block_carry_map(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y_blk, const View2<S>& g_blk,
                        const View3<S>& M, const View3<S>& v) override;
-  // A Mamba block on one token block of every sequence (the block-wise
-  // engine, blocks last to first): its forward again from y_blk and `before`
-  // (the MambaState the forward started the block from), the gate's VJP, the
-  // scan's E3 waves from before.ssm with the μ/A carry over E channels (as
-  // backward_block's), then mamba_mixer_backward_block with the conv's carry
-  // gconv (in: ∂L/∂ the conv state after the block; out: before it). g_blk:
-  // g_k in, g_{k-1} out (unchanged when detached).
-  void backward_mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
-                            const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before,
-                            ExactCarry<S>* carry, const View2<S>& gconv, const MambaLayerParams<S>& grad);
-  // The window T̄ on a Mamba's token range of a sequence rank (paper mode): the
-  // range's own_T tokens per sequence then the next range's first tokens (the
-  // halo) in s_ext, y_ext and g_ext (its halo rows are zeroed), from `before`
-  // (the MambaState before the range). μ_T̄ of the own tokens reads the halo;
-  // only the own tokens add to grad; gconv: in, ∂L/∂ the conv state after the
-  // own tokens (the next range's scatter); out, before the range.
-  void backward_mamba_window_range(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s_ext,
-                                   const View2<S>& y_ext, const View2<S>& g_ext, const MambaState<S>& before,
-                                   index_t own_T, const View2<S>& gconv, const MambaLayerParams<S>& grad);
+  // What a kind's E3 (grad/layer_kinds.hpp) runs on: the options, the scan
+  // waves' workspace (adjoint_exact_scan_waves), the kinds' scratch kept
+  // through a pass (release() frees them all).
+  const EngineOptions& options() const { return opts_; }
+  Workspace<S>& scan_work() { return work_; }
+  KindScratches<S>& scratch() { return scratch_; }
 
   // Implementation, public only because nvcc refuses an extended (KOKKOS_LAMBDA)
   // lambda inside a private or protected member function.
@@ -143,10 +128,11 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
                  const View3<S>& v);
   // The projections of one token block, sized for sb and filled with y's.
   const LayerActivations<S>& project_block(const LayerParams<S>& p, const SeqShape& sb, const View2<S>& y);
-  // backward_mamba_block and backward_mamba_window_range (own_T > 0).
-  void mamba_block(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb, const View2<S>& y_blk,
-                   const View2<S>& g_blk, const MambaState<S>& before, ExactCarry<S>* carry, const View2<S>& gconv,
-                   const MambaLayerParams<S>& grad, index_t own_T);
+  template <class K>
+  void backward_kind(const typename K::template Params<S>& p, const ModelDims& d, int k, ActivationStore<S>& store,
+                     const View2<S>& g, const typename K::template Params<S>& grad) {
+    K::backward_exact(*this, p, d, k, store, g, grad);
+  }
   // own_T > 0: only the first own_T tokens of each sequence contribute (the
   // rest is a halo the window reads); those waves past it are skipped.
   void run(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y, const LayerActivations<S>& act,
@@ -157,9 +143,7 @@ class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
   EngineOptions opts_;
   Workspace<S> block_work_;  // projections of one token block (adjoint_exact_block_workspace)
   Workspace<S> work_;  // run()'s buffers (adjoint_exact_workspace); freed by release()
-  std::unique_ptr<MambaCotangents<S>> mamba_cot_;  // a Mamba's, kept from block to block of a pass
-  std::unique_ptr<MambaActivations<S>> mamba_act_;  // a Mamba token block's, kept likewise
-  MambaState<S> mamba_state_;                       // the state a token block's forward runs again from
+  KindScratches<S> scratch_;  // the kinds' own, kept from layer (and block) to layer of a pass
 };
 
 }  // namespace ash

@@ -101,32 +101,25 @@ BackpropLayer<S>::BackpropLayer(const EngineOptions& opts) : opts_(opts) {
 }
 
 template <class S>
-void BackpropLayer<S>::backward(const LayerRef<S>& lp, int k, ActivationStore<S>& store, const View2<S>& g,
-                                const LayerRef<S>& lgrad) {
+template <class K>
+void BackpropLayer<S>::backward_kind(const typename K::template Params<S>& p, const ModelDims& d, int k,
+                                     ActivationStore<S>& store, const View2<S>& g,
+                                     const typename K::template Params<S>& grad) {
   const auto& s = store.shape();
   const ExecSpace& exec = this->exec_;
-  work_.plan(backprop_workspace(opts_, layer_shape(s, lp), !lp.is_mamba));
+  work_.plan(backprop_workspace(opts_, K::template scan_shape<S>(s, d), K::window_cotangents));
   const View3<S> mu = work_.view3("ash::e1::mu");
-  if (lp.is_mamba) {  // the gate's VJP gives ∂L/∂s, the scan's cotangent
-    const auto& act = store.kept_mamba(k);
-    const auto& cot = mamba_cotangents(mamba_cot_, s.rows(), lp.dims, true);
-    mamba_gate_backward(lp.mamba, act, g, cot, lgrad.mamba, exec);
-    reverse_scan(s, act.scan, cot.gs, mu, opts_.chunk, work_, exec);
-    mamba_mixer_backward(lp.mamba, lp.dims, s, store.input(k), act, mu, cot, lgrad.mamba,
-                         opts_.detach_inputs ? View2<S>() : g, exec);
-    return;
-  }
-  const auto& p = lp.ssm;
-  const auto& act = store.kept(k);
-  reverse_scan(s, act, g, mu, opts_.chunk, work_, exec);
-  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A, work_.cotangents(),
-                          lgrad.ssm, g, opts_.detach_inputs, exec);
+  const FormMu<S> form_mu = [&](const LayerActivations<S>& scan, const View2<S>& gy) {
+    reverse_scan(s, scan, gy, mu, opts_.chunk, work_, exec);
+  };
+  K::backward_window(p, d, store, k, g, opts_.detach_inputs, form_mu, mu, work_, scratch_.template get<K>(), grad,
+                     exec);
 }
 
 template <class S>
 void BackpropLayer<S>::release() {
   work_.release();
-  mamba_cot_.reset();
+  scratch_.release();
 }
 
 template class BackpropLayer<float>;

@@ -6,16 +6,10 @@
 #include <utility>
 
 #include "ash/core/error.hpp"
+#include "ash/grad/layer_kinds.hpp"
 #include "ash/kernels/matmul.hpp"
 
 namespace ash {
-
-// One compute_range(): the pass and how the range meets its neighbours.
-template <class S>
-struct BlockwiseEngine<S>::Range : BlockwisePass<S> {
-  const RangeLinks<S>* links = nullptr;
-  const std::vector<View2<S>>* state = nullptr;
-};
 
 namespace {
 constexpr const char* y_kept = "ash::lowmem::y_kept";
@@ -177,7 +171,7 @@ index_t blockwise_block_length(const EngineOptions& opts, index_t T) {
 index_t pipeline_block_length(const EngineOptions& opts, index_t T, index_t R, index_t blocks) {
   if (opts.token_block > 0 || (opts.truncate > 0 && opts.truncate < T)) return blockwise_block_length(opts, T);
   // A lever without dist.pipeline_blocks: the block length of one process (4096 tokens).
-  if (blocks == 0 && opts.low_memory()) return blockwise_block_length(opts, T);
+  if (blocks == 0 && opts.blockwise_levers()) return blockwise_block_length(opts, T);
   const index_t asked = blocks > 0 ? blocks : 4 * R;
   const index_t want = asked < T ? asked : T;  // at most one token per block
   const index_t C = opts.chunk < T ? opts.chunk : T;
@@ -204,245 +198,196 @@ double BlockwiseEngine<S>::compute(const ParamSet<S>& params, const TokenView& x
   const auto& d = params.dims();
   require(params.range().is_all(d) && grad.range().is_all(d), "BlockwiseEngine: needs the whole model");
   const index_t T = x.extent(1);
-  if (d.mamba())
-    return compute_mamba(params, x, target_count(x), TokenBlocks(block_length(T), T), RangeLinks<S>{}, state_, grad);
-  const double loss = compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T),
-                                    RangeLinks<S>{}, state_, grad);
-  return loss;
+  return compute_range(params, x, target_count(x), TokenBlocks(block_length(T), T), RangeLinks<S>{}, state_, grad);
 }
+
+namespace {
+
+// One block-wise pass over a layer range of kind K (docs/design.md §8): the
+// state before every (layer, block) kept (K::BlockStates), so any block of any
+// layer runs again alone bit for bit; blocks in order forward, keeping every
+// m-th layer input in the storage format; blocks last to first backward,
+// segments top down, each segment's inputs recomputed from its kept input and
+// the kept states, the kind's block backward per layer with its carry
+// (K::Carry) from the block after. A carried state (data.carry_state; on a
+// layer range its layers' views, of this replica's windows) is block 0's state
+// before, a constant (no gradient flows into it); the state after the last
+// block replaces it. On a layer range of an MPI pipeline the links hand a
+// block's y and g to the neighbouring ranges: the states and carries belong to
+// a layer and never cross a rank.
+template <class S, class K>
+class KindPass {
+ public:
+  using State = typename K::template State<S>;
+  KindPass(const EngineOptions& opts, AdjointExactLayer<S>& e3, const ParamSet<S>& params, const TokenView& x,
+           index_t targets, const TokenBlocks& blk, const RangeLinks<S>& links, const std::vector<View2<S>>* state,
+           const ParamSet<S>& grad)
+      : opts_(opts), e3_(e3), params_(params), d_(params.dims()), x_(x), targets_(targets), blk_(blk),
+        links_(links), state_(state), grad_(grad), exec_(e3.execution_space()) {
+    const LayerRange& lr = params.range();
+    k0_ = lr.k0;
+    k1_ = lr.k1;
+    K_ = int(d_.layers);
+    first_ = lr.embedding && lr.k0 == 0;  // a last layer rank may hold the embedding as its tied head
+    last_ = lr.head;
+    input_again_ = !first_ && links.y_in_again;
+    Bt_ = x.extent(0);
+    T_ = x.extent(1);
+    docs_ = DocStarts(x);
+    if (state) check_carried_state(*state, d_, k1_ - k0_, Bt_);  // the kind's carried shape per layer
+    seg_ = LayerSegments(k0_, k1_, K_, last_, opts.layer_checkpoint);
+    const index_t blen = blk.len < T_ ? blk.len : T_;  // the longest block (a range may be shorter than the grid)
+    ws_ = blockwise_workspace(opts, BlockwiseShape{k0_, k1_, K_, first_, last_, input_again_, Bt_, T_, blen,
+                                                   d_.width, d_.state, sizeof(S)});
+    const auto n = LayerSegments::counts(k0_, k1_, K_, last_, opts.layer_checkpoint);
+    require(n.starts == index_t(seg_.starts.size()) && n.longest == index_t(seg_.longest()),
+            "block-wise pass: LayerSegments::counts disagrees with the segments");
+    const BufferSpec& kb = ws_.kept.buffers().at(0);
+    kept_.resize(std::size_t(K_ - k0_ + 1));
+    index_t made = 0;
+    for (const int c : seg_.starts)
+      if (LayerSegments::keeps(c, k0_, first_, input_again_)) {
+        kept_[std::size_t(c - k0_)] = StoredRows<S>(kb.label, opts.storage, kb.extents[0], kb.extents[1]);
+        ++made;
+      }
+    require(made == kb.copies, "block-wise pass: kept " + std::to_string(made) + " inputs, its workspace spec " +
+                                   std::to_string(kb.copies));
+    grad.fill_zero();
+    for (int k = k0_; k < k1_; ++k) states_.emplace_back(d_, Bt_, blk.n);
+    if (state)
+      for (int k = k0_; k < k1_; ++k) K::from_carried((*state)[std::size_t(k - k0_)], before(k, 0), exec_);
+    run_ = K::template make_state<S>(d_, Bt_);
+    act_ = K::template make_block_acts<S>(SeqShape{Bt_, blen, DocStarts()}, d_);
+  }
+
+  double run() {
+    forward();
+    if (links_.before_backward) links_.before_backward();
+    const double loss = backward();
+    e3_.release();
+    return loss;
+  }
+
+ private:
+  SeqShape shape(index_t j) const { return SeqShape{Bt_, blk_.size(j), docs_.from(blk_.start(j))}; }
+  State before(int k, index_t j) const { return states_[std::size_t(k - k0_)].at(j); }
+  StoredRows<S>& kept_input(int k) { return kept_[std::size_t(k - k0_)]; }
+  // Layer k on block j, y -> yo, from the state kept before the block (forward and recomputation alike).
+  void advance(int k, index_t j, const View2<S>& y, const View2<S>& yo) {
+    K::copy(exec_, run_, before(k, j));
+    K::forward_block(K::layer(params_, k), d_, shape(j), y, act_, yo, run_, exec_);
+  }
+
+  // Blocks in order, the state of every layer carried along; the kept inputs stored.
+  void forward() {
+    Workspace<S> ws;  // freed on return
+    ws.plan(ws_.forward);
+    View2<S> ya = ws.view2(y_block), yb = ws.view2(y_block_next);
+    for (index_t j = 0; j < blk_.n; ++j) {
+      const index_t rows = Bt_ * blk_.size(j);
+      View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
+      if (first_)
+        embedding_forward(params_.global().embedding, token_block(x_, blk_.start(j), blk_.size(j)), y, exec_);
+      else
+        links_.y_in(j, y);
+      if (!kept_input(k0_).empty()) kept_input(k0_).put(y, T_, blk_.start(j), blk_.size(j), exec_);
+      for (int k = k0_; k < k1_; ++k) {
+        advance(k, j, y, yo);
+        if (j + 1 < blk_.n)
+          K::copy(exec_, before(k, j + 1), run_);
+        else if (state_)  // the state after the window: the next window's
+          K::to_carried(run_, (*state_)[std::size_t(k - k0_)], exec_);
+        std::swap(y, yo);
+        if (k + 1 <= seg_.top() && !kept_input(k + 1).empty())
+          kept_input(k + 1).put(y, T_, blk_.start(j), blk_.size(j), exec_);
+      }
+      if (!last_) links_.y_out(j, y);
+    }
+  }
+
+  // Blocks last to first; in each, segments top down, each segment's inputs
+  // recomputed from its kept input and the kept states.
+  double backward() {
+    const auto gglobal = grad_.global();
+    Workspace<S> ws;  // the segment's inputs and g of a block
+    ws.plan(ws_.backward);
+    std::vector<View2<S>> yseg;
+    for (int i = 0; i < seg_.longest(); ++i) yseg.push_back(ws.view2(y_segment, i));
+    const View2<S> gb = ws.view2(g_block);
+    std::vector<typename K::template Carry<S>> carry;
+    for (int k = k0_; k < k1_; ++k) carry.push_back(K::template make_carry<S>(d_, Bt_));
+    double loss = 0;
+    for (index_t j = blk_.n - 1; j >= 0; --j) {
+      const index_t t0 = blk_.start(j), Tj = blk_.size(j), rows = Bt_ * Tj;
+      const TokenView xb = token_block(x_, t0, Tj);
+      const View2<S> g = first_rows(gb, rows);
+      if (!last_) links_.g_in(j, g);
+      for (std::size_t i = seg_.starts.size(); i-- > 0;) {
+        const int c = seg_.starts[i], e = seg_.end_of(i);  // the segment's inputs: y_c .. y_e
+        const View2<S> y0 = first_rows(yseg[0], rows);
+        if (c == 0 && first_)
+          embedding_forward(params_.global().embedding, xb, y0, exec_);
+        else if (c == k0_ && input_again_)
+          links_.y_in(j, y0);
+        else
+          kept_input(c).get(y0, T_, t0, Tj, exec_);
+        for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw
+          advance(k, j, first_rows(yseg[std::size_t(k - c)], rows), first_rows(yseg[std::size_t(k + 1 - c)], rows));
+        if (last_ && e == K_) {  // the head on y_K's rows: the block's share of L and g_K
+          const TokenView xh = token_block(x_, t0, (blk_.end(j) < T_ ? blk_.end(j) + 1 : T_) - t0);
+          loss += head_loss<S>(params_.global(), xh, first_rows(yseg[std::size_t(K_ - c)], rows), g, &gglobal,
+                               opts_.head_chunk, targets_, exec_);
+        }
+        for (int k = std::min(e, k1_ - 1); k >= c; --k)
+          K::backward_block(e3_, K::layer(params_, k), d_, shape(j), first_rows(yseg[std::size_t(k - c)], rows), g,
+                            before(k, j), j == 0 && !state_, carry[std::size_t(k - k0_)], blk_.n > 1,
+                            K::layer(grad_, k));
+      }
+      if (first_)
+        embedding_backward(xb, g, gglobal.embedding, exec_);
+      else
+        links_.g_out(j, g);
+    }
+    return loss;
+  }
+
+  const EngineOptions& opts_;
+  AdjointExactLayer<S>& e3_;
+  const ParamSet<S>& params_;
+  const ModelDims& d_;
+  const TokenView& x_;
+  index_t targets_;
+  const TokenBlocks& blk_;
+  const RangeLinks<S>& links_;
+  const std::vector<View2<S>>* state_;
+  const ParamSet<S>& grad_;
+  const ExecSpace& exec_;
+  int k0_ = 0, k1_ = 0, K_ = 0;
+  bool first_ = true, last_ = true, input_again_ = false;
+  index_t Bt_ = 0, T_ = 0;
+  DocStarts docs_;
+  LayerSegments seg_;
+  BlockwiseWorkspace ws_;
+  std::vector<StoredRows<S>> kept_;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
+  std::vector<typename K::template BlockStates<S>> states_;  // [k - k0]: the states before each block
+  State run_;                                                 // the state a block's forward advances
+  typename K::template BlockActs<S> act_;                     // one block's activations
+};
+
+}  // namespace
 
 template <class S>
 double BlockwiseEngine<S>::compute_range(const ParamSet<S>& params, const TokenView& x, index_t targets,
                                          const TokenBlocks& blocks, const RangeLinks<S>& links,
                                          const std::vector<View2<S>>* state, const ParamSet<S>& grad) {
   const MatmulScope matmul(opts_.matmul, sizeof(S));
-  const auto& d = params.dims();
   const LayerRange& lr = params.range();
   require(grad.range() == lr, "BlockwiseEngine: the gradient is not the parameters' range");
   require((lr.embedding || (links.y_in && links.g_out)) && (lr.head || (links.y_out && links.g_in)),
           "BlockwiseEngine: a layer range without the embedding or the head needs its neighbours' links");
-  if (d.mamba()) {  // the same pass over a Mamba's blocks: a MambaState per (layer, block), the conv's carry
-    require(!links.y_in_again, "BlockwiseEngine: a Mamba's range keeps its input (no y_in_again)");
-    return compute_mamba(params, x, targets, blocks, links, state, grad);
-  }
-  Range r;
-  r.links = &links;
-  r.state = state;
-  r.start(params, x, targets, blocks, opts_, state, links.y_in_again,
-          [&](const BlockwiseShape& sh) { return blockwise_workspace(opts_, sh); }, grad);
-  if (state)
-    for (int k = r.k0; k < r.k1; ++k) r.fw->start_from(k, (*state)[std::size_t(k - r.k0)], layer_.execution_space());
-  forward(params, x, r);
-  if (links.before_backward) links.before_backward();
-  const double loss = backward(params, x, r, grad);
-  layer_.release();
-  return loss;
-}
-
-// Blocks in order, the state of every layer carried along; the kept inputs stored.
-template <class S>
-void BlockwiseEngine<S>::forward(const ParamSet<S>& params, const TokenView& x, Range& r) {
-  const ExecSpace& exec = layer_.execution_space();
-  const TokenBlocks& blk = r.fw->blocks();
-  Workspace<S> ws;  // freed on return
-  ws.plan(r.ws.forward);
-  View2<S> ya = ws.view2(y_block), yb = ws.view2(y_block_next);
-  for (index_t j = 0; j < blk.n; ++j) {
-    const index_t rows = r.fw->rows(j);
-    View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-    if (r.first)
-      embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
-    else
-      r.links->y_in(j, y);
-    if (r.keeps(r.k0)) r.kept_input(r.k0).put(y, r.T, blk.start(j), blk.size(j), exec);
-    const auto act_j = first_rows(r.act, rows);
-    for (int k = r.k0; k < r.k1; ++k) {
-      const View2<S> h = r.fw->advance(params.layer(k), k, j, y, act_j, yo, exec);
-      if (j + 1 == blk.n && r.state) Kokkos::deep_copy(exec, (*r.state)[std::size_t(k - r.k0)], h);
-      std::swap(y, yo);
-      if (k + 1 <= r.seg.top() && !r.kept_input(k + 1).empty()) r.kept_input(k + 1).put(y, r.T, blk.start(j), blk.size(j), exec);
-    }
-    if (!r.last) r.links->y_out(j, y);
-  }
-}
-
-// Blocks last to first; in each, segments top down, each segment's inputs
-// recomputed from its kept input and the kept states.
-template <class S>
-double BlockwiseEngine<S>::backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad) {
-  const ExecSpace& exec = layer_.execution_space();
-  const TokenBlocks& blk = r.fw->blocks();
-  const auto gglobal = grad.global();
-  // The segment's inputs and g (E3 allocates the carries at a layer's first block).
-  Workspace<S> ws;
-  ws.plan(r.ws.backward);
-  std::vector<View2<S>> yseg;
-  for (int i = 0; i < r.seg.longest(); ++i) yseg.push_back(ws.view2(y_segment, i));
-  const View2<S> gb = ws.view2(g_block);
-  std::vector<ExactCarry<S>> carry(std::size_t(r.k1 - r.k0));
-  double loss = 0;
-  for (index_t j = blk.n - 1; j >= 0; --j) {
-    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = r.fw->rows(j);
-    const TokenView xb = token_block(x, t0, Tj);
-    const auto act_j = first_rows(r.act, rows);
-    const View2<S> g = first_rows(gb, rows);
-    if (!r.last) r.links->g_in(j, g);
-    for (std::size_t i = r.seg.starts.size(); i-- > 0;) {
-      const int c = r.seg.starts[i], e = r.seg.end_of(i);  // the segment's inputs: y_c .. y_e
-      const View2<S> y0 = first_rows(yseg[0], rows);
-      if (c == 0 && r.first)
-        embedding_forward(params.global().embedding, xb, y0, exec);
-      else if (c == r.k0 && r.input_again)
-        r.links->y_in(j, y0);
-      else
-        r.kept_input(c).get(y0, r.T, t0, Tj, exec);
-      for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw
-        r.fw->replay(params.layer(k), k, j, first_rows(yseg[k - c], rows), act_j, first_rows(yseg[k + 1 - c], rows),
-                     exec);
-      if (r.last && e == r.K) {  // the head on y_K's rows: the block's share of L and g_K
-        const TokenView xh = token_block(x, t0, (blk.end(j) < r.T ? blk.end(j) + 1 : r.T) - t0);
-        loss += head_loss<S>(params.global(), xh, first_rows(yseg[r.K - c], rows), g, &gglobal, opts_.head_chunk,
-                             r.targets, exec);
-      }
-      for (int k = std::min(e, r.k1 - 1); k >= c; --k) {
-        const View2<S> h0 = (j > 0 || r.state) ? r.fw->state_before(k, j) : View2<S>();
-        layer_.backward_block(params.layer(k), r.fw->shape(j), first_rows(yseg[k - c], rows), g, h0,
-                              blk.n > 1 ? &carry[std::size_t(k - r.k0)] : nullptr, grad.layer(k));
-      }
-    }
-    if (r.first)
-      embedding_backward(xb, g, gglobal.embedding, exec);
-    else
-      r.links->g_out(j, g);
-  }
-  return loss;
-}
-
-// A Mamba over token blocks (docs/design.md §8): as the SSM-ResNet's pass, the
-// state before every (layer, block) kept, here a MambaState (the conv's last
-// Kc−1 inputs and h), so any block of any layer runs again alone bit for bit
-// (mamba_layer_forward's carried form). Backward blocks last to first: per
-// layer the μ/A carry over E channels and the conv's carry, ∂L/∂ the conv
-// state a block read, into the block before (AdjointExactLayer::backward_mamba_block).
-// A carried state (data.carry_state; on a layer range its layers' views, of
-// this replica's windows) is block 0's state before, a constant: ∂L/∂ it (the
-// conv's carry and μ out of block 0) is dropped, as the SSM-ResNet's h0; the
-// state after the last block replaces it.
-// On a layer range [k0, k1) of an MPI pipeline the links hand a block's y and
-// g to the neighbouring ranges, as in compute_range: the states and both
-// carries belong to a layer, so they never cross a rank; the range keeps its
-// received input y_k0 (the first segment's start) in the storage format.
-template <class S>
-double BlockwiseEngine<S>::compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets,
-                                         const TokenBlocks& blk, const RangeLinks<S>& links,
-                                         const std::vector<View2<S>>* state, const ParamSet<S>& grad) {
-  if (state) check_carried_state(*state, params.dims(), params.range().k1 - params.range().k0, x.extent(0));
-  const MatmulScope matmul(opts_.matmul, sizeof(S));
-  const ExecSpace& exec = layer_.execution_space();
-  const auto& d = params.dims();
-  const LayerRange& lr = params.range();
-  const int K = int(d.layers), k0 = lr.k0, k1 = lr.k1;
-  // first: the range starts the model (a tied Mamba's last range holds the embedding too, as its head).
-  const bool first = lr.embedding && k0 == 0, last = lr.head;
-  const index_t Bt = x.extent(0), T = x.extent(1), D = d.width, E = d.inner(), N = d.state;
-  const index_t Kc1 = d.conv_kernel - 1;
-  const DocStarts docs(x);
-  const auto shape = [&](index_t j) { return SeqShape{Bt, blk.size(j), docs.from(blk.start(j))}; };
-  const LayerSegments seg(k0, k1, K, last, opts_.layer_checkpoint);
-  std::vector<StoredRows<S>> kept(std::size_t(K + 1));  // by layer index; y_0 of the first range: the embedding again
-  for (const int c : seg.starts)
-    if (LayerSegments::keeps(c, k0, first, false))
-      kept[std::size_t(c)] = StoredRows<S>(std::string(y_kept), opts_.storage, Bt * T, D);
-  // The state before block j of layer k: slot j of conv[k - k0], ssm[k - k0] (block 0's: the carried state, or zero).
-  std::vector<View3<S>> conv, ssm;
-  for (int k = k0; k < k1; ++k) {
-    conv.emplace_back("ash::lowmem::mamba_conv_start", blk.n, Bt * E, Kc1);
-    ssm.emplace_back("ash::lowmem::mamba_ssm_start", blk.n, Bt * E, N);
-  }
-  const auto before = [&](int k, index_t j) {
-    MambaState<S> st;
-    st.conv = Kokkos::subview(conv[std::size_t(k - k0)], j, Kokkos::ALL(), Kokkos::ALL());
-    st.ssm = Kokkos::subview(ssm[std::size_t(k - k0)], j, Kokkos::ALL(), Kokkos::ALL());
-    return st;
-  };
-  if (state)
-    for (int k = k0; k < k1; ++k) mamba_state_from_carried((*state)[std::size_t(k - k0)], before(k, 0), exec);
-  MambaState<S> run(Bt, d);
-  const MambaActivations<S> act(shape(0), d, LayerActivations<S>::projections_only);  // one block's
-  // The block's forward of layer k from the state kept before it (forward and recomputation alike).
-  const auto advance = [&](int k, index_t j, const View2<S>& y, const View2<S>& yo) {
-    const MambaState<S> b = before(k, j);
-    Kokkos::deep_copy(exec, run.conv, b.conv);
-    Kokkos::deep_copy(exec, run.ssm, b.ssm);
-    mamba_layer_forward(params.mamba_layer(k), d, shape(j), y, first_rows(act, index_t(y.extent(0))), yo, run, exec);
-  };
-  grad.fill_zero();
-  const index_t rb = Bt * blk.len;
-  {  // forward: blocks in order, the kept inputs stored
-    View2<S> ya(std::string(y_block), rb, D), yb(std::string(y_block_next), rb, D);
-    for (index_t j = 0; j < blk.n; ++j) {
-      const index_t rows = Bt * blk.size(j);
-      View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-      if (first)
-        embedding_forward(params.global().embedding, token_block(x, blk.start(j), blk.size(j)), y, exec);
-      else
-        links.y_in(j, y);
-      if (!first) kept[std::size_t(k0)].put(y, T, blk.start(j), blk.size(j), exec);
-      for (int k = k0; k < k1; ++k) {
-        advance(k, j, y, yo);
-        if (j + 1 < blk.n) {
-          const MambaState<S> next = before(k, j + 1);
-          Kokkos::deep_copy(exec, next.conv, run.conv);
-          Kokkos::deep_copy(exec, next.ssm, run.ssm);
-        } else if (state) {  // the state after the window: the next window's
-          mamba_state_to_carried(run, (*state)[std::size_t(k - k0)], exec);
-        }
-        std::swap(y, yo);
-        if (!kept[std::size_t(k + 1)].empty()) kept[std::size_t(k + 1)].put(y, T, blk.start(j), blk.size(j), exec);
-      }
-      if (!last) links.y_out(j, y);
-    }
-  }
-  if (links.before_backward) links.before_backward();
-  // Backward: blocks last to first, segments top down, each recomputed from its kept input.
-  const auto gglobal = grad.global();
-  std::vector<View2<S>> yseg;
-  for (int i = 0; i < seg.longest(); ++i) yseg.emplace_back(std::string(y_segment), rb, D);
-  const View2<S> gb(std::string(g_block), rb, D);
-  std::vector<ExactCarry<S>> carry(static_cast<std::size_t>(k1 - k0));
-  std::vector<View2<S>> gconv;  // ∂L/∂ the conv state after the block, per layer (zero after the window)
-  for (int k = k0; k < k1; ++k) gconv.emplace_back("ash::lowmem::mamba_conv_carry", Bt * E, Kc1);
-  double loss = 0;
-  for (index_t j = blk.n - 1; j >= 0; --j) {
-    const index_t t0 = blk.start(j), Tj = blk.size(j), rows = Bt * Tj;
-    const TokenView xb = token_block(x, t0, Tj);
-    const View2<S> g = first_rows(gb, rows);
-    if (!last) links.g_in(j, g);
-    for (std::size_t i = seg.starts.size(); i-- > 0;) {
-      const int c = seg.starts[i], e = seg.end_of(i);
-      const View2<S> y0 = first_rows(yseg[0], rows);
-      if (c == 0 && first)
-        embedding_forward(params.global().embedding, xb, y0, exec);
-      else
-        kept[std::size_t(c)].get(y0, T, t0, Tj, exec);
-      for (int k = c; k < e; ++k) advance(k, j, first_rows(yseg[k - c], rows), first_rows(yseg[k + 1 - c], rows));
-      if (last && e == K) {  // the head on y_K's rows: the block's share of L and g_K
-        const TokenView xh = token_block(x, t0, (blk.end(j) < T ? blk.end(j) + 1 : T) - t0);
-        loss += head_loss<S>(params.global(), xh, first_rows(yseg[K - c], rows), g, &gglobal, opts_.head_chunk,
-                             targets, exec);
-      }
-      for (int k = std::min(e, k1 - 1); k >= c; --k)
-        layer_.backward_mamba_block(params.mamba_layer(k), d, shape(j), first_rows(yseg[k - c], rows), g, before(k, j),
-                                    blk.n > 1 ? &carry[std::size_t(k - k0)] : nullptr, gconv[std::size_t(k - k0)],
-                                    grad.mamba_layer(k));
-    }
-    if (first)
-      embedding_backward(xb, g, gglobal.embedding, exec);
-    else
-      links.g_out(j, g);
-  }
-  layer_.release();
-  return loss;
+  return with_layer_kind(params.dims(), [&](auto kind) {
+    return KindPass<S, decltype(kind)>(opts_, layer_, params, x, targets, blocks, links, state, grad).run();
+  });
 }
 
 template class BlockwiseEngine<float>;

@@ -3,10 +3,10 @@
 // detached forms) over token blocks with the memory levers: 16-bit storage of
 // the kept layer inputs (run.storage), layer-input checkpointing
 // (grad.layer_checkpoint = m) and a carried state (data.carry_state).
-// Forward block by block through the one block-wise forward
-// (model/blockwise_forward.hpp), keeping every m-th layer input and the state
+// Forward block by block, keeping every m-th layer input and the state
 // before each (layer, block); backward blocks last to first, segments of m
-// layers recomputed from the kept states, E3's backward_block per layer.
+// layers recomputed from the kept states, the layer kind's block backward
+// per layer (grad/layer_kinds.hpp: one pass, written once over the kind).
 // With float storage the gradient is bitwise the same for every m.
 //
 // The same pass runs on a layer range [k0, k1) of an MPI layer pipeline
@@ -14,9 +14,8 @@
 // next range and its g to the one before, so the levers compose with every
 // rank layout. A range's segments start at its first layer k0 and every m-th
 // after it; the first input (unless it is y_0, recomputed from the
-// embedding) arrives from another rank and is kept. A Mamba takes the same
-// links (compute_mamba): its per-(layer, block) states and carries stay on the
-// layer's rank.
+// embedding) arrives from another rank and is kept; the per-(layer, block)
+// states and carries stay on the layer's rank.
 #include <functional>
 #include <memory>
 #include <string>
@@ -179,21 +178,9 @@ class BlockwiseEngine final : public GradientEngine<S> {
   const ExecSpace& execution_space() const { return layer_.execution_space(); }
 
  private:
-  struct Range;  // one compute_range(): a BlockwisePass and the links
-  // A Mamba (model.arch = mamba): compute_range's pass over Mamba blocks, on
-  // the whole model in one process or on a layer range with its links; state
-  // as compute_range's (a Mamba's [Bt·E, Kc−1+N] per layer).
-  double compute_mamba(const ParamSet<S>& params, const TokenView& x, index_t targets, const TokenBlocks& blocks,
-                       const RangeLinks<S>& links, const std::vector<View2<S>>* state, const ParamSet<S>& grad);
-  void forward(const ParamSet<S>& params, const TokenView& x, Range& r);
-  double backward(const ParamSet<S>& params, const TokenView& x, Range& r, const ParamSet<S>& grad);
   EngineOptions opts_;
   AdjointExactLayer<S> layer_;
   std::vector<View2<S>>* state_ = nullptr;
 };
-
-// The former name.
-template <class S>
-using LowMemoryEngine = BlockwiseEngine<S>;
 
 }  // namespace ash

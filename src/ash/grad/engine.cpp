@@ -49,10 +49,13 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
   const View2<S> g("ash::g", s.rows(), d.width);  // g_K, then g_k in place (unchanged when detached)
   const double loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, 0, exec);
   store.release_output();
-  for (int k = int(d.layers) - 1; k >= 0; --k) {
-    layer_->backward(params.layer_ref(k), k, store, g, grad.layer_ref(k));  // either architecture
-    store.release(k);
-  }
+  with_layer_kind(d, [&](auto kind) {
+    using K = decltype(kind);
+    for (int k = int(d.layers) - 1; k >= 0; --k) {
+      layer_->backward(K::layer(params, k), d, k, store, g, K::layer(grad, k));
+      store.release(k);
+    }
+  });
   layer_->release();
   embedding_backward(x, g, gglobal.embedding, exec);
   return loss;
@@ -60,7 +63,7 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
 
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts) {
-  if (opts.low_memory()) return std::make_unique<BlockwiseEngine<S>>(opts);
+  if (opts.blockwise_levers()) return std::make_unique<BlockwiseEngine<S>>(opts);
   return std::make_unique<LocalEngine<S>>(opts);
 }
 

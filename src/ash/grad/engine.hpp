@@ -53,7 +53,7 @@ class LocalEngine final : public GradientEngine<S> {
 // the layer method allocates from and the memory planner sums.
 WorkspaceSpec layer_workspace(const EngineOptions& opts, const LayerShape& sh);
 
-// The local engine for opts.method (the BlockwiseEngine when opts.low_memory()); throws ash::Error for
+// The local engine for opts.method (the BlockwiseEngine when opts.blockwise_levers()); throws ash::Error for
 // options it does not support.
 template <class S>
 std::unique_ptr<GradientEngine<S>> make_engine(const EngineOptions& opts);

@@ -4,28 +4,21 @@
 // add θ_k's gradient and turn g_k into g_{k-1} (unless the layer input is
 // detached, the paper's mode, where g is left as it is). Orchestrators (the
 // local engine, the MPI layer pipeline) decide the order of layers and ranks;
-// the methods E1, E2, E3 live behind this interface. A layer is either
-// architecture's (LayerRef): a Mamba block runs mamba_gate_backward (g → ∂L/∂s),
-// the method's own μ on the scan core over E channels, then the mixer's VJPs.
+// the methods E1, E2, E3 live behind this interface. A layer is of a kind
+// (grad/layer_kinds.hpp): backward() is overloaded by the kind's parameter
+// type, one overload per kind of the registry; a method forms μ of the kind's
+// scan core its own way and the kind runs its dense VJPs around it.
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "ash/grad/kind_interface.hpp"
+#include "ash/grad/layer_kinds.hpp"
 #include "ash/model/forward.hpp"
 
 namespace ash {
 
 struct EngineOptions;
-
-// What the reverse pass over token blocks (the block-wise engine, the MPI
-// pipeline's reverse wavefront) carries from one block into the one before
-// it: μ and A at the first token of the later block, per (sequence, channel,
-// state), [Bt, P, N].
-template <class S>
-struct ExactCarry {
-  View3<S> mu, A;
-  bool valid = false;  // false: the later block does not exist (end of the window)
-};
 
 // The reverse mode of one layer on a piece of the window (E3 only:
 // docs/design.md §2, §8): a token block with the carry from the block after
@@ -80,12 +73,16 @@ class LayerAdjoint {
   // True when every layer input is detached: layers are independent given g
   // (paper mode: no communication between layer ranks after g).
   virtual bool detached() const = 0;
-  // Reverse mode of layer k (global index) over the whole window. g is g_k on
-  // entry and g_{k-1} on return (unchanged when detached(): for a Mamba the
-  // stop-gradient on the block's input into norm and mixer, the residual
-  // passing g on). p and grad: an SSM-ResNet layer or a Mamba block, as the store's.
-  virtual void backward(const LayerRef<S>& p, int k, ActivationStore<S>& store, const View2<S>& g,
-                        const LayerRef<S>& grad) = 0;
+  // Reverse mode of layer k (global index) of kind K over the whole window:
+  // backward(K::Params p, d, k, store, g, K::Params grad). g is g_k on entry
+  // and g_{k-1} on return (unchanged when detached(): the stop-gradient on
+  // the layer's input into its branch, the residual passing g on). p, grad
+  // and the store's activations are the kind's.
+#define ASH_LAYER_ADJOINT_BACKWARD(K)                                                                    \
+  virtual void backward(const typename K::template Params<S>& p, const ModelDims& d, int k,               \
+                        ActivationStore<S>& store, const View2<S>& g, const typename K::template Params<S>& grad) = 0;
+  ASH_FOR_EACH_LAYER_KIND(ASH_LAYER_ADJOINT_BACKWARD)
+#undef ASH_LAYER_ADJOINT_BACKWARD
   // Frees the scratch kept between layers (called at the end of a pass).
   virtual void release() {}
   // The block and range forms, for methods that have them (E3); else nullptr.
@@ -97,18 +94,14 @@ class LayerAdjoint {
   ExecSpace exec_;
 };
 
-// A Mamba block's cotangents for `rows` tokens (scan_partials as
-// MambaCotangents), allocated on first use and kept from block to block of a
-// pass in the method's `c` (its release() resets it).
-template <class S>
-const MambaCotangents<S>& mamba_cotangents(std::unique_ptr<MambaCotangents<S>>& c, index_t rows, const ModelDims& d,
-                                           bool scan_partials) {
-  if (!c || index_t(c->gs.extent(0)) != rows) {
-    c.reset();  // the old ones freed first: the peak holds one set
-    c = std::make_unique<MambaCotangents<S>>(rows, d, scan_partials);
+// A method's overrides of backward(), one per kind, each calling its member
+// template backward_kind<K>(p, d, k, store, g, grad).
+#define ASH_LAYER_ADJOINT_OVERRIDE(K)                                                                     \
+  void backward(const typename K::template Params<S>& p, const ModelDims& d, int k, ActivationStore<S>& store, \
+                const View2<S>& g, const typename K::template Params<S>& grad) override {                    \
+    this->template backward_kind<K>(p, d, k, store, g, grad);                                                \
   }
-  return *c;
-}
+#define ASH_LAYER_ADJOINT_OVERRIDES ASH_FOR_EACH_LAYER_KIND(ASH_LAYER_ADJOINT_OVERRIDE)
 
 // E1 backprop, E2 adjoint or E3 adjoint-exact by opts.method; throws
 // ash::Error for options it does not support.

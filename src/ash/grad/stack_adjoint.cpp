@@ -234,8 +234,8 @@ void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, con
     backward_blockwise(blocks, s, y0, g, grad);
     return;
   }
-  // The engines' own per-layer E3 (AdjointExactLayer, which takes a Mamba
-  // block through LayerRef): the block inputs y_0 (a copy of the caller's) ..
+  // The engines' own per-layer E3 (AdjointExactLayer; the blocks' parameter
+  // type selects the kind's backward): the block inputs y_0 (a copy of the caller's) ..
   // y_{K-1} recomputed into a store that keeps nothing else, then block by
   // block from K-1 down, each block's projections recomputed by the store.
   const auto layer = make_layer_adjoint<S>(opts_);
@@ -245,7 +245,7 @@ void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, con
     mamba_layer_forward(blocks[std::size_t(k)], d, s, store.input(k), store.mamba_scratch(), store.input(k + 1), exec);
   store.release_output();
   for (int k = K - 1; k >= 0; --k) {
-    layer->backward(LayerRef<S>(blocks[std::size_t(k)], d), k, store, g, LayerRef<S>(grad[std::size_t(k)], d));
+    layer->backward(blocks[std::size_t(k)], d, k, store, g, grad[std::size_t(k)]);
     store.release(k);
   }
   layer->release();
@@ -253,7 +253,7 @@ void MambaStackAdjoint<S>::backward(const Blocks& blocks, const SeqShape& s, con
 }
 
 // The memory levers: the block-wise engine's pass over a layer range
-// without embedding and head (BlockwiseEngine::compute_mamba), fed by the
+// without embedding and head (BlockwiseEngine::compute_range), fed by the
 // whole-stack links. It takes a ParamSet, so the blocks (views of the
 // caller's tensors) are copied into one and the gradient copied out: O(parameters)
 // per call beside the O(T) pass.

@@ -15,7 +15,7 @@
 // docs/design.md §1; transformers' MambaModel.layers): forward y_K from y_0
 // keeping nothing; backward recomputes the block inputs from y_0 and runs E3
 // over the whole window, block by block, through the engines' own per-layer
-// method (AdjointExactLayer on a LayerRef): exact, detached or windowed
+// method (AdjointExactLayer): exact, detached or windowed
 // (T̄). The blocks' parameters are
 // MambaLayerParams views, so they may be a ParamSet's or a caller's own
 // tensors (the PyTorch wrap reads the model's parameters in place).
@@ -55,7 +55,7 @@ class MambaStackAdjoint {
   // block's input detached in its branch, g_k = g_K for every block) or
   // windowed (grad.truncate = T̄ with detach_inputs); the memory levers
   // run.storage, grad.layer_checkpoint and grad.token_block run backward through
-  // the block-wise engine (BlockwiseEngine::compute_mamba on the whole stack as
+  // the block-wise engine (BlockwiseEngine::compute_range on the whole stack as
   // a layer range); data.carry_state is refused by name. grad.chunk, grad.wave
   // and run.matmul apply.
   MambaStackAdjoint(const ModelDims& d, const EngineOptions& opts);

@@ -27,11 +27,6 @@ template <class S>
 LayerShape layer_shape(const SeqShape& s, const LayerParams<S>& p) {
   return LayerShape{s.batch, s.T, index_t(p.W_delta.extent(0)), index_t(p.W_B.extent(0)), sizeof(S)};
 }
-// Either architecture's: a Mamba block's is its scan's, over P = E channels.
-template <class S>
-LayerShape layer_shape(const SeqShape& s, const LayerRef<S>& p) {
-  return p.is_mamba ? LayerShape{s.batch, s.T, p.dims.inner(), p.dims.state, sizeof(S)} : layer_shape(s, p.ssm);
-}
 
 // One buffer: its Kokkos label, element size and extents (rank 1 to 3), in
 // `copies` Views of that label (the layers' carries, a segment's inputs).

@@ -53,20 +53,6 @@ struct MambaLayerParams {
   Unmanaged2<S> out_proj;     // W_out    [D, E]
 };
 
-// One layer of either architecture: what the per-layer methods
-// (grad/layer_adjoint.hpp) and ActivationStore take. Made implicitly from an
-// SSM-ResNet's LayerParams (the SSM-only engines pass params.layer(k)); a
-// Mamba block's carries the model's sizes its kernels need (E, R, Kc, eps).
-template <class S>
-struct LayerRef {
-  LayerParams<S> ssm;         // an SSM-ResNet layer (empty for a Mamba)
-  MambaLayerParams<S> mamba;  // a Mamba block (empty for an SSM-ResNet)
-  ModelDims dims;             // a Mamba's sizes
-  bool is_mamba = false;
-  LayerRef(const LayerParams<S>& p) : ssm(p) {}  // NOLINT: implicit on purpose (see above)
-  LayerRef(const MambaLayerParams<S>& p, const ModelDims& d) : mamba(p), dims(d), is_mamba(true) {}
-};
-
 template <class S>
 struct GlobalParams {
   Unmanaged2<S> embedding;   // E  [V, P]
@@ -112,10 +98,6 @@ class ParamSet {
   LayerParams<S> layer(int k) const;
   // Layer k of a Mamba (model.arch = "mamba").
   MambaLayerParams<S> mamba_layer(int k) const;
-  // Layer k of either architecture (the per-layer methods' handle).
-  LayerRef<S> layer_ref(int k) const {
-    return dims_.mamba() ? LayerRef<S>(mamba_layer(k), dims_) : LayerRef<S>(layer(k));
-  }
   // Embedding, final norm and head; the ones outside range() are empty Views.
   GlobalParams<S> global() const { return global_; }
 

@@ -209,14 +209,14 @@ struct Planner {
     const double E = double(cfg.model.inner()), R = double(cfg.model.rank());
     return (rows * (1 + P + 7 * E + R + 2 * N) + E * N + (h_and_A ? 2 * rows * E * N : 0.0)) * S;
   }
-  // A Mamba's block-wise pass (BlockwiseEngine::compute_mamba: a lever in one
+  // A Mamba's block-wise pass (BlockwiseEngine::compute_range: a lever in one
   // process, E3 on every data and layer rank layout), on this rank's layer
   // range: the kept inputs (run.storage; a range after the first keeps the
   // input it received), a MambaState before every (layer, block) and the
   // running one, one block's activations; forward: a block's y and next y;
   // backward: the segment's inputs and g of a block, the conv's carry per layer
   // (and E3's μ/A carries over E channels with several blocks), and
-  // AdjointExactLayer::backward_mamba_block's block activations, state copy,
+  // the kind's block backward's block activations, state copy,
   // cotangents and scan workspace, held from the first block on; the head's
   // chunk on the range with the head.
   std::string mamba_blockwise(Items& persistent, Phases& phases) const {
@@ -264,7 +264,7 @@ struct Planner {
   // every (layer, block) and the running one, one block's activations; head:
   // a recomputed block's in and out and the head chunk; backward: those, the
   // conv's carry and μ's carry (μ, A over E) passed range to range, and
-  // AdjointExactLayer::backward_mamba_block's block activations, state copy,
+  // the kind's block backward's block activations, state copy,
   // cotangents and scan workspace, held from the first block on. A window T̄:
   // the range one block, the backward's over the range and a halo of H tokens
   // (their y and g, dist::WindowHalo), only the conv's carry passed.
@@ -273,9 +273,9 @@ struct Planner {
     const double Kc1 = double(cfg.model.conv_kernel - 1), state = B * E * (Kc1 + N) * S;
     const std::int64_t Tall = cfg.data.seq_len, Sr = cfg.dist.seq_ranks;
     // Without a lever each range is one block; with one, one process's blocks cut at the range's ends.
-    const std::int64_t blen = o.low_memory() ? sequence_block_length(o, Ti, Tall) : Ti;
+    const std::int64_t blen = o.blockwise_levers() ? sequence_block_length(o, Ti, Tall) : Ti;
     std::int64_t nblocks = 1;
-    if (o.low_memory())
+    if (o.blockwise_levers())
       for (std::int64_t s = 0; s < Sr; ++s)
         nblocks = std::max<std::int64_t>(nblocks, sequence_blocks(o, Tall, Tall * s / Sr, Tall * (s + 1) / Sr).n);
     const bool window = o.truncate > 0 && o.truncate < Tall;
@@ -444,7 +444,7 @@ MemoryPlan plan_rank(const Settings& cfg, Workload w, std::size_t scalar_bytes, 
   // E3 runs block-wise with a lever, and on every layer or data rank layout (S = 1).
   // With a lever on sequence ranks (S > 1) each range runs in token blocks (dist::SequenceBlockwise).
   // A Mamba alike (its E1 and E2 on whole windows); on sequence ranks its own pass (mamba_sequence).
-  const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.low_memory() || (multi && Sq == 1));
+  const bool blockwise = cfg.grad.exact_adjoint() && (cfg.grad.blockwise_levers() || (multi && Sq == 1));
   const bool seq_blocks = blockwise && Sq > 1;
   // A Mamba on sequence ranks runs dist::SequenceBlockwise, levers or not.
   const bool mamba_seq = cfg.model.mamba() && cfg.grad.exact_adjoint() && Sq > 1;

@@ -1,0 +1,41 @@
+#pragma once
+// What a layer kind supplies to the engines (docs/design.md, "Layer kinds"),
+// and the small types its members take. A kind is a struct of types and
+// static members, one per architecture (ssm_resnet_kind.hpp is the reference;
+// layer_kinds.hpp lists them):
+//   name, Params<S>, layer(ParamSet, k)          its parameter views
+//   State<S>, BlockStates<S>, make_state, copy,  its recurrent state over a batch,
+//   from_carried, to_carried                     and data.carry_state's view of it
+//   BlockActs<S>, make_block_acts, forward_block one token block's forward from a state
+//   Carry<S>, make_carry, backward_block         E3 on a token block, carry to the block before
+//   scan_shape, window_cotangents, backward_window   E1/E2: the VJPs around the method's μ
+//   backward_exact                               E3 on a whole window
+//   Scratch<S>                                   what the kind keeps from layer to layer of a pass
+// The engines are written once over a kind K and instantiated per kind.
+#include <functional>
+
+#include "ash/core/types.hpp"
+#include "ash/model/ssm_layer.hpp"
+
+namespace ash {
+
+template <class S>
+class AdjointExactLayer;
+
+// What E3's reverse pass over token blocks (the block-wise engine, the MPI
+// pipeline's reverse wavefront, sequence ranks) carries from one block into
+// the one before it: μ and A at the first token of the later block, per
+// (sequence, channel, state), [Bt, P, N] (P: the scan's channels).
+template <class S>
+struct ExactCarry {
+  View3<S> mu, A;
+  bool valid = false;  // false: the later block does not exist (end of the window)
+};
+
+// A whole-window method's μ (E1: the reverse scan of the kept h and A; E2: the
+// paper's window sums) of a kind's scan core: from the scan's activations and
+// the cotangent gy of its output, into the method's μ [rows, P, N].
+template <class S>
+using FormMu = std::function<void(const LayerActivations<S>& scan, const View2<S>& gy)>;
+
+}  // namespace ash

@@ -1,0 +1,168 @@
+#include "ash/grad/mamba_kind.hpp"
+
+#include "ash/core/error.hpp"
+#include "ash/grad/adjoint_exact.hpp"
+
+namespace ash {
+
+namespace impl {  // (external linkage: nvcc refuses a KOKKOS_LAMBDA in a function with internal linkage)
+
+// A Mamba's wave: the scan's cotangents of the wave (row b·W + t - t0) into
+// the window's (row b·T + t), for the dense VJPs after the scan. (A named
+// function: nvcc takes no KOKKOS_LAMBDA inside a lambda.)
+template <class S>
+void mamba_wave_rows(const SeqShape& s, const BlockRows& rb, const LayerCotangents<S>& wave, const LayerCotangents<S>& all,
+               const ExecSpace& exec) {
+  const index_t W = rb.W, t0 = rb.t0, T = s.T, E = all.gz.extent(1), N = all.gbeta.extent(1);
+  const View2<S> gz = all.gz, gu = all.gyhat, gb = all.gbeta, gc = all.ggamma;
+  const View2<S> wz = wave.gz, wu = wave.gyhat, wb = wave.gbeta, wg = wave.ggamma;
+  Kokkos::parallel_for(
+      "ash::mamba::e3::wave_rows", Range(exec, 0, s.batch * W), KOKKOS_LAMBDA(const index_t r) {
+        const index_t m = (r / W) * T + t0 + r % W;
+        for (index_t e = 0; e < E; ++e) {
+          gz(m, e) = wz(r, e);
+          gu(m, e) = wu(r, e);
+        }
+        for (index_t n = 0; n < N; ++n) {
+          gb(m, n) = wb(r, n);
+          gc(m, n) = wg(r, n);
+        }
+      });
+}
+
+// Rows t >= own of every sequence of T rows (a window's halo) set to zero.
+template <class S>
+void zero_halo_rows(const View2<S>& v, index_t T, index_t own, const ExecSpace& exec) {
+  const index_t nh = T - own, B = index_t(v.extent(0)) / T, C = v.extent(1);
+  Kokkos::parallel_for(
+      "ash::e3::zero_halo_rows", Range(exec, 0, B * nh * C), KOKKOS_LAMBDA(const index_t i) {
+        const index_t b = i / (nh * C), t = own + (i / C) % nh, c = i % C;
+        v(b * T + t, c) = S(0);
+      });
+}
+
+}  // namespace impl
+
+namespace {
+
+// E3 on a token block or a window's range + halo (own_T > 0: only the first
+// own_T tokens of each sequence contribute; the rest is a halo μ_T̄ reads).
+template <class S>
+void exact_block(AdjointExactLayer<S>& e3, const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
+                 const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before, ExactCarry<S>* carry,
+                 const View2<S>& gconv, const MambaLayerParams<S>& grad, index_t own_T) {
+  const ExecSpace& exec = e3.execution_space();
+  auto& sc = e3.scratch().template get<MambaKind>();
+  const index_t rows = sb.rows();
+  if (!sc.act || index_t(sc.act->x.extent(0)) != rows) {
+    sc.act.reset();  // the old ones freed first
+    sc.act = std::make_unique<MambaActivations<S>>(sb, d, LayerActivations<S>::projections_only);
+  }
+  if (index_t(sc.state.ssm.extent(0)) != index_t(before.ssm.extent(0))) sc.state = MambaState<S>(sb.batch, d);
+  const MambaActivations<S>& act = *sc.act;
+  const auto& cot = sc.cotangents(rows, d, false);
+  // The block's forward again, bit for bit the forward's: from a copy of the
+  // state it started from (the forward advances the state it is given); its
+  // output lands in ∂ŷ's rows, unused until the norm's VJP.
+  Kokkos::deep_copy(exec, sc.state.conv, before.conv);
+  Kokkos::deep_copy(exec, sc.state.ssm, before.ssm);
+  mamba_layer_forward(p, d, sb, y_blk, act, cot.gyhat, sc.state, exec);
+  // The gate's VJP split around the scan (∂L/∂s first, which μ reads, also in
+  // a halo): with a halo, its rows' g, ∂L/∂o and scan cotangents are zeroed
+  // between, so they add nothing to W_out's gradient or the dense VJPs.
+  mamba_gate_backward_first(p, act, g_blk, cot, exec);
+  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                    const View3<S>& A, const LayerCotangents<S>& wc) {
+    selective_scan_backward_rows(p.D, sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+    impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
+  };
+  adjoint_exact_scan_waves(e3.options(), e3.scan_work(), sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry,
+                           own_T);
+  if (own_T > 0 && own_T < sb.T) {
+    // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
+    const View2<S> halo_rows[] = {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma};
+    for (const View2<S>& v : halo_rows) impl::zero_halo_rows(v, sb.T, own_T, exec);
+  }
+  mamba_gate_backward_second(act, g_blk, cot, grad, exec);
+  mamba_mixer_backward_block(p, d, sb, y_blk, act, cot, grad, e3.options().detach_inputs ? View2<S>() : g_blk,
+                             before.conv, gconv, own_T, exec);
+}
+
+}  // namespace
+
+template <class S>
+void MambaKind::backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, const SeqShape& s,
+                               const View2<S>& y, const View2<S>& g, const State<S>& before, bool, Carry<S>& carry,
+                               bool carries, const Params<S>& grad) {
+  exact_block(e3, p, d, s, y, g, before, carries ? &carry.mu : nullptr, carry.gconv, grad, 0);
+}
+
+template <class S>
+void MambaKind::backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
+                                      const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
+                                      const State<S>& before, index_t own_T, const View2<S>& gconv,
+                                      const Params<S>& grad) {
+  require(e3.options().detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
+  require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
+  exact_block<S>(e3, p, d, s_ext, y_ext, g_ext, before, nullptr, gconv, grad, own_T);
+}
+
+// E1 and E2: the gate's VJP gives ∂L/∂s, the scan's cotangent; the method's
+// μ over E channels; the mixer's VJPs (the block's input detached: g passes on).
+template <class S>
+void MambaKind::backward_window(const Params<S>& p, const ModelDims& d, ActivationStore<S>& store, int k,
+                                const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
+                                const Workspace<S>&, Scratch<S>& sc, const Params<S>& grad, const ExecSpace& exec) {
+  const auto& s = store.shape();
+  const auto& act = store.kept_mamba(k);
+  const auto& cot = sc.cotangents(s.rows(), d, true);
+  mamba_gate_backward(p, act, g, cot, grad, exec);
+  form_mu(act.scan, cot.gs);
+  mamba_mixer_backward(p, d, s, store.input(k), act, mu, cot, grad, detach ? View2<S>() : g, exec);
+}
+
+// E3 on a whole window (the fused per-chunk form is an SSM-ResNet layer's: the
+// scan runs the wave form); detached, the input VJP is skipped (g passes on).
+template <class S>
+void MambaKind::backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
+                               ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad) {
+  const SeqShape& s = store.shape();
+  const ExecSpace& exec = e3.execution_space();
+  // The block's activations again only up to the scan's inputs: the waves
+  // replay h^{t-1} and A^t, which give the scan's output s without a second
+  // forward scan, and the gate's VJP is split around them (∂L/∂s needs no s).
+  const auto& act = store.mamba_activations(p, k, exec, MambaUpTo::scan_inputs);
+  const auto& cot = e3.scratch().template get<MambaKind>().cotangents(s.rows(), d, false);
+  mamba_gate_backward_first(p, act, g, cot, exec);
+  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                    const View3<S>& A, const LayerCotangents<S>& wc) {
+    mamba_scan_output_rows(p.D, s, act, rb, hprev, A, exec);
+    selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+    impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
+  };
+  adjoint_exact_scan_waves(e3.options(), e3.scan_work(), s, act.scan, cot.gs, on_wave, exec);
+  mamba_gate_backward_second(act, g, cot, grad, exec);  // s complete: o, W_out's gradient, ∂L/∂z
+  mamba_mixer_backward_dense(p, d, s, store.input(k), act, cot, grad, e3.options().detach_inputs ? View2<S>() : g,
+                             exec);
+}
+
+#define ASH_INSTANTIATE(S)                                                                                         \
+  template void MambaKind::backward_block<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,            \
+                                             const SeqShape&, const View2<S>&, const View2<S>&, const State<S>&,   \
+                                             bool, Carry<S>&, bool, const Params<S>&);                             \
+  template void MambaKind::backward_window_range<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,     \
+                                                    const SeqShape&, const View2<S>&, const View2<S>&,             \
+                                                    const State<S>&, index_t, const View2<S>&, const Params<S>&);  \
+  template void MambaKind::backward_window<S>(const Params<S>&, const ModelDims&, ActivationStore<S>&, int,        \
+                                              const View2<S>&, bool, const FormMu<S>&, const View3<S>&,            \
+                                              const Workspace<S>&, Scratch<S>&, const Params<S>&,                  \
+                                              const ExecSpace&);                                                   \
+  template void MambaKind::backward_exact<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&, int,       \
+                                             ActivationStore<S>&, const View2<S>&, const Params<S>&);
+ASH_INSTANTIATE(float)
+ASH_INSTANTIATE(double)
+#undef ASH_INSTANTIATE
+
+}  // namespace ash

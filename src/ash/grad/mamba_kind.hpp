@@ -1,0 +1,136 @@
+#pragma once
+// The Mamba layer kind (model.arch = "mamba", docs/design.md §1, transformers'
+// MambaBlock; members as kind_interface.hpp lists them). Its recurrent state
+// is MambaState (the conv's last Kc − 1 inputs and h over E channels); its
+// scan core runs over E channels with ∂L/∂s (from the gate's VJP) for g; a
+// token block's backward carries μ and A over E channels and ∂L/∂ the conv
+// state the block read.
+#include <memory>
+
+#include "ash/grad/kind_interface.hpp"
+#include "ash/grad/workspace.hpp"
+#include "ash/model/forward.hpp"
+
+namespace ash {
+
+struct MambaKind {
+  static constexpr const char* name = "mamba";
+  template <class S>
+  using Params = MambaLayerParams<S>;
+  template <class S>
+  static Params<S> layer(const ParamSet<S>& ps, int k) {
+    return ps.mamba_layer(k);
+  }
+
+  template <class S>
+  using State = MambaState<S>;
+  template <class S>
+  static State<S> make_state(const ModelDims& d, index_t Bt) {
+    return MambaState<S>(Bt, d);
+  }
+  template <class S>
+  struct BlockStates {
+    View3<S> conv, ssm;  // [blocks, Bt·E, Kc−1], [blocks, Bt·E, N]
+    BlockStates(const ModelDims& d, index_t Bt, index_t blocks)
+        : conv("ash::lowmem::mamba_conv_start", blocks, Bt * d.inner(), d.conv_kernel - 1),
+          ssm("ash::lowmem::mamba_ssm_start", blocks, Bt * d.inner(), d.state) {}
+    State<S> at(index_t j) const {
+      MambaState<S> st;
+      st.conv = Kokkos::subview(conv, j, Kokkos::ALL(), Kokkos::ALL());
+      st.ssm = Kokkos::subview(ssm, j, Kokkos::ALL(), Kokkos::ALL());
+      return st;
+    }
+  };
+  template <class S>
+  static void copy(const ExecSpace& exec, const State<S>& to, const State<S>& from) {
+    Kokkos::deep_copy(exec, to.conv, from.conv);
+    Kokkos::deep_copy(exec, to.ssm, from.ssm);
+  }
+  // data.carry_state's [Bt·E, Kc−1+N] view of the layer and the state.
+  template <class S>
+  static void from_carried(const View2<S>& carried, const State<S>& st, const ExecSpace& exec) {
+    mamba_state_from_carried(carried, st, exec);
+  }
+  template <class S>
+  static void to_carried(const State<S>& st, const View2<S>& carried, const ExecSpace& exec) {
+    mamba_state_to_carried(st, carried, exec);
+  }
+
+  template <class S>
+  using BlockActs = MambaActivations<S>;
+  template <class S>
+  static BlockActs<S> make_block_acts(const SeqShape& s, const ModelDims& d) {
+    return BlockActs<S>(s, d, LayerActivations<S>::projections_only);
+  }
+  template <class S>
+  static void forward_block(const Params<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
+                            const BlockActs<S>& act, const View2<S>& yo, const State<S>& st, const ExecSpace& exec) {
+    mamba_layer_forward(p, d, s, y, first_rows(act, s.rows()), yo, st, exec);
+  }
+
+  template <class S>
+  struct Carry {
+    ExactCarry<S> mu;  // μ and A over E channels at the block's first token
+    View2<S> gconv;    // ∂L/∂ the conv state after the block [Bt·E, Kc−1] (zero after the window)
+  };
+  template <class S>
+  static Carry<S> make_carry(const ModelDims& d, index_t Bt) {
+    return {ExactCarry<S>(), View2<S>("ash::lowmem::mamba_conv_carry", Bt * d.inner(), d.conv_kernel - 1)};
+  }
+  // E3 on one token block: the block's forward again from `before` (the state
+  // the forward started it from; zero_before unread: before is zero then), the
+  // gate's VJP, the scan's waves with the μ/A carry over E channels (when
+  // carries), the mixer's VJPs with the conv's carry.
+  template <class S>
+  static void backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
+                             Carry<S>& carry, bool carries, const Params<S>& grad);
+  // The window T̄ on a token range of a sequence rank (paper mode): the
+  // range's own_T tokens per sequence then the next range's first tokens (the
+  // halo) in s_ext, y_ext and g_ext (its halo rows are zeroed), from `before`
+  // (the state before the range). μ_T̄ of the own tokens reads the halo; only
+  // the own tokens add to grad; gconv: in, ∂L/∂ the conv state after the own
+  // tokens (the next range's scatter); out, before the range.
+  template <class S>
+  static void backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
+                                    const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
+                                    const State<S>& before, index_t own_T, const View2<S>& gconv,
+                                    const Params<S>& grad);
+
+  // What the kind keeps from layer (and token block) to layer of a pass: the
+  // block's cotangents, a token block's activations and the state its forward
+  // runs again from.
+  template <class S>
+  struct Scratch {
+    std::unique_ptr<MambaCotangents<S>> cot;
+    std::unique_ptr<MambaActivations<S>> act;
+    MambaState<S> state;
+    // The cotangents of `rows` tokens, allocated on first use (the old ones freed first).
+    const MambaCotangents<S>& cotangents(index_t rows, const ModelDims& d, bool scan_partials) {
+      if (!cot || index_t(cot->gs.extent(0)) != rows) {
+        cot.reset();
+        cot = std::make_unique<MambaCotangents<S>>(rows, d, scan_partials);
+      }
+      return *cot;
+    }
+    void release() {
+      cot.reset();
+      act.reset();
+      state = MambaState<S>();
+    }
+  };
+  template <class S>
+  static LayerShape scan_shape(const SeqShape& s, const ModelDims& d) {
+    return LayerShape{s.batch, s.T, d.inner(), d.state, sizeof(S)};
+  }
+  static constexpr bool window_cotangents = false;  // the scan's are part of MambaCotangents
+  template <class S>
+  static void backward_window(const Params<S>& p, const ModelDims& d, ActivationStore<S>& store, int k,
+                              const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
+                              const Workspace<S>& work, Scratch<S>& sc, const Params<S>& grad, const ExecSpace& exec);
+  template <class S>
+  static void backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
+                             ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad);
+};
+
+}  // namespace ash

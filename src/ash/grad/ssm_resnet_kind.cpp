@@ -1,0 +1,47 @@
+#include "ash/grad/ssm_resnet_kind.hpp"
+
+#include "ash/grad/adjoint_exact.hpp"
+
+namespace ash {
+
+template <class S>
+void SsmResNetKind::backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims&, const SeqShape& s,
+                                   const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
+                                   Carry<S>& carry, bool carries, const Params<S>& grad) {
+  e3.backward_block(p, s, y, g, zero_before ? View2<S>() : before.h, carries ? &carry.mu : nullptr, grad);
+}
+
+template <class S>
+void SsmResNetKind::backward_window(const Params<S>& p, const ModelDims&, ActivationStore<S>& store, int k,
+                                    const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
+                                    const Workspace<S>& work, Scratch<S>&, const Params<S>& grad,
+                                    const ExecSpace& exec) {
+  const auto& s = store.shape();
+  const auto& act = store.kept(k);
+  form_mu(act, g);
+  ssm_layer_backward_rows(p, s, store.input(k), act, g, BlockRows{s.T, s.T, 0}, mu, act.hprev, act.A,
+                          work.cotangents(), grad, g, detach, exec);
+}
+
+template <class S>
+void SsmResNetKind::backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims&, int k,
+                                   ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad) {
+  const auto& act = store.activations(p, k, e3.execution_space());
+  e3.run(p, store.shape(), store.input(k), act, g, View2<S>(), nullptr, grad);
+}
+
+#define ASH_INSTANTIATE(S)                                                                                      \
+  template void SsmResNetKind::backward_block<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,      \
+                                                 const SeqShape&, const View2<S>&, const View2<S>&,              \
+                                                 const State<S>&, bool, Carry<S>&, bool, const Params<S>&);      \
+  template void SsmResNetKind::backward_window<S>(const Params<S>&, const ModelDims&, ActivationStore<S>&, int,  \
+                                                  const View2<S>&, bool, const FormMu<S>&, const View3<S>&,      \
+                                                  const Workspace<S>&, Scratch<S>&, const Params<S>&,            \
+                                                  const ExecSpace&);                                             \
+  template void SsmResNetKind::backward_exact<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&, int, \
+                                                 ActivationStore<S>&, const View2<S>&, const Params<S>&);
+ASH_INSTANTIATE(float)
+ASH_INSTANTIATE(double)
+#undef ASH_INSTANTIATE
+
+}  // namespace ash

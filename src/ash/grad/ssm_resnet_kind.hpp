@@ -1,0 +1,109 @@
+#pragma once
+// The SSM-ResNet layer kind (model.arch = "ssm-resnet", docs/design.md §1): what
+// the kind-generic engines ask of a layer (kind_interface.hpp lists the
+// members; this file is their reference). Its recurrent state is h [Bt·P, N];
+// its scan core is the layer itself (the cotangent of the scan's output is g);
+// E3's backward is AdjointExactLayer's own (run: the fused or wave form).
+#include "ash/grad/kind_interface.hpp"
+#include "ash/grad/workspace.hpp"
+#include "ash/model/forward.hpp"
+
+namespace ash {
+
+struct SsmResNetKind {
+  static constexpr const char* name = "ssm-resnet";
+  template <class S>
+  using Params = LayerParams<S>;
+  template <class S>
+  static Params<S> layer(const ParamSet<S>& ps, int k) {
+    return ps.layer(k);
+  }
+
+  // A layer's recurrent state over a batch: what a token block runs from.
+  template <class S>
+  struct State {
+    View2<S> h;  // [Bt·P, N]
+  };
+  template <class S>
+  static State<S> make_state(const ModelDims& d, index_t Bt) {
+    return {View2<S>("ash::blockwise::h_run", Bt * d.width, d.state)};
+  }
+  // The states of one layer before each of `blocks` token blocks.
+  template <class S>
+  struct BlockStates {
+    View3<S> h;  // [blocks, Bt·P, N]
+    BlockStates(const ModelDims& d, index_t Bt, index_t blocks)
+        : h("ash::blockwise::h_block_start", blocks, Bt * d.width, d.state) {}
+    State<S> at(index_t j) const { return {Kokkos::subview(h, j, Kokkos::ALL(), Kokkos::ALL())}; }
+  };
+  template <class S>
+  static void copy(const ExecSpace& exec, const State<S>& to, const State<S>& from) {
+    Kokkos::deep_copy(exec, to.h, from.h);
+  }
+  // data.carry_state's view of the layer ([Bt·P, N], check_carried_state's) and the state.
+  template <class S>
+  static void from_carried(const View2<S>& carried, const State<S>& st, const ExecSpace& exec) {
+    Kokkos::deep_copy(exec, st.h, carried);
+  }
+  template <class S>
+  static void to_carried(const State<S>& st, const View2<S>& carried, const ExecSpace& exec) {
+    Kokkos::deep_copy(exec, carried, st.h);
+  }
+
+  // One token block's activations, the forward's scratch (projections only).
+  template <class S>
+  using BlockActs = LayerActivations<S>;
+  template <class S>
+  static BlockActs<S> make_block_acts(const SeqShape& s, const ModelDims& d) {
+    return BlockActs<S>(s, d, LayerActivations<S>::projections_only);
+  }
+  // The forward of one token block from st, which then holds the state after it.
+  template <class S>
+  static void forward_block(const Params<S>& p, const ModelDims&, const SeqShape& s, const View2<S>& y,
+                            const BlockActs<S>& act, const View2<S>& yo, const State<S>& st, const ExecSpace& exec) {
+    ssm_layer_forward(p, s, y, first_rows(act, s.rows()), yo, st.h, exec);
+  }
+
+  // What a token block's backward hands to the block before it.
+  template <class S>
+  struct Carry {
+    ExactCarry<S> mu;  // μ and A at the block's first token (E3 allocates it at a layer's first block)
+  };
+  template <class S>
+  static Carry<S> make_carry(const ModelDims&, index_t) {
+    return {};
+  }
+  // E3 on one token block (blocks last to first): g is g_k in, g_{k-1} out.
+  // zero_before: the block starts the window from h = 0 (before unread);
+  // carries: the window has several blocks (else no μ carry is formed).
+  template <class S>
+  static void backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
+                             Carry<S>& carry, bool carries, const Params<S>& grad);
+
+  // What the kind keeps from layer to layer of a pass (nothing: the methods' workspaces hold it all).
+  template <class S>
+  struct Scratch {
+    void release() {}
+  };
+  // The shape of the scan core's buffers (a method's workspace): P channels of N states.
+  template <class S>
+  static LayerShape scan_shape(const SeqShape& s, const ModelDims& d) {
+    return LayerShape{s.batch, s.T, d.width, d.state, sizeof(S)};
+  }
+  // Whether a whole-window method's workspace holds the cotangents of the scan's rows.
+  static constexpr bool window_cotangents = true;
+  // E1 and E2 on layer k over the whole window from the kept activations:
+  // form_mu fills mu from the scan's activations and g, then the per-token and
+  // dense VJPs (g → g_{k-1} unless detach).
+  template <class S>
+  static void backward_window(const Params<S>& p, const ModelDims& d, ActivationStore<S>& store, int k,
+                              const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
+                              const Workspace<S>& work, Scratch<S>& sc, const Params<S>& grad, const ExecSpace& exec);
+  // E3 on layer k over the whole window (exact, detached or windowed, the method's options).
+  template <class S>
+  static void backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
+                             ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad);
+};
+
+}  // namespace ash
