@@ -163,10 +163,11 @@ def save(path, params, config=None, precision=None, step=0):
         config = getattr(params, "config", None)
     if config is None:
         raise Error("save: no config (pass config=, or a Checkpoint from load())")
+    step = _integer("step", step, 0)  # before any array is converted
     precision = _precision(precision or getattr(params, "precision", None)) or "float"
     dt = _np.float32 if precision == "float" else _np.float64
     arrays = {k: _np.ascontiguousarray(v, dtype=dt) for k, v in dict(params).items()}
-    _core.save(str(path), _config_json(config), arrays, precision, int(step))
+    _core.save(str(path), _config_json(config), arrays, precision, step)
 
 
 def default_config():
@@ -176,15 +177,10 @@ def default_config():
 
 def init(config, precision="float"):
     """A fresh model as `ash init` makes it (seeded by model.seed): a Checkpoint, not written."""
-    cfg = config if isinstance(config, dict) else _json.loads(config)
-    full = default_config()
-    for sec, vals in cfg.items():
-        if isinstance(vals, dict) and isinstance(full.get(sec), dict):
-            full[sec].update(vals)
-        else:
-            full[sec] = vals
+    text = _config_json(config)  # JSON text is parsed by the library: a duplicate key is refused, as `ash init`'s
+    full = _json.loads(_core.full_config(text))
     precision = _precision(precision) or "float"
-    return Checkpoint(_core.init_params(_config_json(cfg), precision), full, precision, 0)
+    return Checkpoint(_core.init_params(text, precision), full, precision, 0)
 
 
 def evaluate(checkpoint_path, tokens, *, seq_len=None, batch=None, precision=None):
@@ -202,7 +198,8 @@ def train(config, progress=None, *, resume=None, until=0):
     """`ash train` with a configuration dict (or JSON text): progress(line) is called with each
     progress line the tool would print. Returns a summary dict (last_loss, val_bits,
     checkpoint, peak_bytes, ...)."""
-    return _core.train(_config_json(config), progress, "" if resume is None else str(resume), int(until))
+    return _core.train(_config_json(config), progress, "" if resume is None else str(resume),
+                       _integer("until", until, 0))
 
 
 def generate(checkpoint_path, prompt, n, *, temperature=1.0, seed=0):
@@ -211,9 +208,9 @@ def generate(checkpoint_path, prompt, n, *, temperature=1.0, seed=0):
     as_text = isinstance(prompt, (str, bytes, bytearray))
     if isinstance(prompt, str):
         prompt = prompt.encode()
+    n, seed = _integer("n", n), _integer("seed", seed, 0, 2**64 - 1)
     ids = _tokens(prompt, "prompt")
-    out = _np.asarray(_core.generate(str(checkpoint_path), ids, int(n), float(temperature), int(seed)),
-                      dtype=_np.uint32)
+    out = _np.asarray(_core.generate(str(checkpoint_path), ids, n, float(temperature), seed), dtype=_np.uint32)
     if as_text and (out.size == 0 or int(out.max()) < 256):
         return bytes(out.astype(_np.uint8))
     return out

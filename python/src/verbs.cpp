@@ -75,11 +75,10 @@ nb::dict load(const std::string& path) {
   return out;
 }
 
+// ash::save_file's refusals (the step, the run lock) come before the parameters are converted.
 template <class S>
 void save_impl(const std::string& path, const ash::Config& cfg, const nb::dict& params, std::int64_t step) {
-  ash::ParamSet<S> ps(cfg.model());
-  dict_to_paramset(params, ps);
-  ash::save_checkpoint(path, cfg, ps, step);
+  ash::save_file<S>(path, cfg, step, [&](const ash::ParamSet<S>& ps) { dict_to_paramset(params, ps); });
 }
 
 // A configuration dict's JSON over the defaults, parsed and validated as `ash --config`.
@@ -269,6 +268,8 @@ void bind_verbs(nb::module_& m) {
   m.def("import_hf", &import_hf, "dir"_a, "out"_a, "precision"_a);
   m.def("export_hf", &export_hf, "checkpoint"_a, "dir"_a, "dtype"_a);
   m.def("default_config", []() { return ash::Config::defaults().dump(); });
+  // A configuration's JSON text over the defaults, parsed strictly (duplicate keys refused) and validated.
+  m.def("full_config", [](const std::string& config_json) { return config_from(config_json).json().dump(); });
 }
 
 }  // namespace ash_py

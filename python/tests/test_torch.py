@@ -202,9 +202,8 @@ def test_bad_inputs_raise_clear_errors():
         s(np.zeros((2, 5, 8)))
     with pytest.raises(ash.Error, match="dtype"):
         SSMStack(8, 4, 1, dtype=torch.float16)
-    bad = make_stack(1, truncate=4)  # a window without detach_inputs
-    with pytest.raises(ash.Error, match="detach"):
-        bad(y)
+    with pytest.raises(ash.Error, match="detach"):  # a window without detach_inputs: at construction
+        make_stack(1, truncate=4)
     with torch.no_grad():
         s.layers["000"].W_delta.data = s.layers["000"].W_delta.data.float()
     with pytest.raises(ash.Error, match="float32"):
