@@ -61,6 +61,21 @@ def _config_json(config):
     return _json.dumps(config)
 
 
+def _integer(name, value, lo=-2**63, hi=2**63 - 1):
+    """value as a Python int in [lo, hi] (the library's integer type), else Error naming it."""
+    if isinstance(value, (bool, _np.bool_)) or not isinstance(value, (int, _np.integer)):
+        raise Error(f"{name} must be an integer, got {value!r}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise Error(f"{name} must be an integer from {lo} to {hi}, got {v}")
+    return v
+
+
+def _int_option(name, value):
+    """None (the checkpoint's value) or a 64-bit integer named `name`."""
+    return None if value is None else _integer(name, value)
+
+
 def _windows(ids, seq_len, batch):
     """A 2-D (B, L) array of token ids as the flat tokens of B windows of L tokens, checked
     against seq_len and batch where they are given."""
@@ -75,51 +90,52 @@ def _windows(ids, seq_len, batch):
     return _tokens(a.reshape(-1), "ids"), L, B
 
 
-def grad(checkpoint_path, tokens=None, *, ids=None, seq_len=None, batch=None, engine="adjoint-exact", truncate=0,
-         detach_inputs=False, precision=None, storage=None, layer_checkpoint=None, token_block=None, set=(),
-         state=None):
+def grad(checkpoint_path, tokens=None, *, ids=None, seq_len=None, batch=None, engine=None, truncate=None,
+         detach_inputs=None, chunk=None, precision=None, storage=None, layer_checkpoint=None, token_block=None,
+         set=(), state=None):
     """(loss, grads): what `ash grad` computes for the first `batch` windows of `seq_len` tokens.
 
-    tokens: 1-D integer or uint8 array (or bytes), cut into windows as `ash grad` does
-    (seq_len required, batch 1 unless given). Or ids: a 2-D integer array (B, L), row b one
-    window, with transformers' loss convention: row b predicts ids[b, 1:] from ids[b, :-1],
-    the loss is the mean over all B·(L−1) targets (model(input_ids=ids, labels=ids).loss);
-    seq_len and batch come from the shape (if given they must match it), and the
-    checkpoint's data.separator is not applied (rows are whole sequences; set= may set it).
+    Every option left None keeps the checkpoint's stored value, as `ash grad` without the
+    flag; one given replaces it (after `set`, a list of "key=value" like `ash grad --set`).
+    engine (grad.engine), truncate (grad.truncate), detach_inputs (grad.detach_inputs),
+    chunk (grad.chunk), seq_len (data.seq_len), batch (data.batch); storage ("float",
+    "bf16", "fp16"; run.storage), layer_checkpoint (grad.layer_checkpoint) and token_block
+    (grad.token_block) are the memory levers of docs/design.md §8.
+    tokens: 1-D integer or uint8 array (or bytes), cut into windows as `ash grad` does.
+    Or ids: a 2-D integer array (B, L), row b one window, with transformers' loss
+    convention: row b predicts ids[b, 1:] from ids[b, :-1], the loss is the mean over all
+    B·(L−1) targets (model(input_ids=ids, labels=ids).loss); seq_len and batch come from
+    the shape (if given they must match it), and the checkpoint's data.separator is not
+    applied (rows are whole sequences; set= may set it).
     grads: dict keyed by the gradient file's paths under /grad ("embedding", "final_norm",
     "head", "layers/000/W_delta" or a Mamba's "layers/000/in_proj", ...) with numpy arrays
     in the compute precision (precision=None: the checkpoint's).
-    storage ("float", "bf16", "fp16"; run.storage), layer_checkpoint (grad.layer_checkpoint)
-    and token_block (grad.token_block) are the memory levers of docs/design.md §8 (None: the
-    checkpoint's configuration); `set` is a list of "key=value" like `ash grad --set`.
     state: None, or the carried state of data.carry_state (docs/design.md §8), a C-contiguous
     array in the compute precision, [K, batch·P, N] (a Mamba: [K, batch·E, conv_kernel−1+N],
     each row the conv's last inputs, oldest first, then h): the windows start from it (a
     constant: no gradient flows into it) and it is overwritten with the state after them,
     the next windows' (engine adjoint-exact, one process).
     """
-    sets = [str(s) for s in set]
+    o = _core.RunOverrides()
+    o.sets = [str(s) for s in set]
     if ids is not None:
         if tokens is not None:
             raise Error("grad takes tokens (1-D) or ids (2-D, batch x seq_len), not both")
         flat, seq_len, batch = _windows(ids, seq_len, batch)
-        sets = ["data.separator="] + sets  # transformers' convention: every row's targets count
+        o.rows_are_sequences = True  # transformers' convention: every row's targets count
     else:
         if tokens is None:
-            raise Error("grad needs tokens (1-D, with seq_len) or ids (2-D, batch x seq_len)")
-        if seq_len is None:
-            raise Error("grad with tokens needs seq_len (the window length); ids (2-D) gives it by its shape")
+            raise Error("grad needs tokens (1-D) or ids (2-D, batch x seq_len)")
         flat = _tokens(tokens)
-    o = _core.GradOptions()
-    o.seq_len = int(seq_len)
-    o.batch = 1 if batch is None else int(batch)
-    o.engine = str(engine)
-    o.truncate = int(truncate)
-    o.detach_inputs = bool(detach_inputs)
-    o.storage = "" if storage is None else str(storage)
-    o.layer_checkpoint = None if layer_checkpoint is None else int(layer_checkpoint)
-    o.token_block = None if token_block is None else int(token_block)
-    o.sets = sets
+    o.engine = None if engine is None else str(engine)
+    o.truncate = _int_option("truncate", truncate)
+    o.detach_inputs = None if detach_inputs is None else bool(detach_inputs)
+    o.chunk = _int_option("chunk", chunk)
+    o.storage = None if storage is None else str(storage)
+    o.layer_checkpoint = _int_option("layer_checkpoint", layer_checkpoint)
+    o.token_block = _int_option("token_block", token_block)
+    o.seq_len = _int_option("seq_len", seq_len)
+    o.batch = _int_option("batch", batch)
     return _core.grad(str(checkpoint_path), flat, o, _precision(precision), state)
 
 
@@ -147,10 +163,11 @@ def save(path, params, config=None, precision=None, step=0):
         config = getattr(params, "config", None)
     if config is None:
         raise Error("save: no config (pass config=, or a Checkpoint from load())")
+    step = _integer("step", step, 0)  # before any array is converted
     precision = _precision(precision or getattr(params, "precision", None)) or "float"
     dt = _np.float32 if precision == "float" else _np.float64
     arrays = {k: _np.ascontiguousarray(v, dtype=dt) for k, v in dict(params).items()}
-    _core.save(str(path), _config_json(config), arrays, precision, int(step))
+    _core.save(str(path), _config_json(config), arrays, precision, step)
 
 
 def default_config():
@@ -160,22 +177,20 @@ def default_config():
 
 def init(config, precision="float"):
     """A fresh model as `ash init` makes it (seeded by model.seed): a Checkpoint, not written."""
-    cfg = config if isinstance(config, dict) else _json.loads(config)
-    full = default_config()
-    for sec, vals in cfg.items():
-        if isinstance(vals, dict) and isinstance(full.get(sec), dict):
-            full[sec].update(vals)
-        else:
-            full[sec] = vals
+    text = _config_json(config)  # JSON text is parsed by the library: a duplicate key is refused, as `ash init`'s
+    full = _json.loads(_core.full_config(text))
     precision = _precision(precision) or "float"
-    return Checkpoint(_core.init_params(_config_json(cfg), precision), full, precision, 0)
+    return Checkpoint(_core.init_params(text, precision), full, precision, 0)
 
 
-def evaluate(checkpoint_path, tokens, *, seq_len, batch=1, precision=None):
+def evaluate(checkpoint_path, tokens, *, seq_len=None, batch=None, precision=None):
     """Forward-only loss over consecutive windows of `tokens` (`ash eval`): a dict with
-    loss (nats/token), bits_per_token and targets."""
-    nats, bits, n = _core.evaluate(str(checkpoint_path), _tokens(tokens), int(seq_len), int(batch),
-                                   _precision(precision))
+    loss (nats/token), bits_per_token and targets. seq_len and batch: None keeps the
+    checkpoint's data.seq_len / data.batch, as grad."""
+    o = _core.RunOverrides()
+    o.seq_len = _int_option("seq_len", seq_len)
+    o.batch = _int_option("batch", batch)
+    nats, bits, n = _core.evaluate(str(checkpoint_path), _tokens(tokens), o, _precision(precision))
     return {"loss": nats, "bits_per_token": bits, "targets": n}
 
 
@@ -183,7 +198,8 @@ def train(config, progress=None, *, resume=None, until=0):
     """`ash train` with a configuration dict (or JSON text): progress(line) is called with each
     progress line the tool would print. Returns a summary dict (last_loss, val_bits,
     checkpoint, peak_bytes, ...)."""
-    return _core.train(_config_json(config), progress, "" if resume is None else str(resume), int(until))
+    return _core.train(_config_json(config), progress, "" if resume is None else str(resume),
+                       _integer("until", until, 0))
 
 
 def generate(checkpoint_path, prompt, n, *, temperature=1.0, seed=0):
@@ -192,9 +208,9 @@ def generate(checkpoint_path, prompt, n, *, temperature=1.0, seed=0):
     as_text = isinstance(prompt, (str, bytes, bytearray))
     if isinstance(prompt, str):
         prompt = prompt.encode()
+    n, seed = _integer("n", n), _integer("seed", seed, 0, 2**64 - 1)
     ids = _tokens(prompt, "prompt")
-    out = _np.asarray(_core.generate(str(checkpoint_path), ids, int(n), float(temperature), int(seed)),
-                      dtype=_np.uint32)
+    out = _np.asarray(_core.generate(str(checkpoint_path), ids, n, float(temperature), seed), dtype=_np.uint32)
     if as_text and (out.size == 0 or int(out.max()) < 256):
         return bytes(out.astype(_np.uint8))
     return out

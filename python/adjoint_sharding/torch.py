@@ -26,7 +26,7 @@ import json as _json
 import numpy as _np
 import torch as _torch
 
-from . import _core, load as _load, init as _init
+from . import _core, load as _load, init as _init, _integer
 from ._core import Error
 
 __all__ = ["SSMStack", "SSMLayer", "wrap", "unwrap"]
@@ -49,6 +49,7 @@ def _ready(t):
         _torch.cuda.synchronize(t.device)
 
 LAYER_TENSORS = ("norm", "W_delta", "b_delta", "A_log", "W_B", "W_C", "D")
+_STACK_OPTIONS = ("detach_inputs", "truncate", "storage", "layer_checkpoint", "token_block", "chunk")
 
 
 class SSMLayer(_torch.nn.Module):
@@ -108,12 +109,14 @@ class SSMStack(_torch.nn.Module):
         super().__init__()
         if dtype not in (_torch.float32, _torch.float64):
             raise Error(f"SSMStack: dtype must be torch.float32 or torch.float64, got {dtype}")
-        self.width, self.state, self.num_layers, self.dtype = int(width), int(state), int(layers), dtype
+        self.width, self.state, self.num_layers, self.dtype = (_integer("width", width), _integer("state", state),
+                                                               _integer("layers", layers), dtype)
+        # The sizes and options are checked (as `ash grad` checks them) before any tensor exists.
+        self.set_options(detach_inputs=detach_inputs, truncate=truncate, storage=storage,
+                         layer_checkpoint=layer_checkpoint, token_block=token_block, chunk=chunk)
         self.layers = _torch.nn.ModuleDict({f"{k:03d}": SSMLayer(self.width, self.state, dtype)
                                             for k in range(self.num_layers)})
         self._names = [f"layers/{k:03d}/{n}" for k in range(self.num_layers) for n in LAYER_TENSORS]
-        self.set_options(detach_inputs=detach_inputs, truncate=truncate, storage=storage,
-                         layer_checkpoint=layer_checkpoint, token_block=token_block, chunk=chunk)
         if _params is None:
             cfg = {"model": {"width": self.width, "state": self.state, "layers": self.num_layers,
                              "seed": int(seed)}}
@@ -134,20 +137,23 @@ class SSMStack(_torch.nn.Module):
 
     def set_options(self, *, detach_inputs=None, truncate=None, storage=None, layer_checkpoint=None,
                     token_block=None, chunk=None):
-        o = getattr(self, "_options", None) or _core.StackOptions()
+        """Changes the options given (None: unchanged); the whole set is checked here, as
+        `ash grad` checks it, and a refused change leaves the stack's options as they were."""
+        old = getattr(self, "_options", None)
+        o = _core.StackOptions()
+        for key in _STACK_OPTIONS:
+            if old is not None:
+                setattr(o, key, getattr(old, key))
         o.width, o.state, o.layers = self.width, self.state, self.num_layers
         if detach_inputs is not None:
             o.detach_inputs = bool(detach_inputs)
-        if truncate is not None:
-            o.truncate = int(truncate)
+        for key, value in (("truncate", truncate), ("layer_checkpoint", layer_checkpoint),
+                           ("token_block", token_block), ("chunk", chunk)):
+            if value is not None:
+                setattr(o, key, _integer(key, value))
         if storage is not None:
             o.storage = str(storage)
-        if layer_checkpoint is not None:
-            o.layer_checkpoint = int(layer_checkpoint)
-        if token_block is not None:
-            o.token_block = int(token_block)
-        if chunk is not None:
-            o.chunk = int(chunk)
+        _core.stack_check(o)
         self._options = o
 
     @_torch.no_grad()
@@ -281,8 +287,23 @@ def _mamba_dims(backbone):
     dims = {"width": D, "state": int(cfg.state_size), "layers": len(backbone.layers), "expand": E // D,
             "conv_kernel": int(cfg.conv_kernel), "dt_rank": int(cfg.time_step_rank),
             "norm_eps": float(cfg.layer_norm_epsilon)}
+    _check_blocks(backbone, dims)
+    return dims
+
+
+def _check_blocks(backbone, dims):
+    """Each block's own settings (a block may differ from the configuration): what the
+    C++ block does not compute is refused, naming the block and the value."""
+    where = "adjoint_sharding.torch.wrap"
+    E = dims["width"] * dims["expand"]
     for k, block in enumerate(backbone.layers):
         m = block.mixer
+        # transformers' mixer applies its own `activation` (after the conv and to the gate);
+        # the C++ block computes SiLU.
+        activation = getattr(m, "activation", "silu")
+        if activation != "silu":
+            raise Error(f"{where}: block {k}'s mixer.activation is {activation!r}; the wrapped blocks compute only "
+                        f"'silu'")
         if m.in_proj.bias is not None or m.out_proj.bias is not None:
             raise Error(f"{where}: block {k} has an in_proj or out_proj bias (use_bias=True) — not supported")
         if m.conv1d.bias is None:
@@ -293,7 +314,6 @@ def _mamba_dims(backbone):
         if tuple(m.conv1d.weight.shape) != (E, 1, dims["conv_kernel"]) or m.conv1d.padding != (dims["conv_kernel"] - 1,):
             raise Error(f"{where}: block {k}'s conv1d is not the depthwise causal conv of conv_kernel "
                         f"{dims['conv_kernel']}")
-    return dims
 
 
 def _stack_options(state):
@@ -343,10 +363,20 @@ class _MambaStackFunction(_torch.autograd.Function):
         return (None, g if need[1] else None, *[gp if need[2 + i] else None for i, gp in enumerate(grads)])
 
 
+def _block_tensor(block, name, path, y0):
+    """One of a block's tensors; a dt_proj without a bias (transformers computes it so) is a
+    zero bias, which the C++ block computes exactly (its gradient is not kept)."""
+    t = _attr(block, path)
+    if t is None and name == "dt_bias":
+        return _torch.zeros(block.mixer.dt_proj.out_features, dtype=y0.dtype, device=y0.device)
+    return t
+
+
 def _run_blocks(backbone, y0):
     """y_K = the blocks of backbone.layers on y0 [B, T, D], in C++ (autograd: E3)."""
     state = getattr(backbone, _WRAP_ATTR)
-    params = [_attr(block, path) for block in backbone.layers for _, path in MAMBA_TENSORS]
+    _check_blocks(backbone, state["dims"])  # a block changed since wrap is refused too, never run as SiLU
+    params = [_block_tensor(block, name, path, y0) for block in backbone.layers for name, path in MAMBA_TENSORS]
     if y0.dim() != 3 or y0.shape[0] < 1 or y0.shape[1] < 1:
         raise Error(f"adjoint_sharding.torch.wrap: the hidden states must be [B >= 1, T >= 1, D], got {list(y0.shape)}")
     for name, t in [("the hidden states", y0)] + [(f"parameter {n}", p) for n, p in zip(
@@ -432,9 +462,10 @@ def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", l
         if p.dtype not in (_torch.float32, _torch.float64):
             raise Error(f"adjoint_sharding.torch.wrap: parameter layers.{name} is {p.dtype}; the wrapped blocks run in "
                         f"torch.float32 or torch.float64")
-    state = {"dims": dims, "options": {"detach_inputs": bool(detach_inputs), "chunk": int(chunk),
-                                       "truncate": int(truncate), "storage": str(storage),
-                                       "layer_checkpoint": int(layer_checkpoint), "token_block": int(token_block)}}
+    state = {"dims": dims, "options": {"detach_inputs": bool(detach_inputs), "chunk": _integer("chunk", chunk),
+                                       "truncate": _integer("truncate", truncate), "storage": str(storage),
+                                       "layer_checkpoint": _integer("layer_checkpoint", layer_checkpoint),
+                                       "token_block": _integer("token_block", token_block)}}
     _core.mamba_stack_check(_stack_options(state))  # the refusals, before the model is changed
     setattr(backbone, _WRAP_ATTR, state)
     backbone.forward = _WrappedForward(backbone)

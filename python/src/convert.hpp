@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -108,6 +109,14 @@ nb::dict paramset_to_dict(const ash::ParamSet<S>& ps) {
 // torch tensor, copied on the device).
 template <class S>
 void dict_to_paramset(const nb::dict& params, const ash::ParamSet<S>& ps) {
+  // A name that is none of the layout's would be dropped silently: refused, named.
+  std::set<std::string> names;
+  for (const auto& t : ps.tensors()) names.insert(t.name);
+  for (const auto& item : params) {
+    const std::string key = nb::str(item.first).c_str();
+    ash::require(names.count(key) > 0, "parameter '" + key + "' is none of this model's " + std::to_string(ps.tensors().size()) +
+                            " tensors (the names load() gives, e.g. '" + ps.tensors().back().name + "')");
+  }
   for (const auto& t : ps.tensors()) {
     ash::require(params.contains(t.name.c_str()), "parameter '" + t.name + "' is missing");
     const nb::handle h = params[t.name.c_str()];

@@ -161,6 +161,10 @@ nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S
   return paramset_to_dict(grad);
 }
 
+// Constructing the stack checks the sizes and options as `ash grad` would (SSMStack's
+// constructor and set_options: before any tensor is allocated or read).
+void stack_check(const StackOptions& o) { const ash::StackAdjoint<double> stack(stack_engine(o, 2)); }
+
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> stack_layout(const StackOptions& o) {
   const auto d = stack_dims(o);
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
@@ -321,6 +325,7 @@ void bind_stack(nb::module_& m) {
       .def_rw("token_block", &StackOptions::token_block)
       .def_rw("storage", &StackOptions::storage);
   m.def("stack_layout", &stack_layout, "options"_a);
+  m.def("stack_check", &stack_check, "options"_a);
   // y0's dtype picks the precision; every array is then checked by its name (dtype, device, layout).
   m.def(
       "stack_forward",

@@ -25,18 +25,6 @@ using namespace nb::literals;
 
 namespace {
 
-// Keyword options of grad(): the same keys `ash grad` sets.
-struct GradOptions {
-  std::int64_t seq_len = 0, batch = 1;
-  std::string engine = "adjoint-exact";
-  std::int64_t truncate = 0;
-  bool detach_inputs = false;
-  std::string storage;                           // "" : the checkpoint's run.storage
-  std::optional<std::int64_t> layer_checkpoint;  // none: the checkpoint's (any value is checked as --set)
-  std::optional<std::int64_t> token_block;
-  std::vector<std::string> sets;  // extra key=value assignments (--set)
-};
-
 // state: None, or the carried state [K, B·rows, cols] in the compute type, read
 // and overwritten in place (the layers' views alias it: on the library's device).
 template <class S>
@@ -60,22 +48,13 @@ std::pair<double, nb::dict> grad_impl(const std::string& ckpt, const std::vector
   return {r.loss, paramset_to_dict(r.grad)};
 }
 
-std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens, const GradOptions& o,
+// o: grad()'s keywords as typed options (ash::checkpoint_run_config's rule: unset keeps the
+// checkpoint's value); a carried state selects the block-wise engine's carried form.
+std::pair<double, nb::dict> grad(const std::string& ckpt, const Ids& tokens, ash::RunOverrides o,
                                  const std::string& precision, const nb::object& state) {
   const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
-  ash::Config cfg = ash::checkpoint_run_config(info.config, o.sets);
-  cfg.merge(nlohmann::json{{"grad", {{"engine", o.engine}}}}, "--engine");
-  cfg.set("data.seq_len=" + std::to_string(o.seq_len));
-  cfg.set("data.batch=" + std::to_string(o.batch));
-  cfg.set("grad.truncate=" + std::to_string(o.truncate));
-  if (o.detach_inputs) cfg.set("grad.detach_inputs=true");
-  if (!o.storage.empty()) cfg.set("run.storage=" + o.storage);
-  if (o.layer_checkpoint) cfg.set("grad.layer_checkpoint=" + std::to_string(*o.layer_checkpoint));
-  if (o.token_block) cfg.set("grad.token_block=" + std::to_string(*o.token_block));
-  if (!state.is_none()) {  // a carried state selects the block-wise engine's carried form
-    cfg.set("data.sequential=true");
-    cfg.set("data.carry_state=true");
-  }
+  if (!state.is_none()) o.carry_state = true;
+  const ash::Config cfg = ash::checkpoint_run_config(info.config, o);
   const std::string prec = precision_or(precision, info.precision);
   return prec == "float" ? grad_impl<float>(ckpt, ids_of(tokens), cfg, state)
                          : grad_impl<double>(ckpt, ids_of(tokens), cfg, state);
@@ -96,11 +75,10 @@ nb::dict load(const std::string& path) {
   return out;
 }
 
+// ash::save_file's refusals (the step, the run lock) come before the parameters are converted.
 template <class S>
 void save_impl(const std::string& path, const ash::Config& cfg, const nb::dict& params, std::int64_t step) {
-  ash::ParamSet<S> ps(cfg.model());
-  dict_to_paramset(params, ps);
-  ash::save_checkpoint(path, cfg, ps, step);
+  ash::save_file<S>(path, cfg, step, [&](const ash::ParamSet<S>& ps) { dict_to_paramset(params, ps); });
 }
 
 // A configuration dict's JSON over the defaults, parsed and validated as `ash --config`.
@@ -134,12 +112,10 @@ std::tuple<double, double, std::int64_t> evaluate_impl(const std::string& ckpt, 
   return {r.totals.nats / double(r.totals.targets), r.totals.bits_per_token(), std::int64_t(r.totals.targets)};
 }
 
-std::tuple<double, double, std::int64_t> evaluate(const std::string& ckpt, const Ids& tokens, std::int64_t seq_len,
-                                                  std::int64_t batch, const std::string& precision) {
+std::tuple<double, double, std::int64_t> evaluate(const std::string& ckpt, const Ids& tokens,
+                                                  const ash::RunOverrides& o, const std::string& precision) {
   const ash::CheckpointInfo info = ash::inspect_checkpoint(ckpt);
-  ash::Config cfg = ash::checkpoint_run_config(
-      info.config, {"data.seq_len=" + std::to_string(seq_len), "data.batch=" + std::to_string(batch)});
-  cfg.validate();
+  const ash::Config cfg = ash::checkpoint_run_config(info.config, o);
   const std::string prec = precision_or(precision, info.precision);
   const auto ids = ids_of(tokens);
   return prec == "float" ? evaluate_impl<float>(ckpt, ids, cfg) : evaluate_impl<double>(ckpt, ids, cfg);
@@ -267,28 +243,33 @@ nb::dict export_hf(const std::string& ckpt, const std::string& dir, const std::s
 }  // namespace
 
 void bind_verbs(nb::module_& m) {
-  nb::class_<GradOptions>(m, "GradOptions")
+  // grad()'s keywords, typed; None: the checkpoint's value (docs/python.md).
+  nb::class_<ash::RunOverrides>(m, "RunOverrides")
       .def(nb::init<>())
-      .def_rw("seq_len", &GradOptions::seq_len)
-      .def_rw("batch", &GradOptions::batch)
-      .def_rw("engine", &GradOptions::engine)
-      .def_rw("truncate", &GradOptions::truncate)
-      .def_rw("detach_inputs", &GradOptions::detach_inputs)
-      .def_rw("storage", &GradOptions::storage)
-      .def_rw("layer_checkpoint", &GradOptions::layer_checkpoint)
-      .def_rw("token_block", &GradOptions::token_block)
-      .def_rw("sets", &GradOptions::sets);
+      .def_rw("sets", &ash::RunOverrides::sets)
+      .def_rw("rows_are_sequences", &ash::RunOverrides::rows_are_sequences)
+      .def_rw("engine", &ash::RunOverrides::engine)
+      .def_rw("truncate", &ash::RunOverrides::truncate)
+      .def_rw("detach_inputs", &ash::RunOverrides::detach_inputs)
+      .def_rw("chunk", &ash::RunOverrides::chunk)
+      .def_rw("layer_checkpoint", &ash::RunOverrides::layer_checkpoint)
+      .def_rw("token_block", &ash::RunOverrides::token_block)
+      .def_rw("storage", &ash::RunOverrides::storage)
+      .def_rw("seq_len", &ash::RunOverrides::seq_len)
+      .def_rw("batch", &ash::RunOverrides::batch);
   m.def("grad", &grad, "checkpoint"_a, "tokens"_a, "options"_a, "precision"_a, "state"_a.none() = nb::none());
   m.def("load", &load, "path"_a);
   m.def("save", &save, "path"_a, "config_json"_a, "params"_a, "precision"_a, "step"_a);
   m.def("init_params", &init_params, "config_json"_a, "precision"_a);
-  m.def("evaluate", &evaluate, "checkpoint"_a, "tokens"_a, "seq_len"_a, "batch"_a, "precision"_a);
+  m.def("evaluate", &evaluate, "checkpoint"_a, "tokens"_a, "options"_a, "precision"_a);
   m.def("train", &train, "config_json"_a, "progress"_a.none(), "resume"_a, "until"_a);
   m.def("generate", &generate, "checkpoint"_a, "prompt"_a, "n"_a, "temperature"_a, "seed"_a);
   m.def("plan", &plan, "config_json"_a, "workload"_a, "precision"_a);
   m.def("import_hf", &import_hf, "dir"_a, "out"_a, "precision"_a);
   m.def("export_hf", &export_hf, "checkpoint"_a, "dir"_a, "dtype"_a);
   m.def("default_config", []() { return ash::Config::defaults().dump(); });
+  // A configuration's JSON text over the defaults, parsed strictly (duplicate keys refused) and validated.
+  m.def("full_config", [](const std::string& config_json) { return config_from(config_json).json().dump(); });
 }
 
 }  // namespace ash_py

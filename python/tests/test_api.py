@@ -39,6 +39,43 @@ def test_grad_equals_ash_grad_bitwise(tiny_model, ash_cli, tmp_path, engine, ext
             assert np.array_equal(grads[n], ref), n
 
 
+def _grad_file(path):
+    with h5py.File(path) as f:
+        grads = {}
+        f["/grad"].visititems(lambda n, o: grads.__setitem__(n, o[...]) if isinstance(o, h5py.Dataset) else None)
+        return f["/loss"][()], grads
+
+
+@pytest.mark.parametrize("flags,kw", [
+    ([], {}),  # the stored adjoint with T̄ = 5, detached, chunk 3
+    (["--engine", "adjoint-exact"], {"engine": "adjoint-exact"}),  # the stored T̄ and detach kept
+    (["--engine", "backprop", "--truncate", "0"], {"engine": "backprop", "truncate": 0}),
+    (["--truncate", "7", "--chunk", "2"], {"truncate": 7, "chunk": 2}),
+    (["--set", "grad.truncate=0", "--truncate", "6"], {"set": ["grad.truncate=0"], "truncate": 6}),  # flag wins
+])
+def test_stored_options_resolve_the_same_in_cli_and_python(tiny_model, ash_cli, tmp_path, flags, kw):
+    """The one rule (ash::checkpoint_run_config): an option not given keeps the checkpoint's
+    stored value, one given replaces it, after the key=value assignments; `ash grad` and
+    grad() resolve a checkpoint with a stored non-default engine, window and chunk alike."""
+    ckpt, tokens, ids = tiny_model
+    ck = ash.load(ckpt)
+    cfg = dict(ck.config)
+    cfg["grad"] = dict(cfg["grad"], engine="adjoint", truncate=5, detach_inputs=True, chunk=3)
+    cfg["data"] = dict(cfg["data"], seq_len=37, batch=2)
+    stored = tmp_path / "stored.h5"
+    ash.save(stored, ck, config=cfg)
+    out = tmp_path / "g.h5"
+    printed = run_cli(ash_cli, "grad", "--checkpoint", stored, "--tokens", tokens, *flags, "--out", out)
+    assert re.match(f"engine {kw.get('engine', 'adjoint')}[ (]", printed), printed
+    loss, grads = ash.grad(stored, ids, **kw)
+    ref_loss, ref = _grad_file(out)
+    assert loss == ref_loss and sorted(grads) == sorted(ref)
+    assert all(np.array_equal(grads[n], ref[n]) for n in ref)
+    # the stored options count: the exact gradient (grad()'s former fixed defaults) is another one
+    _, exact = ash.grad(stored, ids, engine="adjoint-exact", truncate=0, detach_inputs=False)
+    assert any(not np.allclose(exact[n], ref[n], rtol=1e-6, atol=0) for n in ref)
+
+
 def test_tokens_as_uint8_bytes_and_int64(tiny_model):
     ckpt, _, ids = tiny_model
     ref = ash.grad(ckpt, ids, seq_len=13)
@@ -116,7 +153,7 @@ def test_evaluate_and_grad_share_the_tools_rules(tiny_model, ash_cli, tmp_path):
     # every token is 3, the separator: each one after a window's first starts a document
     threes = np.full(40, 3, dtype=np.uint32)
     with pytest.raises(ash.Error, match="the 1 window\\(s\\) of T=8 tokens hold no target"):
-        ash.grad(ckpt, threes, seq_len=8, set=["data.separator=\\u0003"])
+        ash.grad(ckpt, threes, seq_len=8, batch=1, set=["data.separator=\\u0003"])
     cfg["data"] = dict(cfg.get("data", {}), separator="\x03")
     sep = tmp_path / "sep.h5"
     ash.save(sep, ck, config=cfg, precision="float")
@@ -154,13 +191,13 @@ def test_train_progress_exception_is_raised(tmp_path):
 
 
 @pytest.mark.parametrize("call,needle", [
-    (lambda c, t: ash.grad(c, t, seq_len=10_000), "need 10000 tokens"),
+    (lambda c, t: ash.grad(c, t, seq_len=10_000, batch=1), "need 10000 tokens"),
     (lambda c, t: ash.grad(c, t.astype(np.float32), seq_len=13), "must hold integers"),
     (lambda c, t: ash.grad(c, t.reshape(20, 20), seq_len=13), "1-D array"),
     (lambda c, t: ash.grad(c, -t.astype(np.int64) - 1, seq_len=13), "negative"),
     (lambda c, t: ash.grad(c, t + 100, seq_len=13), ">= vocab"),
     (lambda c, t: ash.grad(c, t, seq_len=13, engine="magic"), "grad.engine"),
-    (lambda c, t: ash.grad(c, t, seq_len=13, truncate=4), "detach"),
+    (lambda c, t: ash.grad(c, t, seq_len=13, engine="adjoint-exact", truncate=4), "detach"),
     (lambda c, t: ash.grad(c, t, seq_len=13, storage="int8"), "run.storage"),
     (lambda c, t: ash.grad(c, t, seq_len=13, precision="half"), "precision"),
     (lambda c, t: ash.grad("/nonexistent/x.h5", t, seq_len=13), "x.h5"),
@@ -183,7 +220,7 @@ def test_errors_are_ash_errors_with_the_cli_message(tiny_model, ash_cli, call, n
 def test_error_text_is_the_cli_text(tiny_model, ash_cli, tmp_path):
     ckpt, tokens, ids = tiny_model
     with pytest.raises(ash.Error) as e:
-        ash.grad(ckpt, ids, seq_len=13, truncate=4)
+        ash.grad(ckpt, ids, seq_len=13, batch=1, engine="adjoint-exact", truncate=4)
     r = __import__("subprocess").run([ash_cli, "grad", "--checkpoint", str(ckpt), "--tokens", str(tokens),
                                       "--set", "data.seq_len=13", "--set", "data.batch=1", "--engine",
                                       "adjoint-exact", "--truncate", "4", "--out", str(tmp_path / "g.h5")],

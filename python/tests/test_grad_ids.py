@@ -81,7 +81,8 @@ def test_ids_are_checked(tmp_path):
         (lambda: ash.grad(path, ids=ids, batch=2), r"batch=2 does not match ids of shape \(4, 5\)"),
         (lambda: ash.grad(path, ids.reshape(-1), ids=ids), "not both"),
         (lambda: ash.grad(path), "needs tokens"),
-        (lambda: ash.grad(path, ids.reshape(-1)), "needs seq_len"),
+        # no seq_len or batch: the checkpoint's (256, 4), as `ash grad` without --set
+        (lambda: ash.grad(path, ids.reshape(-1)), r"need 1024 tokens for 4 window\(s\) of T = 256"),
         (lambda: ash.grad(path, ids=ids.astype(np.float64)), "must hold integers"),
         (lambda: ash.grad(path, ids=ids + 17), ">= vocab"),
         (lambda: ash.grad(path, ids=ids[:, :1]), "data.seq_len must be >= 2"),

@@ -328,9 +328,9 @@ def test_carried_state_matches_transformers_cache(tmp_path, float64_slow_path, m
     ids = np.random.default_rng(T + 5).integers(0, V, (B, 2 * T))
     sets = [f"grad.chunk={chunk}", f"grad.token_block={token_block}"]
     state = np.zeros((K, B * E, Kc - 1 + N))
-    ash.grad(path, ids=ids[:, :T], state=state, set=sets)
+    ash.grad(path, ids=ids[:, :T], state=state, set=sets, engine="adjoint-exact")
     first = np.array(state)
-    loss, grads = ash.grad(path, ids=ids[:, T:], state=state, set=sets)
+    loss, grads = ash.grad(path, ids=ids[:, T:], state=state, set=sets, engine="adjoint-exact")
 
     t_ids = torch.tensor(ids, dtype=torch.long)
     with torch.no_grad():
@@ -353,7 +353,7 @@ def test_carried_state_matches_transformers_cache(tmp_path, float64_slow_path, m
     for part in (slice(0, Kc - 1), slice(Kc - 1, None)):
         other = np.array(first)
         other[:, :, part] = 0
-        g = ash.grad(path, ids=ids[:, T:], state=other, set=sets)[1]
+        g = ash.grad(path, ids=ids[:, T:], state=other, set=sets, engine="adjoint-exact")[1]
         assert max_rel(g, ref_grads) > 1e-6
 
 
@@ -362,13 +362,13 @@ def test_carried_state_is_checked(tmp_path):
     ash.save(path, ash.init(ash_config(11, 4, 2, 2, 2, 4, 0, True, 1e-5), "double"))
     ids = np.arange(20) % 11
     with pytest.raises(ash.Error, match=r"expected \[batch·E, Kc-1\+N\]"):  # an SSM-ResNet's [B·D, N]
-        ash.grad(path, ids, seq_len=10, state=np.zeros((2, 4, 2)))
+        ash.grad(path, ids, seq_len=10, batch=1, engine="adjoint-exact", state=np.zeros((2, 4, 2)))
     with pytest.raises(ash.Error, match="need grad.engine = adjoint-exact"):
-        ash.grad(path, ids, seq_len=10, engine="backprop", state=np.zeros((2, 8, 5)))
+        ash.grad(path, ids, seq_len=10, batch=1, engine="backprop", state=np.zeros((2, 8, 5)))
     with pytest.raises(ash.Error, match="state .* must be a C-contiguous writable 3-D float64 array on "):  # a copy would lose it
-        ash.grad(path, ids, seq_len=10, state=np.zeros((2, 8, 5), np.float32))
+        ash.grad(path, ids, seq_len=10, batch=1, engine="adjoint-exact", state=np.zeros((2, 8, 5), np.float32))
     state = np.zeros((2, 8, 5))
-    ash.grad(path, ids, seq_len=10, state=state)
+    ash.grad(path, ids, seq_len=10, batch=1, engine="adjoint-exact", state=state)
     assert np.any(state != 0)  # the state after the window, written in place
 
 
@@ -380,8 +380,8 @@ def test_levers_run(tmp_path, kw):
     path = tmp_path / "m.h5"
     ash.save(path, ash.init(ash_config(11, 4, 2, 2, 2, 4, 0, True, 1e-5), "double"))
     ids = np.arange(20) % 11
-    l0, g0 = ash.grad(path, ids, seq_len=10, set=["grad.chunk=1"])
-    l1, g1 = ash.grad(path, ids, seq_len=10, set=["grad.chunk=1"], **kw)
+    l0, g0 = ash.grad(path, ids, seq_len=10, batch=1, engine="adjoint-exact", set=["grad.chunk=1"])
+    l1, g1 = ash.grad(path, ids, seq_len=10, batch=1, engine="adjoint-exact", set=["grad.chunk=1"], **kw)
     tol = 2e-2 if "storage" in kw else 1e-12
     assert abs(l1 - l0) <= tol * abs(l0)
     for name in g0:

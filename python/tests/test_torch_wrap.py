@@ -319,3 +319,33 @@ def test_refusals(float64_slow_path):
     model.to(device)
     with pytest.raises(ash.Error, match=refused):
         model(input_ids=ids.to(device))
+
+
+def test_each_blocks_own_activation_is_read(float64_slow_path):
+    """A block's mixer.activation is what transformers applies: one the C++ block does not
+    compute (it computes SiLU) is refused by block and value, at wrap and at a forward
+    after the block was changed; never computed as SiLU."""
+    model = hf_model(V, D, N, 3, EXPAND, 3, 2, False, EPS, seed=7)
+    model.backbone.layers[1].mixer.activation = "gelu"
+    with pytest.raises(ash.Error, match="block 1's mixer.activation is 'gelu'"):
+        wrap(model)
+    assert "forward" not in model.backbone.__dict__
+    model.backbone.layers[1].mixer.activation = "silu"
+    wrap(model)
+    model.backbone.layers[2].mixer.activation = "relu"
+    with pytest.raises(ash.Error, match="block 2's mixer.activation is 'relu'"):
+        model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+
+
+def test_dt_proj_without_bias_equals_transformers(float64_slow_path):
+    """A dt_proj without a bias (transformers computes it so) is the C++ block with a zero
+    bias: loss, logits and every .grad equal transformers' to 1e-10 (its eval-mode path: the
+    training one reads dt_proj.bias unguarded)."""
+    ref = hf_model(V, D, N, 2, EXPAND, 3, 2, False, EPS, seed=11)
+    ref.backbone.layers[0].mixer.dt_proj.bias = None
+    model = no_hf_blocks(wrap(copy.deepcopy(ref), chunk=3))
+    ids = torch.tensor(np.random.default_rng(5).integers(0, V, (2, 9)))
+    ref_out, ref_grads = loss_and_grads(ref, ids)
+    out, grads = loss_and_grads(model, ids)
+    assert "backbone.layers.0.mixer.dt_proj.bias" not in grads
+    assert_same(out, grads, ref_out, ref_grads, RTOL)

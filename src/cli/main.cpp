@@ -84,19 +84,17 @@ void run_init(const ash::Config& cfg, const Common& c, const std::string& out) {
 
 struct GradArgs {
   std::string checkpoint, tokens, out, precision;
-  std::optional<long long> truncate, chunk;  // unset: the checkpoint's configuration
-  std::optional<std::string> engine_flag;
+  ash::RunOverrides run;  // --engine, --truncate, --chunk, --set (unset: the checkpoint's)
   bool detach = false;
   Common common;
 };
 
 template <class S>
 void run_grad(const GradArgs& a, const ash::CheckpointInfo& info) {
-  ash::Config cfg = ash::checkpoint_run_config(info.config, a.common.sets);
-  if (a.engine_flag) cfg.merge(nlohmann::json{{"grad", {{"engine", *a.engine_flag}}}}, "--engine");
-  if (a.truncate) cfg.set("grad.truncate=" + std::to_string(*a.truncate));
-  if (a.chunk) cfg.set("grad.chunk=" + std::to_string(*a.chunk));
-  if (a.detach) cfg.set("grad.detach_inputs=true");
+  ash::RunOverrides run = a.run;
+  run.sets = a.common.sets;
+  if (a.detach) run.detach_inputs = true;  // the flag can only turn it on
+  const ash::Config cfg = ash::checkpoint_run_config(info.config, run);
   ash::GradFileOptions opts;
   opts.out = a.out;
   opts.max_memory = a.common.max_memory;
@@ -154,7 +152,9 @@ int run_plan(const Common& c, const std::string& workload, const std::string& pr
 template <class S>
 void run_eval(const std::string& ckpt, const ash::CheckpointInfo& info, const std::string& tokens,
               const Common& common, bool carry) {
-  const ash::Config cfg = ash::checkpoint_run_config(info.config, common.sets);
+  ash::RunOverrides run;
+  run.sets = common.sets;
+  const ash::Config cfg = ash::checkpoint_run_config(info.config, run);
   ash::EvalFileOptions opts;
   opts.max_memory = common.max_memory;
   opts.carry = carry;
@@ -415,10 +415,10 @@ void add_model_verbs(CLI::App& app, Verbs& v) {
   v.grad = app.add_subcommand("grad", "loss and full gradient of a checkpoint on a token file");
   v.grad->add_option("--checkpoint", v.g.checkpoint, "model checkpoint (.h5)")->required();
   v.grad->add_option("--tokens", v.g.tokens, "token file: text bytes, .u16 or .u32")->required();
-  v.grad->add_option("--engine", v.g.engine_flag, "backprop | adjoint | adjoint-exact (default: grad.engine)");
-  v.grad->add_option("--truncate", v.g.truncate, "window T-bar (adjoint engines)")->check(integer_in(min_int64, max_int64));
+  v.grad->add_option("--engine", v.g.run.engine, "backprop | adjoint | adjoint-exact (default: grad.engine)");
+  v.grad->add_option("--truncate", v.g.run.truncate, "window T-bar (adjoint engines)")->check(integer_in(min_int64, max_int64));
   v.grad->add_flag("--detach-inputs", v.g.detach, "stop-gradient on every layer input");
-  v.grad->add_option("--chunk", v.g.chunk, "chunk length (adjoint-exact)")->check(integer_in(min_int64, max_int64));
+  v.grad->add_option("--chunk", v.g.run.chunk, "chunk length (adjoint-exact)")->check(integer_in(min_int64, max_int64));
   add_precision(v.grad, v.g.precision, "compute type (default: the checkpoint's)");
   v.grad->add_option("--set", v.g.common.sets, "override a config key: key=value")->take_all();
   v.grad->add_option("--out", v.g.out, "gradient file to write (.h5)")->required();

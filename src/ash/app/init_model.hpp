@@ -3,6 +3,7 @@
 // docs/architecture.md): the memory check, a seeded initialisation, and the
 // checkpoint when asked for.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "ash/core/config.hpp"
@@ -21,5 +22,13 @@ ParamSet<S> init_params(const Config& cfg, std::uint64_t max_memory = 0);
 template <class S>
 ParamSet<S> init_file(const Config& cfg, const std::string& config_file, const std::string& out,
                       std::uint64_t max_memory = 0);
+
+// Python's save: the checkpoint `out` of cfg's model at `step`, its parameters written by
+// `fill` into a ParamSet of cfg's layout. Refused before anything is allocated: a negative
+// step (every reader refuses it), or a run directory whose train runs (the run lock, held
+// until the file is written, as ash init holds it).
+template <class S>
+void save_file(const std::string& out, const Config& cfg, std::int64_t step,
+               const std::function<void(const ParamSet<S>&)>& fill);
 
 }  // namespace ash

@@ -377,6 +377,9 @@ template <class S>
 void save_checkpoint(const std::string& path, const Config& cfg, const ParamSet<S>& params, std::int64_t step,
                      std::int64_t data_cursor, const OptimizerState<S>& opt) {
   require(cfg.model() == params.dims(), "save_checkpoint: config sizes differ from the parameters'");
+  // What every reader refuses is never written.
+  require(step >= 0 && data_cursor >= 0, "'" + path + "': step " + std::to_string(step) + " and data_cursor " +
+                                             std::to_string(data_cursor) + " must be >= 0: nothing written");
   write_atomically(path, [&](hid_t file) {
     write_header<S>(file, cfg, params.dims(), step, data_cursor);
     write_paramset(file, "/params", params, path);
