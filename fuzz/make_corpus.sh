@@ -6,13 +6,16 @@
 # OUT_DIR/checkpoint/  edit lists for fuzz_checkpoint (byte flips, and declared
 #                  shapes of 2^40 elements: fuzz/shape_seed.py), and
 #                  OUT_DIR/checkpoint.h5, the valid checkpoint they edit (written by `ash init`)
-# OUT_DIR/output/  what fuzz_output plants at the output, the lock and temporary names
+# OUT_DIR/output/  what fuzz_output plants at the output, the lock and temporary names (and, from the
+#                  7th byte, at an exported folder and its config.json)
 # OUT_DIR/safetensors/  safetensors files (valid in each dtype, and near misses)
 set -euo pipefail
 out=$1
 ash=$2
 mkdir -p "$out/config" "$out/tokens" "$out/checkpoint" "$out/output" "$out/safetensors"
-for seed in '\000\000\000' '\002\000\000' '\000\002\000' '\006\006\004\005' '\003\005\005\003' '\001\004\006\002'; do
+for seed in '\000\000\000' '\002\000\000' '\000\002\000' '\006\006\004\005' '\003\005\005\003' '\001\004\006\002' \
+  '\005\000\000\000\000\000\000\000' '\004\000\000\000\000\000\004\001' '\000\000\000\000\000\000\004\005' \
+  '\000\000\000\000\000\000\004\002' '\002\000\000\000\000\000\005\000'; do
   printf "$seed" > "$out/output/seed$(ls "$out/output" | wc -l)"
 done
 n=0

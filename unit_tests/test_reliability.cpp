@@ -1252,7 +1252,7 @@ TEST(Reliability, LockFileThatIsALinkIsRefusedNotFollowed) {
 // a regular file. A link at --out itself, or at the run's checkpoint, is
 // replaced by the rename; one at metrics.jsonl (appended to, never renamed)
 // is refused. The victim is never touched.
-TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
+TEST(Reliability, OutputLinksAreRefusedNeverWrittenThrough) {
   const auto corpus = corpus_file(), victim = victim_file("victim.txt"), model = tmp_path("m.h5");
   const auto before = slurp(victim);
   ASSERT_EQ(run("init " + small_model + "--out " + model).code, 0);
@@ -1275,12 +1275,11 @@ TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
       if (name.rfind(fs::path(out).filename().string() + ".tmp.", 0) == 0)
         EXPECT_TRUE(fs::is_symlink(e.symlink_status())) << "temp file left: " << e.path();
     }
-    // A link at --out: replaced by the new file.
+    // A link at --out: refused (docs/cli.md, Output files), neither replaced nor written through.
     fs::remove(out);
     fs::create_symlink(victim, out);
-    const auto r2 = timed(args);
-    EXPECT_EQ(r2.code, 0) << r2.out;
-    EXPECT_FALSE(fs::is_symlink(out));
+    EXPECT_CLEAR_ERROR(timed(args), "--out '" + out + "' is a symbolic link (to '" + victim + "')");
+    EXPECT_TRUE(fs::is_symlink(out));
     EXPECT_TRUE(slurp(victim) == before);
   }
 
@@ -1289,10 +1288,8 @@ TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::create_symlink(victim, dir + "/checkpoint.h5");
-  auto r = timed(train);
-  EXPECT_EQ(r.code, 0) << r.out;
-  EXPECT_FALSE(fs::is_symlink(dir + "/checkpoint.h5"));
-  EXPECT_EQ(checkpoint_step(dir + "/checkpoint.h5"), 2);
+  EXPECT_CLEAR_ERROR(timed(train), "the run's checkpoint '" + dir + "/checkpoint.h5' is a symbolic link");
+  EXPECT_TRUE(fs::is_symlink(dir + "/checkpoint.h5"));
   EXPECT_TRUE(slurp(victim) == before);
 
   fs::remove_all(dir);
@@ -1308,6 +1305,52 @@ TEST(Reliability, OutputLinksAreReplacedNeverWrittenThrough) {
   fs::create_directories(dir);
   ASSERT_EQ(::mkfifo((dir + "/metrics.jsonl").c_str(), 0600), 0);  // never blocks on it
   EXPECT_CLEAR_ERROR(timed(train), "the metrics file '" + dir + "/metrics.jsonl' is not a regular file");
+  fs::remove_all(dir);
+}
+
+// Issue 45, G2 and the link rule: every writer refuses a FIFO, a directory or a
+// link at its output before any work (a rename would replace a FIFO, or as root
+// /dev/null, with a file), exit 2 naming the path and what it is; the node stays.
+// `inspect --upgrade --in-place` on a link leaves the link and its target as they were.
+TEST(Reliability, OutputsMustBeAbsentOrRegularFiles) {
+  const auto corpus = corpus_file(), model = tmp_path("m.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + model).code, 0);
+  const auto d = tiny_dims(2);
+  const auto v1 = tmp_path("nodes_v1.h5");
+  write_version1(v1, config_for(d), random_model<double>(d, 3), 1);
+  const auto v1_bytes = slurp(v1);
+  const auto dir = tmp_path("nodes");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto fifo = dir + "/fifo.h5", folder = dir + "/folder.h5";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  fs::create_directories(folder);
+  const std::vector<std::pair<std::string, std::string>> nodes{{fifo, "a FIFO"}, {folder, "a directory"}};
+  for (const auto& [out, kind] : nodes) {
+    const std::vector<std::string> writers{"init " + small_model + "--out " + out,
+                                           "grad --checkpoint " + model + " --tokens " + corpus + " --out " + out,
+                                           "inspect " + v1 + " --upgrade --out " + out};
+    for (const auto& args : writers) EXPECT_CLEAR_ERROR(timed(args), "--out '" + out + "' is " + kind);
+  }
+  EXPECT_EQ(fs::symlink_status(fifo).type(), fs::file_type::fifo);
+  EXPECT_TRUE(fs::is_directory(folder) && fs::is_empty(folder));
+
+  const auto link = dir + "/link.h5";
+  fs::create_symlink(v1, link);
+  EXPECT_CLEAR_ERROR(timed("inspect " + link + " --upgrade --in-place"), "'" + link + "' is a symbolic link");
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(slurp(v1), v1_bytes);
+
+  // A run's checkpoint.h5: refused when the run starts, not at its first checkpoint.
+  const auto run_dir = dir + "/run";
+  fs::create_directories(run_dir);
+  ASSERT_EQ(::mkfifo((run_dir + "/checkpoint.h5").c_str(), 0600), 0);
+  EXPECT_CLEAR_ERROR(timed("train " + small_model + "--set data.train=" + corpus +
+                           " --set optim.steps=2 --set run.out_dir=" + run_dir),
+                     "the run's checkpoint '" + run_dir + "/checkpoint.h5' is a FIFO");
+  EXPECT_EQ(fs::symlink_status(run_dir + "/checkpoint.h5").type(), fs::file_type::fifo);
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "temp file left: " << e.path();
   fs::remove_all(dir);
 }
 

@@ -165,15 +165,20 @@ TEST(Safetensors, WriterRefusesBadInput) {
   EXPECT_FALSE(fs::exists(p));  // nothing written by a refused call
 }
 
-TEST(Safetensors, WriteIsAtomicAndReplacesALink) {
+TEST(Safetensors, WriteIsAtomicAndRefusesALink) {
   const std::string victim = write_file("victim", "the victim\n");
   const std::string out = tmp_path("out.safetensors");
   fs::remove(out);
   fs::create_symlink(victim, out);
   const std::vector<double> three{3};
+  // A link at the output is refused (docs/cli.md, Output files): neither written through nor replaced.
+  expect_error([&] { write_safetensors(out, {TensorToWrite("w", TensorDtype::f32, {1}, three)}); },
+               "is a symbolic link");
+  EXPECT_TRUE(fs::is_symlink(out));
+  EXPECT_EQ(slurp(victim), "the victim\n");
+  fs::remove(out);
   write_safetensors(out, {TensorToWrite("w", TensorDtype::f32, {1}, three)});
   EXPECT_FALSE(fs::is_symlink(out));
-  EXPECT_EQ(slurp(victim), "the victim\n");
   EXPECT_EQ(SafetensorsReader(out).read<double>("w"), std::vector<double>{3});
   for (const auto& e : fs::directory_iterator(fs::path(out).parent_path()))  // no temporary file left
     EXPECT_EQ(e.path().filename().string().find(fs::path(out).filename().string() + ".tmp."), std::string::npos);

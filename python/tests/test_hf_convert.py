@@ -6,6 +6,10 @@ loaded by MambaForCausalLM.from_pretrained with the same loss and logits; hostil
 folders and non-Mamba checkpoints refused with exit 2 naming what is wrong.
 """
 import json
+import os
+import shutil
+import signal
+import socket
 import struct
 import subprocess
 
@@ -174,11 +178,154 @@ def test_outputs_may_not_replace_inputs(tmp_path, ash_cli):
     (tmp_path / "d" / "model.safetensors").symlink_to(ck)
     rc, err = fail_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", tmp_path / "d")
     assert rc == 2 and "--checkpoint" in err, err
-    # an existing folder is written over through a rename: a link there is replaced, not followed
+    # a link where export-hf writes a file is refused (docs/cli.md, Output files), its target untouched
     (tmp_path / "d" / "model.safetensors").unlink()
     (tmp_path / "d" / "config.json").symlink_to(tmp_path / "elsewhere.json")
-    run_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", tmp_path / "d")
-    assert not (tmp_path / "d" / "config.json").is_symlink() and not (tmp_path / "elsewhere.json").exists()
+    rc, err = fail_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", tmp_path / "d")
+    assert rc == 2 and "config.json' is a symbolic link" in err, err
+    assert (tmp_path / "d" / "config.json").is_symlink() and not (tmp_path / "elsewhere.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if ".tmp." in p.name) == []
+
+
+def sharded(folder, model):
+    """`model` saved as two shards and an index, as save_pretrained writes a large model."""
+    saved(model, folder, torch.float32)
+    t = load_tensors(folder)
+    (folder / "model.safetensors").unlink()
+    names = sorted(t)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in shards.items():
+        safetensors_numpy.save_file({k: t[k] for k in keys}, str(folder / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: s for s, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return folder
+
+
+def test_import_never_replaces_a_shard(tmp_path, ash_cli):
+    """G1 (issue 45): every file import-hf reads is an input, each shard the index names
+    included, by name, through a link or by a hard link; the CLI and import_hf alike."""
+    src = sharded(tmp_path / "sh", hf_model(11, 5, 3, 2, 2, 2, 1, True, 1e-5, seed=5))
+    files = {p.name: p.read_bytes() for p in src.iterdir()}
+    shard = src / "model-00002-of-00002.safetensors"
+    (tmp_path / "link.h5").symlink_to(shard)
+    (tmp_path / "hard.h5").hardlink_to(src / "model-00001-of-00002.safetensors")
+    for out in (shard, tmp_path / "link.h5", tmp_path / "hard.h5", src / "model.safetensors.index.json"):
+        rc, err = fail_cli(ash_cli, "import-hf", "--from", src, "--out", out)
+        assert rc == 2 and "is the same file as a file of --from" in err, (out, err)
+        with pytest.raises(ash.Error, match="same file as a file of --from"):
+            ash.import_hf(src, out)
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == files
+    run_cli(ash_cli, "import-hf", "--from", src, "--out", src / "m.h5")  # a new file in the folder is fine
+    assert ash.load(src / "m.h5").step == 0
+
+
+def plant(path, kind):
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "socket":
+        cwd = os.getcwd()  # a relative name: a socket's path is limited to 107 bytes
+        os.chdir(path.parent)
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.bind(path.name)
+        finally:
+            os.chdir(cwd)
+    else:
+        path.symlink_to(path.parent / "victim")
+    return path
+
+
+KINDS = {"fifo": "a FIFO", "directory": "a directory", "socket": "a socket", "link": "a symbolic link"}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_writers_refuse_non_regular_outputs(tmp_path, ash_cli, kind):
+    """G2 (issue 45): import-hf, export-hf and save never rename over a FIFO, a socket, a
+    directory or a link (nor write through it): exit 2 / ash.Error naming the path and what it is."""
+    src = saved(hf_model(11, 5, 3, 1, 2, 2, 1, True, 1e-5, seed=7), tmp_path / "src", torch.float32)
+    ck = tmp_path / "m.h5"
+    run_cli(ash_cli, "import-hf", "--from", src, "--out", ck)
+    out = plant(tmp_path / "out.h5", kind)
+    rc, err = fail_cli(ash_cli, "import-hf", "--from", src, "--out", out)
+    assert rc == 2 and f"'{out}' is {KINDS[kind]}" in err, err
+    with pytest.raises(ash.Error, match=f"is {KINDS[kind]}"):
+        ash.import_hf(src, out)
+    with pytest.raises(ash.Error, match=f"is {KINDS[kind]}"):
+        ash.save(out, ash.load(ck))
+    for name in ("config.json", "model.safetensors"):
+        d = tmp_path / f"hf_{name}"
+        d.mkdir()
+        plant(d / name, kind)
+        rc, err = fail_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", d)
+        assert rc == 2 and f"'{d / name}' is {KINDS[kind]}" in err, err
+        assert sorted(p.name for p in d.iterdir()) == [name]
+    if kind != "directory":  # the folder itself: a folder is what export-hf writes
+        rc, err = fail_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", out)
+        assert rc == 2 and f"'{out}' is {KINDS[kind]}" in err, err
+    assert not (tmp_path / "victim").exists()
+    left = [p.name for p in tmp_path.rglob("*") if ".tmp." in p.name]
+    assert left == [], left
+
+
+def export_files(folder):
+    return {n: (folder / n).read_bytes() for n in ("config.json", "model.safetensors")}
+
+
+def test_export_is_one_step(tmp_path, ash_cli):
+    """G5 (issue 45): export-hf killed or failing at any step leaves the complete previous export
+    or the complete new one; a failure leaves no temporary file; other files in the folder stay."""
+    run_cli(ash_cli, "init", "--out", tmp_path / "a.h5", "--set", "model.arch=mamba", "--set", "model.vocab=11",
+            "--set", "model.width=4", "--set", "model.state=2", "--set", "model.layers=1")
+    run_cli(ash_cli, "init", "--out", tmp_path / "b.h5", "--set", "model.arch=mamba", "--set", "model.vocab=11",
+            "--set", "model.width=6", "--set", "model.state=2", "--set", "model.layers=2")
+    for name in ("a", "b"):
+        run_cli(ash_cli, "export-hf", "--checkpoint", tmp_path / f"{name}.h5", "--out", tmp_path / f"ref_{name}")
+    old, new = export_files(tmp_path / "ref_a"), export_files(tmp_path / "ref_b")
+    # The natural failure of the old two-rename export: a directory where config.json goes (the
+    # weights were replaced, then the config's rename failed). Refused before anything is written.
+    d = tmp_path / "d"
+    run_cli(ash_cli, "export-hf", "--checkpoint", tmp_path / "a.h5", "--out", d)
+    (d / "config.json").unlink()
+    (d / "config.json").mkdir()
+    rc, err = fail_cli(ash_cli, "export-hf", "--checkpoint", tmp_path / "b.h5", "--out", d)
+    assert rc == 2 and "is a directory" in err, err
+    assert (d / "model.safetensors").read_bytes() == old["model.safetensors"]
+    for point in ("export:staged", "export:carried", "export:swapped"):
+        for how in ("kill", "error"):
+            if point == "export:swapped" and how == "error":
+                continue  # after the swap nothing fails but moving a subfolder back (its own message)
+            d = tmp_path / f"{point[7:]}_{how}"
+            run_cli(ash_cli, "export-hf", "--checkpoint", tmp_path / "a.h5", "--out", d)
+            (d / "README.md").write_text("mine")
+            (d / "sub").mkdir()
+            (d / "sub" / "x").write_text("kept")
+            env = dict(os.environ, ASH_TEST_FAULT=point + (":error" if how == "error" else ""))
+            r = subprocess.run([ash_cli, "export-hf", "--checkpoint", str(tmp_path / "b.h5"), "--out", str(d)],
+                               capture_output=True, text=True, env=env)
+            got = export_files(d)
+            assert (d / "README.md").read_text() == "mine", point
+            if how == "error":
+                assert r.returncode == 2 and "injected failure" in r.stderr, r.stderr
+                assert got == old and (d / "sub" / "x").read_text() == "kept"
+                left = [p.name for p in tmp_path.iterdir() if ".tmp." in p.name or ".old." in p.name]
+                assert left == [], left
+            else:
+                assert r.returncode == -signal.SIGKILL, (point, r.returncode, r.stderr)
+                assert got == (new if point == "export:swapped" else old), point
+                if point != "export:swapped":
+                    assert (d / "sub" / "x").read_text() == "kept"
+                for p in tmp_path.iterdir():  # what a kill may leave: a sibling folder to remove
+                    if p.name.startswith(f".{d.name}.tmp."):
+                        shutil.rmtree(p)
+            run_cli(ash_cli, "export-hf", "--checkpoint", tmp_path / "b.h5", "--out", d)  # and it goes on
+            assert export_files(d) == new and (d / "README.md").read_text() == "mine"
+            back = tmp_path / f"back_{point[7:]}_{how}.h5"
+            run_cli(ash_cli, "import-hf", "--from", d, "--out", back, "--precision", ash.load(tmp_path / "b.h5").precision)
+            a, b = ash.load(tmp_path / "b.h5"), ash.load(back)
+            assert all(a[k].tobytes() == b[k].tobytes() for k in a)
 
 
 def hostile(tmp_path, name, mutate):

@@ -24,6 +24,27 @@ std::vector<std::pair<std::string, std::string>> folder_files(const std::string&
   return files;
 }
 
+// Every file import-hf reads from `dir`: folder_files and the shards an index
+// names (headers only). A folder whose weights do not open is refused by
+// read_hf_mamba, naming what is wrong; its three names stay protected here.
+std::vector<std::pair<std::string, std::string>> input_files(const std::string& dir, const std::string& flag) {
+  auto files = folder_files(dir, flag);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return files;
+  const auto add = [&](const SafetensorsSet& set) {
+    for (const auto& f : set.files()) files.emplace_back(flag, f.path());
+  };
+  try {
+    add(SafetensorsSet::folder(dir));
+    // The index's shards too when model.safetensors is what transformers reads.
+    if (fs::exists(fs::symlink_status(fs::path(dir) / "model.safetensors", ec)) &&
+        fs::exists(fs::symlink_status(fs::path(dir) / "model.safetensors.index.json", ec)))
+      add(SafetensorsSet::index(dir));
+  } catch (const Error&) {
+  }
+  return files;
+}
+
 template <class S>
 std::int64_t write_imported(const HfMambaModel& m, const Config& cfg, const std::string& out,
                             std::uint64_t max_memory) {
@@ -50,7 +71,7 @@ HfImport import_hf(const std::string& dir, const std::string& out, const std::st
                    std::uint64_t max_memory) {
   require(precision == "float" || precision == "double",
           "--precision must be float or double (got '" + precision + "')");
-  require_distinct_output(out, folder_files(dir, "a file of --from"));
+  require_distinct_output(out, input_files(dir, "a file of --from"));
   HfMambaModel m = read_hf_mamba(dir);
   HfImport r;
   r.config.merge(m.config, "'" + (fs::path(dir) / "config.json").string() + "'");

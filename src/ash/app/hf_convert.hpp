@@ -27,7 +27,8 @@ struct HfImport {
 // F64 tensors rounded to float for "float", every other dtype exact), through
 // save_checkpoint, under the run lock of out's directory when it has one, after
 // check_memory's Workload::init estimate against max_memory (0: the machine's).
-// `out` may not be one of the folder's files.
+// `out` may not be one of the files read (config.json, the weights, the index
+// and every shard it names; by name, through links or by inode).
 HfImport import_hf(const std::string& dir, const std::string& out, const std::string& precision = "double",
                    std::uint64_t max_memory = 0);
 
@@ -40,8 +41,8 @@ struct HfExport {
 
 // ash export-hf: the checkpoint `checkpoint` (a Mamba: anything else is an
 // ash::Error saying so) as a folder MambaForCausalLM.from_pretrained(dir) loads
-// (write_hf_mamba: config.json and model.safetensors, each through a temporary
-// file and a rename, the folder created when missing). dtype "float" (F32) or
+// (write_hf_mamba: config.json and model.safetensors, the folder replaced as one
+// step, io::AtomicFolder; created when missing). dtype "float" (F32) or
 // "double" (F64); "" writes the checkpoint's precision. Neither file may be the
 // checkpoint itself. read: how the header is read (the tool warns on old
 // formats; none: inspect_checkpoint).

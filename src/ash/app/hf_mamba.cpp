@@ -10,6 +10,7 @@
 #include "ash/core/config.hpp"
 #include "ash/core/error.hpp"
 #include "ash/core/sizes.hpp"
+#include "ash/io/atomic_write.hpp"  // AtomicFolder: the export as one step
 
 namespace fs = std::filesystem;
 
@@ -322,11 +323,11 @@ void write_hf_mamba(const std::string& dir, const nlohmann::json& ash_config, co
     for (const auto& t : tensors)
       require(used.count(t.first), where + ": tensor '" + t.first + "' is not part of this configuration");
   }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  require(!ec && fs::is_directory(dir), "cannot create folder '" + dir + "': " + ec.message());
-  write_safetensors((fs::path(dir) / "model.safetensors").string(), list, torch_metadata());
-  write_file_atomically((fs::path(dir) / "config.json").string(), ash_config_to_hf_mamba(ash_config, dtype).dump(2) + "\n");
+  // Both files in a new folder swapped in as one step: never new weights beside an old config.
+  io::AtomicFolder folder(dir, {"model.safetensors", "config.json"});
+  write_safetensors(folder.path("model.safetensors"), list, torch_metadata());
+  write_file_atomically(folder.path("config.json"), ash_config_to_hf_mamba(ash_config, dtype).dump(2) + "\n");
+  folder.commit();
 }
 
 }  // namespace ash

@@ -85,8 +85,8 @@ HfMambaModel read_hf_mamba(const std::string& dir);
 
 // Writes a folder that MambaForCausalLM.from_pretrained(dir) loads: config.json
 // (ash_config_to_hf_mamba) and model.safetensors in `dtype`, with transformers'
-// names, shapes and metadata ({"format": "pt"}); each file written atomically, the
-// folder created when missing. `tensors` holds exactly the tensors of the
+// names, shapes and metadata ({"format": "pt"}); the folder replaced as one step
+// (io::AtomicFolder: staged beside it and swapped in), created when missing. `tensors` holds exactly the tensors of the
 // configuration (by our name, our shapes); anything missing, extra, or of another
 // shape or value count is an ash::Error naming it, before anything is written.
 void write_hf_mamba(const std::string& dir, const nlohmann::json& ash_config, const HfTensors& tensors,

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "ash/core/error.hpp"
+#include "ash/io/atomic_write.hpp"
 
 namespace ash {
 
@@ -16,6 +17,7 @@ bool same_file(const std::string& a, const std::string& b) {
 void require_distinct_output(const std::string& out, const std::vector<std::pair<std::string, std::string>>& inputs) {
   for (const auto& [flag, path] : inputs)
     if (!path.empty()) require(!same_file(out, path), "--out '" + out + "' is the same file as " + flag + " '" + path + "'");
+  io::require_output_path(out, "--out");  // checked again when written; here before any work
 }
 
 std::string no_targets_message(const std::string& source, const std::string& windows) {

@@ -19,8 +19,10 @@ using CheckpointReader = std::function<CheckpointInfo(const std::string& path)>;
 bool same_file(const std::string& a, const std::string& b);
 
 // Throws ash::Error when `out` is one of the inputs, given as (flag, path) pairs
-// ("" paths skipped): ash grad --checkpoint X --out X would replace the model with
-// a gradient file.
+// ("" paths skipped; the same file by name, through links, or by inode): ash grad
+// --checkpoint X --out X would replace the model with a gradient file; and when
+// `out` breaks the output rule (io::require_output_path: not absent or a regular
+// file), before any work.
 void require_distinct_output(const std::string& out, const std::vector<std::pair<std::string, std::string>>& inputs);
 
 // The message for windows that hold no target (data.separator only: a window of

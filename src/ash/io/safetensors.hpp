@@ -150,7 +150,7 @@ std::vector<std::pair<std::string, std::string>> torch_metadata();
 // F16) then by name, the header's "__metadata__" first (in the order given;
 // omitted when empty) and the tensors in data order, compact JSON padded with
 // spaces to a multiple of 8 bytes. Through a new temporary file, fsync and a
-// rename over `path` (a link at `path` is replaced, never written through; on
+// rename over `path` (io::AtomicFile: `path` absent or a regular file; on
 // failure `path` is unchanged). ash::Error naming the file and the tensor: an
 // empty or repeated name, "__metadata__", a negative dimension, a value count
 // other than the shape's, names or metadata that are not UTF-8.

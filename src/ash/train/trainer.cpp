@@ -260,6 +260,8 @@ void Trainer<S>::open_run_dir() {
     require(!ec, "cannot create run.out_dir '" + out_dir_ + "': " + ec.message());
     lock_ = std::make_unique<RunLock>(out_dir_);
     remove_stale_temps(out_dir_);
+    // Refused now, not at the first checkpoint: a FIFO, device or link at checkpoint.h5.
+    io::require_output_path(ckpt_path_, "the run's checkpoint");
   });
 }
 
