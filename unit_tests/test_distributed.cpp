@@ -404,7 +404,7 @@ void expect_levers_match(int K, index_t T, index_t batch, const EngineOptions& o
   const auto d = dims ? *dims : tiny_dims(K);
   const auto full = random_model<double>(d, 700 + K);
   const auto x = random_tokens(batch, T, d.vocab, 710 + K);
-  ASSERT_TRUE(o.low_memory());
+  ASSERT_TRUE(o.blockwise_levers());
   double ref_loss = 0;
   ParamSet<double> ref_g(d);
   BlockwiseEngine<double>(o).compute(full, x, ref_g);
