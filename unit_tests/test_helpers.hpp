@@ -105,6 +105,19 @@ ParamSet<S> cast_model(const ParamSet<double>& ref) {
   return ps;
 }
 
+// A Mamba's random_model, with Δ moved from transformers' 1e-3..0.1 to O(1): the
+// gradients through Δ and A are then large enough for central differences to
+// resolve (at Δ ~ 0.01 some are ~1e-8, below the differences' noise).
+inline ParamSet<double> fd_model(const ModelDims& d, std::uint64_t seed) {
+  auto ps = random_model<double>(d, seed);
+  auto v = to_host(ps);
+  for (const auto& t : ps.tensors())
+    if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "dt_bias")
+      for (index_t i = 0; i < t.size(); ++i) v[t.offset + i] += 4.5;
+  from_host(ps, v);
+  return ps;
+}
+
 inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, bool detach = false) {
   EngineOptions o;
   o.method = parse_method(name);
