@@ -700,7 +700,7 @@ TEST(Distributed, MambaPlanIsTheBusiestRanksPeak) {
         "grad.engine=adjoint-exact grad.layer_checkpoint=3 run.storage=fp16",
         "grad.engine=adjoint-exact grad.detach_inputs=true grad.token_block=64 grad.layer_checkpoint=2"})
     for (const Lay& l : layouts(4)) {
-      if (l.D > 2 || l.R * l.D == 1) continue;  // a replica needs a window; one process is test_mamba's
+      if (l.D > 2 || l.R * l.D == 1) continue;  // a replica needs a window; one process is test_mamba_*'s
       Config c = layout_config(tiny_dims(4, 64, 16, 8), l.R, l.D, 2);
       for (const std::string& kv : std::vector<std::string>{"model.arch=mamba", "data.seq_len=512", "grad.chunk=32",
                                                              "grad.wave=64"})

@@ -455,7 +455,7 @@ TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
 // on the same directory fails at once, naming the holder. (A SIGTERM to
 // mpiexec is not checked here: Open MPI forwards it and may kill the ranks
 // before they finish the step, so the graceful stop of docs/design.md §7 is
-// tested on one process, in test_reliability.)
+// tested on one process, in test_reliability_runs.)
 TEST_F(DistributedCli, LockIsHeldByTheWholeRun) {
   const auto dir = tmp_path("lock");
   std::filesystem::remove_all(dir);

@@ -105,6 +105,19 @@ ParamSet<S> cast_model(const ParamSet<double>& ref) {
   return ps;
 }
 
+// A Mamba's random_model, with Δ moved from transformers' 1e-3..0.1 to O(1): the
+// gradients through Δ and A are then large enough for central differences to
+// resolve (at Δ ~ 0.01 some are ~1e-8, below the differences' noise).
+inline ParamSet<double> fd_model(const ModelDims& d, std::uint64_t seed) {
+  auto ps = random_model<double>(d, seed);
+  auto v = to_host(ps);
+  for (const auto& t : ps.tensors())
+    if (t.name.size() > 7 && t.name.substr(t.name.size() - 7) == "dt_bias")
+      for (index_t i = 0; i < t.size(); ++i) v[t.offset + i] += 4.5;
+  from_host(ps, v);
+  return ps;
+}
+
 inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, bool detach = false) {
   EngineOptions o;
   o.method = parse_method(name);
@@ -227,6 +240,31 @@ inline void set_format_version(const std::string& path, std::int64_t v) {
   hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
   H5Awrite(a, H5T_NATIVE_INT64, &v);
   H5Aclose(a);
+  H5Fclose(f);
+}
+
+// Replaces a file's int64 attribute `name` by v (bad-file tests).
+inline void rewrite_attr_i64(const std::string& path, const char* name, std::int64_t v) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  H5Adelete(f, name);
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(f, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+  H5Awrite(a, H5T_NATIVE_INT64, &v);
+  H5Aclose(a);
+  H5Sclose(sp);
+  H5Fclose(f);
+}
+
+// Rewrites every value of a dataset through HDF5 (Fletcher-32 recomputed,
+// the digest not).
+inline void set_all_values(const std::string& path, const char* ds_path, double value) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  hid_t ds = H5Dopen2(f, ds_path, H5P_DEFAULT);
+  hid_t sp = H5Dget_space(ds);
+  std::vector<double> v(static_cast<std::size_t>(H5Sget_simple_extent_npoints(sp)), value);
+  EXPECT_GE(H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()), 0);
+  H5Sclose(sp);
+  H5Dclose(ds);
   H5Fclose(f);
 }
 

@@ -253,7 +253,7 @@ TEST_P(MambaStack, LeversEqualTheWholeModelsRun) {
 // The paper's window T̄ = 4 (< T in every case): the stack's E3 detached and
 // windowed equals the whole model's E2 truncated at the same T̄ (the
 // engines' windowed sum, tested against a brute-force window in
-// test_mamba.cpp), and that gradient is not the full window's.
+// test_mamba_engines.cpp), and that gradient is not the full window's.
 TEST_P(MambaStack, WindowedEqualsTheWholeModelsTruncatedE2) {
   const auto c = GetParam();
   const EngineOptions e2 = engine_options("adjoint", 4, true);

@@ -226,13 +226,17 @@ else
   MPI_FILTER="*" MPI_CLI_FILTER="*"
   TEST_FILTERS=() CLI_TEST_FILTERS=()
   # most telling first: the fused backward, the forward, cuBLAS, the levers, the planner
-  for t in test_adjoint_exact test_forward test_matmul test_mamba test_low_memory test_memory_plan test_backprop \
+  for t in test_adjoint_exact test_forward test_matmul test_mamba_forward test_mamba_engines test_mamba_carry \
+           test_mamba_plan test_mamba_generate test_mamba_model test_low_memory test_memory_plan test_backprop \
            test_adjoint test_stack_adjoint test_documents test_memory test_config test_tokens test_dataset \
            test_optimizer test_checkpoint; do
     [ -x "$B/bin/$t" ] && TEST_FILTERS+=("$t:*")
   done
   # the CLI-heavy binaries (hundreds of ash processes, each starting CUDA): stage C
-  for t in test_train test_cli test_reliability; do [ -x "$B/bin/$t" ] && CLI_TEST_FILTERS+=("$t:*"); done
+  for t in test_train test_cli test_reliability_limits test_reliability_config test_reliability_checkpoint \
+           test_reliability_format test_reliability_paths test_reliability_runs; do
+    [ -x "$B/bin/$t" ] && CLI_TEST_FILTERS+=("$t:*")
+  done
   MAMBA_ARGS=(--widths 64,256 --layers 2,8 --batch8-T 16384 --max-seconds 20 --reps 2
               --T 4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152,4194304,8388608,16777216)
   # issue 34's GPU line: the Mamba of D=256 N=16 K=4 (V=256, E=512) at batch 1, T=2^12 upward

@@ -201,7 +201,7 @@ def max_rel(a, b):
 def test_truncated_e2_equals_windowed_e3(tmp_path, K, T, B, Kc, R, tied, Tbar, chunk, wave):
     """E2 truncated at T-bar and E3 windowed at the same T-bar agree to 1e-10 in double, and
     differ from the full window's gradient (T-bar is not ignored). Both against a brute-force
-    window sum: unit_tests/test_mamba.cpp (MambaWindow)."""
+    window sum: unit_tests/test_mamba_engines.cpp (MambaWindow)."""
     V, D, N, expand, eps = 13, 6, 4, 2, 1e-5
     path = tmp_path / "m.h5"
     cfg = ash_config(V, D, N, K, expand, Kc, R, tied, eps)
