@@ -151,8 +151,8 @@ def test_save_pretrained_read_and_written_back(tool, tmp_path, tied):
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # the same parameters bit for bit (above); logits within float32's rounding
         # of their scale, since two separately built torch models may take different CPU kernels
-        got, want = loaded(ids).logits, model(ids).logits
-        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
+        out, ref = loaded(ids).logits, model(ids).logits
+        assert (out - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
 
     # In F64: loaded as float64 (config "dtype"), every tensor the double of the original.
     run(tool, "hf-write", tmp_path / "ash.safetensors", tmp_path / "cfg.json", tmp_path / "out64", "f64")
