@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -154,6 +155,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
   require(text[0] == '{', where + ": the header does not start with '{'");
   const nlohmann::json doc = parse_json_strict(text, "the header of " + where);
   require(doc.is_object(), where + ": the header is not a JSON object");
+  // The object ends at the last '}' (only whitespace may follow it); the format
+  // pads with spaces (0x20) alone, and the `safetensors` package refuses others.
+  const std::size_t pad = text.find_first_not_of(' ', text.rfind('}') + 1);
+  if (pad != std::string::npos) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", unsigned(static_cast<unsigned char>(text[pad])));
+    throw Error(where + ": the header is padded with byte " + hex + " at offset " + std::to_string(8 + pad) +
+                " of the file; the format pads with spaces (0x20) only");
+  }
   data_start_ = 8 + n;
   const std::uint64_t buffer = size - data_start_;
 
