@@ -290,8 +290,7 @@ HfMambaFolder open_hf_mamba(const std::string& dir) {
   for (const auto& name : set.names()) {
     if (expected.count(name)) continue;
     if (name == "lm_head.weight" && d.tie_embeddings) {  // a tied copy some savers keep: only if it is one
-      require(set.at(name).shape == std::vector<std::int64_t>{d.vocab, d.width},
-              tied_head_differs(where));
+      require(set.at(name).shape == std::vector<std::int64_t>{d.vocab, d.width}, tied_head_differs(where));
       out.tied_copy = true;
       continue;
     }
@@ -313,8 +312,7 @@ void read_hf_mamba_values(const HfMambaFolder& f, const std::function<T*(const H
       const std::size_t m = std::min(block, n - i);
       head.read("lm_head.weight", a.data(), i, m);
       emb.read("backbone.embeddings.weight", b.data(), i, m);
-      require(std::equal(a.begin(), a.begin() + std::ptrdiff_t(m), b.begin()),
-              tied_head_differs(f.where));
+      require(std::equal(a.begin(), a.begin() + std::ptrdiff_t(m), b.begin()), tied_head_differs(f.where));
     }
   }
   for (const auto& n : f.names)
