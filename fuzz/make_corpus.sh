@@ -2,6 +2,7 @@
 # Seed corpora for the fuzz targets, generated (nothing binary is committed):
 #   make_corpus.sh OUT_DIR ASH_BINARY
 # OUT_DIR/config/  JSON configurations (valid, and near misses)
+# OUT_DIR/json/    JSON texts for the strict parser (the configurations and more)
 # OUT_DIR/tokens/  token files' bytes (first byte: 0 text, 1 .u16, 2 .u32)
 # OUT_DIR/checkpoint/  edit lists for fuzz_checkpoint (byte flips, and declared
 #                  shapes of 2^40 elements: fuzz/shape_seed.py), and
@@ -12,7 +13,7 @@
 set -euo pipefail
 out=$1
 ash=$2
-mkdir -p "$out/config" "$out/tokens" "$out/checkpoint" "$out/output" "$out/safetensors"
+mkdir -p "$out/config" "$out/json" "$out/tokens" "$out/checkpoint" "$out/output" "$out/safetensors"
 for seed in '\000\000\000' '\002\000\000' '\000\002\000' '\006\006\004\005' '\003\005\005\003' '\001\004\006\002' \
   '\005\000\000\000\000\000\000\000' '\004\000\000\000\000\000\004\001' '\000\000\000\000\000\000\004\005' \
   '\000\000\000\000\000\000\004\002' '\002\000\000\000\000\000\005\000'; do
@@ -27,6 +28,12 @@ for doc in '{}' \
   '{"run": {"out_dir": "run", "precision": "double", "storage": "bf16"}, "dist": {"layer_ranks": 2, "seq_ranks": 1}}' \
   '{"model": {"width": 8, "width": 9}}' '{"model": {"layers": 2.5}}' '[[[[[[1]]]]]]' '{"a": "\u0000"}'; do
   printf '%s' "$doc" > "$out/config/seed$((n++))"
+done
+cp -r "$out/config/." "$out/json/"
+n=0
+for doc in '{"a":{}}' '[{}, [], {"b": [1, 2.5e-3, -7, "x\\u00e9"]}]' '"s"' 'null' '{"a": 1, "b": {"a": 2}}' \
+  '{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}    ' '{"k": 1}\000x' '\357\273\277{}' '{"k": 1} x'; do
+  printf "$doc" > "$out/json/extra$((n++))"
 done
 printf '\000%s' "the quick brown fox jumps over the lazy dog" > "$out/tokens/text"
 printf '\001\001\000\002\000\003\000\377\377' > "$out/tokens/u16"

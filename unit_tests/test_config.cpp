@@ -120,4 +120,41 @@ TEST(Config, FileErrors) {
   EXPECT_NE(what_of([&] { c.merge_file(p); }).find("not valid JSON"), std::string::npos);
 }
 
+// Nothing after the document but JSON whitespace: nlohmann's lexer ends the input
+// at a NUL byte, and skips a byte order mark (Python's json refuses both).
+TEST(Config, StrictJsonRefusesWhatFollowsTheDocumentAndAByteOrderMark) {
+  const std::string doc = R"({"model": {"width": 8}})";
+  EXPECT_EQ(parse_json_strict(doc + " \t\r\n", "t")["model"]["width"], 8);
+  const std::string nul("\0", 1);
+  EXPECT_NE(what_of([&] { (void)parse_json_strict(doc + nul + "garbage", "t"); }).find("t is not valid JSON: a NUL byte at offset 23"),
+            std::string::npos);
+  EXPECT_NE(what_of([&] { (void)parse_json_strict(doc + nul, "t"); }).find("a NUL byte"), std::string::npos);
+  EXPECT_NE(what_of([&] { (void)parse_json_strict(doc + " x", "t"); }).find("t is not valid JSON"), std::string::npos);
+  EXPECT_NE(what_of([&] { (void)parse_json_strict("\xEF\xBB\xBF" + doc, "t"); }).find("byte order mark"),
+            std::string::npos);
+  // In a string, NUL is written \u0000 and stays a character of it.
+  EXPECT_EQ(parse_json_strict(R"({"a": "x\u0000y"})", "t")["a"].get<std::string>(), std::string("x\0y", 3));
+  // Through a config file, as --config reads it.
+  Config c;
+  const auto p = tmp_path("nul.json");
+  std::ofstream(p, std::ios::binary) << doc << nul << "{\"model\": {\"width\": 9}}";
+  EXPECT_NE(what_of([&] { c.merge_file(p); }).find("a NUL byte"), std::string::npos);
+  std::ofstream(p, std::ios::binary) << "\xEF\xBB\xBF" << doc;
+  EXPECT_NE(what_of([&] { c.merge_file(p); }).find("byte order mark"), std::string::npos);
+  EXPECT_EQ(c.json()["model"]["width"], 64) << "nothing applied";
+}
+
+// The document as parse() builds it: every type, nesting, order of keys, and a
+// duplicate key refused at any depth.
+TEST(Config, StrictJsonBuildsTheDocument) {
+  const std::string text =
+      R"({"b": [1, -2, 3.5, "s", true, false, null, [], {}, [[{"x": [0]}]]], "a": {"c": {"d": 18446744073709551615}}})";
+  EXPECT_EQ(parse_json_strict(text, "t"), nlohmann::json::parse(text));
+  EXPECT_EQ(parse_json_strict("[]", "t"), nlohmann::json::array());
+  EXPECT_EQ(parse_json_strict("7", "t"), 7);
+  EXPECT_NE(what_of([&] { (void)parse_json_strict(R"({"a": [{"k": 1, "k": 2}]})", "t"); }).find("t: duplicate key 'k'"),
+            std::string::npos);
+  EXPECT_EQ(parse_json_strict(R"({"a": {"k": 1}, "b": {"k": 2}})", "t")["b"]["k"], 2) << "one key in two objects";
+}
+
 }  // namespace ash::test

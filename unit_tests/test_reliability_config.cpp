@@ -1,10 +1,13 @@
 // Reliability (docs/design.md §7) of what a user types: every flag and config value
 // validated, usage errors, deep JSON and non-regular config files, integer keys at
 // 2^31, 2^32 and 2^63 - 1. A clear error (exit 2) or a run, never a crash or a hang.
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 
+#include "ash/app/hf_mamba.hpp"
 #include "reliability_helpers.hpp"
 
 namespace ash::test {
@@ -127,6 +130,120 @@ TEST(Reliability, DeepJsonAndNonRegularConfigsAreClearErrors) {
                            "train --resume " + ckpt + " --set data.train=" + corpus + " --set run.out_dir=" +
                                tmp_path("deeprun")})
     EXPECT_CLEAR_ERROR(run_shell("timeout 60 " + std::string(cli_path()) + " " + verb), "levels deep");
+}
+
+namespace {
+
+// {"k0":{},"k1":{},...} of about `bytes` bytes: many object-valued members of one
+// object, quadratic in nlohmann's callback parser (a 1 MiB config took 66 s).
+std::string many_empty_objects(std::size_t bytes) {
+  std::string s = "{";
+  for (std::size_t i = 0; s.size() + 16 < bytes; ++i) s += (i ? ",\"k" : "\"k") + std::to_string(i) + "\":{}";
+  return s + "}";
+}
+
+// A MambaForCausalLM folder of BF16 tensors whose model.safetensors is sparse:
+// its header (`extra` more zero-length tensors in it) and a hole of the data's size.
+std::string sparse_hf_folder(const std::string& name, const nlohmann::json& hf_config, std::size_t extra = 0) {
+  const std::string dir = tmp_path(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write(dir + "/config.json", hf_config.dump());
+  const MambaDims d = mamba_dims(hf_mamba_config_to_ash(hf_config, "test"), "test");
+  std::vector<HfName> names = hf_mamba_global_names(d);
+  for (std::int64_t k = 0; k < d.layers; ++k)
+    for (const auto& n : hf_mamba_layer_names(d, k)) names.push_back(n);
+  std::string header = "{";
+  std::uint64_t at = 0;
+  for (const auto& n : names) {
+    std::uint64_t bytes = 2;
+    std::string shape;
+    for (const auto s : n.hf_shape) bytes *= std::uint64_t(s), shape += (shape.empty() ? "" : ",") + std::to_string(s);
+    header += (header.size() > 1 ? "," : "") + ("\"" + n.hf + "\":{\"dtype\":\"BF16\",\"shape\":[" + shape +
+                                                 "],\"data_offsets\":[" + std::to_string(at) + "," +
+                                                 std::to_string(at + bytes) + "]}");
+    at += bytes;
+  }
+  for (std::size_t i = 0; i < extra; ++i)
+    header += ",\"extra." + std::to_string(i) + "\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[0,0]}";
+  header += "}";
+  header += std::string((8 - header.size() % 8) % 8, ' ');
+  std::string len(8, '\0');
+  for (std::size_t i = 0; i < 8; ++i) len[i] = char((header.size() >> (8 * i)) & 0xff);
+  const std::string st = dir + "/model.safetensors";
+  write(st, len + header);
+  fs::resize_file(st, 8 + header.size() + at);  // a hole: no disk, zeros when read
+  return dir;
+}
+
+nlohmann::json hf_config(std::int64_t vocab, std::int64_t width) {
+  return {{"architectures", {"MambaForCausalLM"}}, {"model_type", "mamba"}, {"hidden_size", width},
+          {"state_size", 4}, {"num_hidden_layers", 1}, {"vocab_size", vocab}, {"expand", 2},
+          {"intermediate_size", 2 * width}, {"tie_word_embeddings", true}};
+}
+
+// A command's exit code, output and peak resident memory (its own, through wait4).
+struct Measured {
+  int code = -1;
+  std::string out;
+  long maxrss_kb = 0;
+};
+Measured run_measured(const std::string& args) {
+  const std::string log = tmp_path("measured.log");
+  const std::string cmd = "exec " + std::string(cli_path()) + " " + args + " > " + log + " 2>&1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  Measured m;
+  int st = 0;
+  struct rusage ru {};
+  if (pid > 0 && ::wait4(pid, &st, 0, &ru) == pid) {
+    m.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    m.maxrss_kb = ru.ru_maxrss;
+  }
+  std::ifstream in(log);
+  m.out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return m;
+}
+
+}  // namespace
+
+// Every strict JSON input at its size limit is parsed or refused in time linear in
+// its size : each run has a timeout far above the linear parser's
+// time and far below the quadratic one's (over a minute each).
+TEST(Reliability, JsonOfManyObjectsIsReadInLinearTime) {
+  const std::string timeout = "timeout 30 " + std::string(cli_path()) + " ";
+  const auto cfg = tmp_path("many.json");
+  write(cfg, many_empty_objects(std::size_t(1) << 20));
+  ASSERT_LE(fs::file_size(cfg), std::uintmax_t(1) << 20);
+  EXPECT_CLEAR_ERROR(run_shell(timeout + "plan --config " + cfg), "unknown config key 'k0'");
+  // A safetensors header of 200,000 tensors (11 MB): parsed, then the folder refused.
+  const auto dir = sparse_hf_folder("many_tensors", hf_config(16, 16), 200000);
+  ASSERT_GT(fs::file_size(dir + "/model.safetensors"), 10u << 20);
+  EXPECT_CLEAR_ERROR(run_shell(timeout + "import-hf --from " + dir + " --out " + tmp_path("many_import.h5")),
+                     "unexpected tensor 'extra.0'");
+  // A checkpoint whose config attribute is that 1 MiB document.
+  const auto ckpt = tmp_path("many.h5");
+  ASSERT_EQ(run("init " + small_model + "--out " + ckpt).code, 0);
+  rewrite_attr_str(ckpt, "config", many_empty_objects(std::size_t(1) << 20));
+  reseal(ckpt);
+  EXPECT_CLEAR_ERROR(run_shell(timeout + "inspect " + ckpt), "unknown config key 'k0'");
+}
+
+// import-hf sizes the model from config.json and the headers and refuses it
+// before it reads a tensor (a 540 MB BF16 folder grew to 2.1 GB
+// resident, converted to double, before the check said it needs 4 GiB).
+TEST(Reliability, ImportHfChecksMemoryBeforeReadingTensors) {
+  const auto dir = sparse_hf_folder("sparse_hf", hf_config(262144, 1024));
+  const auto size = fs::file_size(dir + "/model.safetensors");
+  ASSERT_GT(size, 500u << 20);
+  const auto r = run_measured("import-hf --from " + dir + " --out " + tmp_path("sparse.h5") + " --max-memory 100000000");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("more than --max-memory"), std::string::npos) << r.out;
+  EXPECT_LT(r.maxrss_kb, long(size / 1024 / 4)) << "peak resident KiB, for a " << size << "-byte file:\n" << r.out;
+  EXPECT_FALSE(fs::exists(tmp_path("sparse.h5")));
 }
 
 // Every integer key and option at 2^31, 2^32 and 2^63 - 1: validated into the

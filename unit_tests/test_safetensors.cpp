@@ -239,6 +239,13 @@ TEST(Safetensors, HostileFilesRefused) {
   refused("metadata_value", raw(R"({"__metadata__":{"format":1},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", ok_data),
           "\"__metadata__\" value of \"format\" is not a string");
   refused("tensor_not_object", raw(R"({"w":[1]})"), "tensor \"w\" is not a JSON object");
+  // The header's padding: spaces (0x20) only, as the format says and the package writes.
+  refused("nul_padding", raw(ok_header + std::string("\0\0garbage", 9), ok_data), "a NUL byte at offset 54");
+  refused("newline_padding", raw(ok_header + "  \n", ok_data),
+          "the header is padded with byte 0x0a at offset 64 of the file; the format pads with spaces (0x20) only");
+  refused("garbage_padding", raw(ok_header + " }", ok_data), "is not valid JSON");
+  EXPECT_EQ(SafetensorsReader(write_file("space_padding", raw(ok_header + "      ", ok_data))).read<double>("w"),
+            (std::vector<double>{1, 2}));
   // Not a regular file: refused before anything blocks on it.
   const std::string fifo = tmp_path("fifo");
   fs::remove(fifo);
@@ -529,6 +536,11 @@ TEST(HfMamba, FolderRefusals) {
   expect_error([&] { (void)read_hf_mamba(dir); }, "config \"config.json\" of folder");
   std::ofstream(dir + "/config.json") << std::string(100, '[') << std::string(100, ']');
   expect_error([&] { (void)read_hf_mamba(dir); }, "levels deep");
+  // A byte order mark, or a NUL byte and more after the document (transformers refuses both).
+  std::ofstream(dir + "/config.json", std::ios::binary) << "\xEF\xBB\xBF" << tiny_hf_config(true).dump();
+  expect_error([&] { (void)read_hf_mamba(dir); }, "byte order mark");
+  std::ofstream(dir + "/config.json", std::ios::binary) << tiny_hf_config(true).dump() << std::string(1, '\0') << "}}";
+  expect_error([&] { (void)read_hf_mamba(dir); }, "a NUL byte");
   fs::remove(dir + "/config.json");
   const std::string outside = tmp_path("outside_config.json");
   std::ofstream(outside) << tiny_hf_config(true).dump();

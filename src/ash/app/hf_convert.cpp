@@ -1,6 +1,7 @@
 #include "ash/app/hf_convert.hpp"
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -26,7 +27,7 @@ std::vector<std::pair<std::string, std::string>> folder_files(const std::string&
 
 // Every file import-hf reads from `dir`: folder_files and the shards an index
 // names (headers only). A folder whose weights do not open is refused by
-// read_hf_mamba, naming what is wrong; its three names stay protected here.
+// open_hf_mamba, naming what is wrong; its three names stay protected here.
 std::vector<std::pair<std::string, std::string>> input_files(const std::string& dir, const std::string& flag) {
   auto files = folder_files(dir, flag);
   std::error_code ec;
@@ -46,19 +47,26 @@ std::vector<std::pair<std::string, std::string>> input_files(const std::string& 
 }
 
 template <class S>
-std::int64_t write_imported(const HfMambaModel& m, const Config& cfg, const std::string& out,
+std::int64_t write_imported(const HfMambaFolder& f, const Config& cfg, const std::string& out,
                             std::uint64_t max_memory) {
+  // Before any tensor is read: the sizes come from config.json and the headers,
+  // and the values go straight into the parameters (no copy of the folder in double).
   check_memory(cfg, Workload::init, sizeof(S), max_memory);
   ParamSet<S> params(cfg.model());
   auto host = Kokkos::create_mirror_view(params.data());
-  for (const auto& t : params.tensors()) {
-    // read_hf_mamba returns exactly the tensors this configuration's layout holds
-    // (test_safetensors checks the two agree); a disagreement is a bug, not a user error.
-    const auto it = m.tensors.find(t.name);
-    if (it == m.tensors.end() || it->second.shape != t.shape)
-      throw std::logic_error("import-hf: the folder mapping and the parameter layout disagree on '" + t.name + "'");
-    for (index_t i = 0; i < t.size(); ++i) host(t.offset + i) = S(it->second.values[std::size_t(i)]);
-  }
+  std::map<std::string, const TensorInfo*> layout;
+  for (const auto& t : params.tensors()) layout[t.name] = &t;
+  // open_hf_mamba lists exactly the tensors this configuration's layout holds
+  // (test_safetensors checks the two agree); a disagreement is a bug, not a user error.
+  const auto disagree = [](const std::string& name) {
+    return std::logic_error("import-hf: the folder mapping and the parameter layout disagree on '" + name + "'");
+  };
+  if (f.names.size() != layout.size()) throw disagree("the tensor count");
+  read_hf_mamba_values<S>(f, [&](const HfName& n) {
+    const auto it = layout.find(n.ash);
+    if (it == layout.end() || it->second->shape != n.ash_shape) throw disagree(n.ash);
+    return host.data() + it->second->offset;
+  });
   Kokkos::deep_copy(params.data(), host);
   const auto lock = RunLock::for_output(out);  // a run directory: not while its train runs
   save_checkpoint(out, cfg, params);
@@ -72,17 +80,17 @@ HfImport import_hf(const std::string& dir, const std::string& out, const std::st
   require(precision == "float" || precision == "double",
           "--precision must be float or double (got '" + precision + "')");
   require_distinct_output(out, input_files(dir, "a file of --from"));
-  HfMambaModel m = read_hf_mamba(dir);
+  const HfMambaFolder f = open_hf_mamba(dir);
   HfImport r;
-  r.config.merge(m.config, "'" + (fs::path(dir) / "config.json").string() + "'");
+  r.config.merge(f.config, "'" + (fs::path(dir) / "config.json").string() + "'");
   r.config.set("run.precision=" + precision);
   r.config.validate();
   std::set<std::string> dtypes;
-  for (const auto& t : m.tensors) dtypes.insert(dtype_name(t.second.dtype));
+  for (const auto& n : f.names) dtypes.insert(dtype_name(f.set.at(n.hf).dtype));
   for (const auto& d : dtypes) r.source_dtypes += (r.source_dtypes.empty() ? "" : ", ") + d;
-  r.ignored = m.ignored;
-  r.parameters = precision == "float" ? write_imported<float>(m, r.config, out, max_memory)
-                                      : write_imported<double>(m, r.config, out, max_memory);
+  r.ignored = f.ignored;
+  r.parameters = precision == "float" ? write_imported<float>(f, r.config, out, max_memory)
+                                      : write_imported<double>(f, r.config, out, max_memory);
   return r;
 }
 

@@ -20,13 +20,15 @@ struct HfImport {
   std::int64_t parameters = 0;
 };
 
-// ash import-hf: reads the MambaForCausalLM folder `dir` (read_hf_mamba: every
+// ash import-hf: reads the MambaForCausalLM folder `dir` (open_hf_mamba: every
 // tensor checked before anything is written) and writes the checkpoint `out`
 // (format 3, step 0; its configuration the defaults with the folder's model.*
 // keys and run.precision = precision) in `precision` ("float" or "double":
 // F64 tensors rounded to float for "float", every other dtype exact), through
 // save_checkpoint, under the run lock of out's directory when it has one, after
-// check_memory's Workload::init estimate against max_memory (0: the machine's).
+// check_memory's Workload::init estimate against max_memory (0: the machine's),
+// made from config.json and the headers before any tensor is read; each tensor is
+// then read into the parameters a block at a time (read_hf_mamba_values).
 // `out` may not be one of the files read (config.json, the weights, the index
 // and every shard it names; by name, through links or by inode).
 HfImport import_hf(const std::string& dir, const std::string& out, const std::string& precision = "double",

@@ -1,9 +1,11 @@
 #include "ash/app/hf_mamba.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 
@@ -114,6 +116,11 @@ const char* torch_dtype(TensorDtype t) {
     case TensorDtype::f16: return "float16";
   }
   return "float32";
+}
+
+std::string tied_head_differs(const std::string& where) {
+  return where + ": tensor 'lm_head.weight' differs from backbone.embeddings.weight, but config.json ties them "
+                 "(tie_word_embeddings = true)";
 }
 
 }  // namespace
@@ -257,19 +264,20 @@ std::vector<HfName> hf_mamba_layer_names(const MambaDims& d, std::int64_t layer)
   };
 }
 
-HfMambaModel read_hf_mamba(const std::string& dir) {
-  HfMambaModel out;
+HfMambaFolder open_hf_mamba(const std::string& dir) {
+  HfMambaFolder out;
   const std::string cpath = file_in_folder(dir, "config.json", "config");
   const std::string corigin = "'" + cpath + "'";
   out.config = hf_mamba_config_to_ash(parse_json_strict(read_small_file(cpath, corigin), corigin), corigin,
                                       &out.ignored);
   const MambaDims d = mamba_dims(out.config, corigin);
-  const SafetensorsSet set = SafetensorsSet::folder(dir);
-  const std::string where = "Mamba folder '" + dir + "'";
+  out.set = SafetensorsSet::folder(dir);
+  out.where = "Mamba folder '" + dir + "'";
+  const SafetensorsSet& set = out.set;
+  const std::string& where = out.where;
 
-  // Names and shapes first, values after: nothing is read from a folder that fails.
+  // Names and shapes from the headers: no tensor is read from a folder that fails.
   std::set<std::string> expected;
-  std::vector<HfName> names;
   for_each_name(d, [&](const HfName& n) {
     require(set.contains(n.hf), where + ": tensor '" + n.hf + "' (" + n.ash + ") is missing; config.json implies " +
                                     std::to_string(d.layers) + " layers" +
@@ -278,27 +286,54 @@ HfMambaModel read_hf_mamba(const std::string& dir) {
     require(e.shape == n.hf_shape, where + ": tensor '" + n.hf + "' has shape " + shape_text(e.shape) +
                                        "; config.json implies " + shape_text(n.hf_shape));
     expected.insert(n.hf);
-    names.push_back(n);
+    out.names.push_back(n);
   });
   for (const auto& name : set.names()) {
     if (expected.count(name)) continue;
     if (name == "lm_head.weight" && d.tie_embeddings) {  // a tied copy some savers keep: only if it is one
-      const auto& e = set.at(name);
-      require(e.shape == std::vector<std::int64_t>{d.vocab, d.width} &&
-                  set.read<double>(name) == set.read<double>("backbone.embeddings.weight"),
-              where + ": tensor 'lm_head.weight' differs from backbone.embeddings.weight, but config.json ties them "
-                      "(tie_word_embeddings = true)");
+      require(set.at(name).shape == std::vector<std::int64_t>{d.vocab, d.width}, tied_head_differs(where));
+      out.tied_copy = true;
       continue;
     }
     throw Error(where + ": unexpected tensor '" + name + "' (not part of the MambaForCausalLM config.json describes)");
   }
-  for (const auto& n : names) {
-    HfTensor t;
-    t.shape = n.ash_shape;
-    t.dtype = set.at(n.hf).dtype;
-    t.values = set.read<double>(n.hf);
-    out.tensors.emplace(n.ash, std::move(t));
+  return out;
+}
+
+template <class T>
+void read_hf_mamba_values(const HfMambaFolder& f, const std::function<T*(const HfName&)>& dest) {
+  const SafetensorsSet& set = f.set;
+  if (f.tied_copy) {  // compared a block at a time: memory stays two blocks, whatever the vocabulary
+    const auto& head = set.file_of("lm_head.weight");
+    const auto& emb = set.file_of("backbone.embeddings.weight");
+    const std::size_t n = std::size_t(set.at("lm_head.weight").elements);
+    constexpr std::size_t block = 1 << 16;
+    std::vector<double> a(std::min(block, n)), b(a.size());
+    for (std::size_t i = 0; i < n; i += block) {
+      const std::size_t m = std::min(block, n - i);
+      head.read("lm_head.weight", a.data(), i, m);
+      emb.read("backbone.embeddings.weight", b.data(), i, m);
+      require(std::equal(a.begin(), a.begin() + std::ptrdiff_t(m), b.begin()), tied_head_differs(f.where));
+    }
   }
+  for (const auto& n : f.names)
+    set.file_of(n.hf).read(n.hf, dest(n), 0, std::size_t(set.at(n.hf).elements));
+}
+template void read_hf_mamba_values<float>(const HfMambaFolder&, const std::function<float*(const HfName&)>&);
+template void read_hf_mamba_values<double>(const HfMambaFolder&, const std::function<double*(const HfName&)>&);
+
+HfMambaModel read_hf_mamba(const std::string& dir) {
+  const HfMambaFolder f = open_hf_mamba(dir);
+  HfMambaModel out;
+  out.config = f.config;
+  out.ignored = f.ignored;
+  read_hf_mamba_values<double>(f, [&](const HfName& n) {
+    HfTensor& t = out.tensors[n.ash];
+    t.shape = n.ash_shape;
+    t.dtype = f.set.at(n.hf).dtype;
+    t.values.resize(std::size_t(count_of(n.ash_shape)));
+    return t.values.data();
+  });
   return out;
 }
 

@@ -6,6 +6,7 @@
 // of our keys ({"model": {"arch": "mamba", "width": D, ...}}) that Config::merge
 // takes, the tensors are plain arrays by their /params names ("layers/000/in_proj").
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -70,17 +71,40 @@ std::vector<HfName> hf_mamba_layer_names(const MambaDims& d, std::int64_t layer)
 // The tensors outside the layers: embedding, final_norm, and head when untied.
 std::vector<HfName> hf_mamba_global_names(const MambaDims& d);
 
+// A MambaForCausalLM folder opened for reading: config.json and every
+// safetensors header read and checked, no tensor value read yet (import-hf
+// checks the memory the values need before it reads them).
+struct HfMambaFolder {
+  nlohmann::json config;             // our keys: {"model": {...}}
+  std::vector<std::string> ignored;  // config.json keys that transformers does not define
+  SafetensorsSet set;
+  std::vector<HfName> names;  // the configuration's tensors, each in `set` with its shape
+  bool tied_copy = false;     // a tied model's lm_head.weight, to be equal to the embedding
+  std::string where;          // "Mamba folder 'DIR'", for messages
+};
+
+// Opens a MambaForCausalLM folder: config.json, then model.safetensors or the
+// index and its shards (F64, F32, BF16, F16; SafetensorsSet's file rules). Every
+// tensor the configuration implies present with its shape; any other tensor is
+// refused by name, except lm_head.weight of a tied model with the embedding's
+// shape (older savers kept it; its values are compared by read_hf_mamba_values).
+// ash::Error naming the folder and the tensor.
+HfMambaFolder open_hf_mamba(const std::string& dir);
+
+// The values of every tensor of f.names, converted to T (SafetensorsReader::read),
+// each written to dest(name): room for the elements of its shape. First a tied
+// lm_head.weight is compared with the embedding, value for value (ash::Error when
+// it differs). Memory beyond dest's: a few blocks.
+template <class T>
+void read_hf_mamba_values(const HfMambaFolder& f, const std::function<T*(const HfName&)>& dest);
+
 struct HfMambaModel {
   nlohmann::json config;             // our keys: {"model": {...}}
   HfTensors tensors;                 // by our name, in double
   std::vector<std::string> ignored;  // config.json keys that transformers does not define
 };
 
-// Reads a MambaForCausalLM folder: config.json, then model.safetensors or the
-// index and its shards (F64, F32, BF16, F16; SafetensorsSet's file rules). Every
-// tensor the configuration implies present with its shape; any other tensor is
-// refused by name, except lm_head.weight of a tied model equal to the embedding
-// bit for bit (older savers kept it). ash::Error naming the folder and the tensor.
+// open_hf_mamba and every tensor's values in double.
 HfMambaModel read_hf_mamba(const std::string& dir);
 
 // Writes a folder that MambaForCausalLM.from_pretrained(dir) loads: config.json

@@ -5,8 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "ash/core/documents.hpp"
 #include "ash/core/error.hpp"
@@ -112,34 +113,97 @@ std::size_t json_depth(const std::string& text) {
   return deepest;
 }
 
+namespace {
+
+// nlohmann's SAX events built into a document, as its own DOM parser does, with
+// a duplicate key an error at the key. Not parse() with a callback: that parser
+// rescans the parent object at every object's end, quadratic in the members of
+// one object (a 200,000-tensor safetensors header took over a minute). Each
+// event is O(log n) (the key lookup); the nesting is bounded before parsing.
+class StrictDocument {
+ public:
+  using json = nlohmann::json;
+  StrictDocument(json& root, const std::string& origin) : root_(root), origin_(origin) {}
+
+  bool null() { return put(json(nullptr)); }
+  bool boolean(bool v) { return put(json(v)); }
+  bool number_integer(json::number_integer_t v) { return put(json(v)); }
+  bool number_unsigned(json::number_unsigned_t v) { return put(json(v)); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return put(json(v)); }
+  bool string(json::string_t& v) { return put(json(std::move(v))); }
+  bool binary(json::binary_t& v) { return put(json::binary(std::move(v))); }  // not in JSON text
+  bool start_object(std::size_t) { return open(json::value_t::object); }
+  bool start_array(std::size_t) { return open(json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    auto& members = open_.back()->get_ref<json::object_t&>();
+    const auto it = members.find(k);
+    require(it == members.end(), origin_ + ": duplicate key '" + k + "'");  // nlohmann would keep the last
+    member_ = &members.emplace(std::move(k), nullptr).first->second;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) {
+    throw Error(origin_ + " is not valid JSON: " + e.what());
+  }
+
+ private:
+  // A value where the parser is: the root, the next element of the open array,
+  // or the member whose key came last. Pointers on the stack stay valid: an open
+  // container's parent gets no other element until it closes.
+  json* place(json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    if (open_.back()->is_array()) {
+      auto& elements = open_.back()->get_ref<json::array_t&>();
+      elements.push_back(std::move(v));
+      return &elements.back();
+    }
+    *member_ = std::move(v);
+    return member_;
+  }
+  bool put(json&& v) {
+    (void)place(std::move(v));
+    return true;
+  }
+  bool open(json::value_t t) {
+    open_.push_back(place(json(t)));
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+  json& root_;
+  const std::string& origin_;
+  std::vector<json*> open_;
+  json* member_ = nullptr;
+};
+
+}  // namespace
+
 nlohmann::json parse_json_strict(const std::string& text, const std::string& origin) {
-  // The parser and the document's destructor recurse per level: bound the
-  // nesting before either sees the text (the keys of §4 are 2 levels deep).
+  // RFC 8259 forbids a byte order mark; nlohmann would skip it, Python's json
+  // (and so transformers reading config.json) refuses it.
+  require(text.compare(0, 3, "\xEF\xBB\xBF") != 0,
+          origin + " is not valid JSON: it starts with a UTF-8 byte order mark");
+  // nlohmann's lexer takes a NUL byte for the end of the input and would ignore
+  // what follows; JSON text holds none (in a string it is written \u0000).
+  const auto nul = text.find('\0');
+  require(nul == std::string::npos,
+          origin + " is not valid JSON: a NUL byte at offset " + std::to_string(nul) + " (JSON text holds none)");
+  // The document's destructor recurses per level: bound the nesting before
+  // parsing (the keys of §4 are 2 levels deep).
   const std::size_t depth = json_depth(text);
   require(depth <= max_json_depth, origin + " is nested " + std::to_string(depth) + " levels deep (at most " +
                                        std::to_string(max_json_depth) + ")");
-  // nlohmann keeps the last of duplicate keys silently; a stack of the keys
-  // seen per open object turns a duplicate into an error naming it.
-  std::vector<std::set<std::string>> seen;
-  std::string dup;
-  auto cb = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    if (ev == nlohmann::json::parse_event_t::object_start) {
-      seen.emplace_back();
-    } else if (ev == nlohmann::json::parse_event_t::object_end) {
-      if (!seen.empty()) seen.pop_back();
-    } else if (ev == nlohmann::json::parse_event_t::key && !seen.empty()) {
-      const auto k = parsed.get<std::string>();
-      if (!seen.back().insert(k).second && dup.empty()) dup = k;
-    }
-    return true;
-  };
   nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(text, cb);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(origin + " is not valid JSON: " + e.what());
-  }
-  require(dup.empty(), origin + ": duplicate key '" + dup + "'");
+  StrictDocument sax(doc, origin);
+  // strict: anything after the document but whitespace is an error (parse_error above).
+  const bool parsed = nlohmann::json::sax_parse(text, &sax, nlohmann::json::input_format_t::json, true);
+  require(parsed, origin + " is not valid JSON");  // every event above returns true or throws
   return doc;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -154,6 +155,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path), fil
   require(text[0] == '{', where + ": the header does not start with '{'");
   const nlohmann::json doc = parse_json_strict(text, "the header of " + where);
   require(doc.is_object(), where + ": the header is not a JSON object");
+  // The object ends at the last '}' (only whitespace may follow it); the format
+  // pads with spaces (0x20) alone, and the `safetensors` package refuses others.
+  const std::size_t pad = text.find_first_not_of(' ', text.rfind('}') + 1);
+  if (pad != std::string::npos) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", unsigned(static_cast<unsigned char>(text[pad])));
+    throw Error(where + ": the header is padded with byte " + hex + " at offset " + std::to_string(8 + pad) +
+                " of the file; the format pads with spaces (0x20) only");
+  }
   data_start_ = 8 + n;
   const std::uint64_t buffer = size - data_start_;
 
@@ -239,18 +249,29 @@ const SafetensorsEntry& SafetensorsReader::at(const std::string& name) const {
 }
 
 template <class T>
-std::vector<T> SafetensorsReader::read(const std::string& name) const {
+void SafetensorsReader::read(const std::string& name, T* out, std::size_t first, std::size_t count) const {
   const SafetensorsEntry& e = at(name);
+  require(first <= std::size_t(e.elements) && count <= std::size_t(e.elements) - first,
+          "safetensors file '" + path_ + "': tensor " + quoted(name) + " has " + std::to_string(e.elements) +
+              " elements, not [" + std::to_string(first) + ", " + std::to_string(first) + " + " +
+              std::to_string(count) + ")");
   const std::size_t esize = dtype_size(e.dtype);
-  std::vector<T> out(std::size_t(e.elements));  // checked against the file's size when opened
-  constexpr std::size_t block = 1 << 16;        // elements per read
-  std::vector<unsigned char> buf(std::min<std::size_t>(block, out.size()) * esize);
+  constexpr std::size_t block = 1 << 16;  // elements per read
+  std::vector<unsigned char> buf(std::min(block, count) * esize);
   const std::string what = "safetensors file '" + path_ + "': tensor " + quoted(name);
-  for (std::size_t i = 0; i < out.size(); i += block) {
-    const std::size_t m = std::min(block, out.size() - i);
-    read_exactly(file_->fd, buf.data(), m * esize, data_start_ + e.begin + i * esize, what);
+  for (std::size_t i = 0; i < count; i += block) {
+    const std::size_t m = std::min(block, count - i);
+    read_exactly(file_->fd, buf.data(), m * esize, data_start_ + e.begin + (first + i) * esize, what);
     for (std::size_t j = 0; j < m; ++j) out[i + j] = T(decode(e.dtype, buf.data() + j * esize));
   }
+}
+template void SafetensorsReader::read<float>(const std::string&, float*, std::size_t, std::size_t) const;
+template void SafetensorsReader::read<double>(const std::string&, double*, std::size_t, std::size_t) const;
+
+template <class T>
+std::vector<T> SafetensorsReader::read(const std::string& name) const {
+  std::vector<T> out(std::size_t(at(name).elements));  // checked against the file's size when opened
+  read(name, out.data(), 0, out.size());
   return out;
 }
 template std::vector<float> SafetensorsReader::read<float>(const std::string&) const;

@@ -63,6 +63,10 @@ class SafetensorsReader {
   // one block of the file.
   template <class T>
   std::vector<T> read(const std::string& name) const;
+  // Its elements [first, first + count) converted as above into out[0, count)
+  // (ash::Error when the range is not inside the tensor). Memory: one block.
+  template <class T>
+  void read(const std::string& name, T* out, std::size_t first, std::size_t count) const;
   // Its bytes as stored (little-endian elements).
   std::vector<unsigned char> read_bytes(const std::string& name) const;
 
