@@ -18,6 +18,15 @@ std::string what_of(const std::function<void()>& f) {
 }
 }  // namespace
 
+// An error quotes what it was given (a name read from a hostile file) as valid
+// UTF-8: bytes outside a valid sequence and control characters but newline and
+// tab become \xNN; valid multi-byte characters stay.
+TEST(Error, MessagesAreValidUtf8) {
+  const std::string got = Error(std::string("object 'a\xff\xfe' T\xcc\x84 \x01\x7f \xe2\x82 \xed\xa0\x80 ok\n")).what();
+  EXPECT_EQ(got, "object 'a\\xff\\xfe' T\xcc\x84 \\x01\\x7f \\xe2\\x82 \\xed\\xa0\\x80 ok\n");
+  EXPECT_EQ(std::string(Error("plain").what()), "plain");
+}
+
 TEST(Config, DefaultsAreValid) {
   Config c;
   EXPECT_NO_THROW(c.validate());

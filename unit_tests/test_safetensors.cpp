@@ -530,6 +530,14 @@ TEST(HfMamba, FolderRefusals) {
   write_hf_mamba(dir, tcfg, tgood);
   rewrite([&](auto& w, auto&) { w.emplace_back("lm_head.weight", TensorDtype::f32, std::vector<std::int64_t>{50, 16}, other); });
   expect_error([&] { (void)read_hf_mamba(dir); }, "'lm_head.weight' differs from backbone.embeddings.weight");
+  // A copy is bit for bit: -0.0 where the embedding holds 0.0 differs (the export could not give it back).
+  auto tzero = tgood;
+  tzero.at("embedding").values[3] = 0.0;
+  std::vector<double> negzero = tzero.at("embedding").values;
+  negzero[3] = -0.0;
+  write_hf_mamba(dir, tcfg, tzero);
+  rewrite([&](auto& w, auto&) { w.emplace_back("lm_head.weight", TensorDtype::f32, std::vector<std::int64_t>{50, 16}, negzero); });
+  expect_error([&] { (void)read_hf_mamba(dir); }, "'lm_head.weight' differs from backbone.embeddings.weight");
 
   // config.json: missing, too deep, a link out of the folder.
   fs::remove(dir + "/config.json");

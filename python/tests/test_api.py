@@ -335,3 +335,19 @@ def test_two_imports_share_kokkos():
     import adjoint_sharding
     again = importlib.reload(adjoint_sharding)
     assert again.backend == adjoint_sharding._core.backend
+
+
+def test_a_hostile_object_name_is_quoted_printably(tiny_model, ash_cli, tmp_path):
+    """A checkpoint holding an object whose name is not UTF-8: the tool's error and
+    ash.Error quote it as \\xNN (valid UTF-8 both), naming it, never raw bytes."""
+    ckpt, _, _ = tiny_model
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(open(ckpt, "rb").read())
+    with h5py.File(bad, "r+") as f:
+        f["params"].create_group(b"\xff\xfeev\x1bil")
+    r = __import__("subprocess").run([ash_cli, "inspect", str(bad)], capture_output=True)
+    err = r.stderr.decode("utf-8")  # raises if a raw byte got through
+    assert r.returncode == 2 and "\\xff\\xfeev\\x1bil" in err, err
+    with pytest.raises(ash.Error) as e:
+        ash.load(bad)
+    assert "\\xff\\xfeev\\x1bil" in str(e.value), str(e.value)
