@@ -1,19 +1,23 @@
 // StackAdjoint (grad/stack_adjoint.hpp): the K layers alone, forward and
 // E3's reverse pass from a given g = ∂L/∂y_K, as the PyTorch module uses them
-// (docs/python.md). Checked against the whole model's engines: the layers'
-// gradient and, through the embedding's backward, ∂L/∂y_0. MambaStackAdjoint
-// (the Mamba blocks alone, adjoint_sharding.torch.wrap's) likewise against a
-// Mamba's E1, its detached mode against one-block stacks fed g_K.
+// (docs/python.md). Of the SSM-ResNet kind: checked against the whole model's
+// engines, the layers' gradient and, through the embedding's backward,
+// ∂L/∂y_0. Of the Mamba kind (the Mamba blocks alone,
+// adjoint_sharding.torch.wrap's): likewise against a Mamba's E1, its detached
+// mode against one-block stacks fed g_K.
 #include "test_helpers.hpp"
 
 namespace ash::test {
 
 namespace {
 
+using SsmStack = StackAdjoint<double, SsmResNetKind>;
+using MambaStack = StackAdjoint<double, MambaKind>;
+
 // The layers of a whole model as a stack's ParamSet (range [0, K), no embedding or head).
 ParamSet<double> stack_of(const ParamSet<double>& full) {
   const auto& d = full.dims();
-  ParamSet<double> st(d, StackAdjoint<double>::range(d));
+  ParamSet<double> st(d, SsmStack::range(d));
   const auto v = to_host(full);
   std::vector<double> w(std::size_t(st.size()));
   for (const auto& t : st.tensors()) {
@@ -59,7 +63,7 @@ void expect_stack_matches_model(const ModelDims& d, index_t B, index_t T, const 
   const auto gg = head_grad.global();
   const auto tape = forward_tape<double>(params, x, &gg, LayerActivations<double>::projections_only, false);
   const auto layers = stack_of(params);
-  StackAdjoint<double> stack(stack_opts);
+  const SsmStack stack(d, stack_opts);
   // forward: bitwise the model's layers
   View2<double> yK("yK", B * T, d.width);
   stack.forward(layers, shape, tape.ys[0], yK);
@@ -67,7 +71,7 @@ void expect_stack_matches_model(const ModelDims& d, index_t B, index_t T, const 
   // backward from the head's g
   View2<double> g("g", B * T, d.width);
   Kokkos::deep_copy(g, tape.g);
-  ParamSet<double> grad(d, StackAdjoint<double>::range(d));
+  ParamSet<double> grad(d, SsmStack::range(d));
   stack.backward(layers, shape, tape.ys[0], g, grad);
   const auto got = to_host(grad);
   for (const auto& t : grad.tensors()) {
@@ -133,21 +137,82 @@ TEST(StackAdjoint, DocumentStarts) {
 
 TEST(StackAdjoint, RefusesWrongShapesAndOtherMethods) {
   const auto d = tiny_dims(2);
-  expect_error([&] { StackAdjoint<double> s(engine_options("backprop")); }, "adjoint-exact");
-  StackAdjoint<double> s(engine_options("adjoint-exact"));
+  expect_error([&] { SsmStack s(d, engine_options("backprop")); }, "adjoint-exact");
+  expect_error([&] { SsmStack s(mamba_tiny_dims(2, true, 3, 2), engine_options("adjoint-exact")); },
+               "not model.arch=ssm-resnet");
+  const SsmStack s(d, engine_options("adjoint-exact"));
   const ParamSet<double> whole(d);
   View2<double> y("y", 10, d.width), z("z", 10, d.width);
   expect_error([&] { s.forward(whole, SeqShape{2, 5}, y, z); }, "layers [0, K)");
-  const ParamSet<double> layers(d, StackAdjoint<double>::range(d));
-  expect_error([&] { s.forward(layers, SeqShape{2, 6}, y, z); }, "[batch·T, P]");
+  const ParamSet<double> layers(d, SsmStack::range(d));
+  expect_error([&] { s.forward(layers, SeqShape{2, 6}, y, z); }, "[batch·T, width]");
+  expect_error([&] { s.forward(layers, SeqShape{2, 5}, y, y); }, "must not be y0");
+  const ParamSet<double> other(tiny_dims(3), SsmStack::range(tiny_dims(3)));
+  expect_error([&] { s.backward(other, SeqShape{2, 5}, y, z, other); }, "the stack's sizes");
+}
+
+namespace {
+
+// A View of `rows` × `cols` values in [-1, 1) from seed.
+View2<double> random_rows(index_t rows, index_t cols, std::uint64_t seed) {
+  const View2<double> v("random_rows", rows, cols);
+  auto h = Kokkos::create_mirror_view(v);
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  for (index_t i = 0; i < rows; ++i)
+    for (index_t j = 0; j < cols; ++j) h(i, j) = u(gen);
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+// A stack of kind K run on a ParamSet and on blocks of other tensors (a copy's
+// views, the way the PyTorch wrap hands a model's own): forward, ∂L/∂y_0 and
+// the gradient bit for bit alike (whole window or block-wise, the blocks then
+// copied into a ParamSet and the gradient out of one).
+template <class K>
+void expect_paramset_equals_blocks(const ModelDims& d, EngineOptions o, const std::string& what) {
+  using Stack = StackAdjoint<double, K>;
+  o.chunk = 4;
+  const auto layers = stack_of(random_model<double>(d, 3));
+  const ParamSet<double> copy(d, Stack::range(d)), grad_ps(d, Stack::range(d)), grad_blocks(d, Stack::range(d));
+  from_host(copy, to_host(layers));
+  from_host(grad_blocks, std::vector<double>(std::size_t(grad_blocks.size()), 7.0));  // overwritten
+  const SeqShape s{2, 13};
+  const View2<double> y0 = random_rows(s.rows(), d.width, 1), g_ps = random_rows(s.rows(), d.width, 2),
+                      g_blocks = random_rows(s.rows(), d.width, 2);
+  const View2<double> yK_ps("yK_ps", s.rows(), d.width), yK_blocks("yK_blocks", s.rows(), d.width);
+  const Stack stack(d, o);
+  stack.forward(layers, s, y0, yK_ps);
+  stack.forward(Stack::blocks(copy), s, y0, yK_blocks);
+  EXPECT_EQ(host_rows(yK_ps), host_rows(yK_blocks)) << what;
+  stack.backward(layers, s, y0, g_ps, grad_ps);
+  stack.backward(Stack::blocks(copy), s, y0, g_blocks, Stack::blocks(grad_blocks));
+  EXPECT_EQ(host_rows(g_ps), host_rows(g_blocks)) << what;
+  const auto got = to_host(grad_ps);
+  EXPECT_EQ(got, to_host(grad_blocks)) << what;
+  EXPECT_GT(rel_l2(got, std::vector<double>(got.size(), 0.0)), 0.5) << what << ": a zero gradient shows nothing";
+}
+
+}  // namespace
+
+TEST(StackAdjoint, ParamSetAndBlocksGiveTheSameBits) {
+  EngineOptions levers = engine_options("adjoint-exact");
+  levers.token_block = 4;
+  levers.layer_checkpoint = 2;
+  levers.storage = Storage::bf16;
+  for (const auto& o : {engine_options("adjoint-exact"), engine_options("adjoint-exact", 3, true), levers}) {
+    const std::string what = o.blockwise_levers() ? "levers" : o.detach_inputs ? "T-bar 3" : "exact";
+    expect_paramset_equals_blocks<SsmResNetKind>(tiny_dims(3), o, "ssm-resnet, " + what);
+    expect_paramset_equals_blocks<MambaKind>(mamba_tiny_dims(3, true), o, "mamba, " + what);
+  }
 }
 
 namespace {
 
 // The blocks of a whole model's ParamSet (views into it: the stack takes blocks from anywhere).
 template <class S>
-typename MambaStackAdjoint<S>::Blocks blocks_of(const ParamSet<S>& ps, int k0, int k1) {
-  typename MambaStackAdjoint<S>::Blocks b;
+typename StackAdjoint<S, MambaKind>::Blocks blocks_of(const ParamSet<S>& ps, int k0, int k1) {
+  typename StackAdjoint<S, MambaKind>::Blocks b;
   for (int k = k0; k < k1; ++k) b.push_back(ps.mamba_layer(k));
   return b;
 }
@@ -174,7 +239,7 @@ void PrintTo(const MambaStackCase& c, std::ostream* os) {
       << (c.tied ? " tied" : " untied") << (c.docs ? " docs" : "") << " chunk=" << c.chunk << " wave=" << c.wave;
 }
 
-class MambaStack : public ::testing::TestWithParam<MambaStackCase> {};
+class MambaStackAdjointCases : public ::testing::TestWithParam<MambaStackCase> {};
 
 // Embedding (C++), the stack's forward, the head's loss and g, the stack's
 // backward and the embedding's backward of its ∂L/∂y_0 give the whole model's
@@ -197,7 +262,7 @@ double expect_stack_equals_model(const MambaStackCase& c, EngineOptions so, cons
   const auto ref = grad_of(ref_opts, params, x, &ref_loss);
   so.chunk = c.chunk;
   so.wave = c.wave;
-  const MambaStackAdjoint<double> stack(d, so);
+  const MambaStack stack(d, so);
   const SeqShape s = SeqShape::of(x);
   const View2<double> y0("y0", s.rows(), d.width), yK("yK", s.rows(), d.width), g("g", s.rows(), d.width);
   embedding_forward(params.global().embedding, x, y0);
@@ -219,7 +284,7 @@ double expect_stack_equals_model(const MambaStackCase& c, EngineOptions so, cons
   return rel_l2(got, ref);
 }
 
-TEST_P(MambaStack, EqualsTheWholeModelsBackprop) {
+TEST_P(MambaStackAdjointCases, EqualsTheWholeModelsBackprop) {
   expect_stack_equals_model(GetParam(), engine_options("adjoint-exact"), EngineOptions{}, "Mamba stack");
 }
 
@@ -230,7 +295,7 @@ TEST_P(MambaStack, EqualsTheWholeModelsBackprop) {
 // model would recompute from its embedding instead, so no whole-model run is
 // the same computation): within each format's rounding of E1 (bf16 3e-2, fp16
 // 5e-3 per tensor) and more than 1e-6 from it (the lever is on).
-TEST_P(MambaStack, LeversEqualTheWholeModelsRun) {
+TEST_P(MambaStackAdjointCases, LeversEqualTheWholeModelsRun) {
   const auto c = GetParam();
   const auto levers = [](Storage st, index_t m, index_t block, index_t Tbar = 0) {
     auto o = engine_options("adjoint-exact", Tbar, Tbar > 0);
@@ -254,7 +319,7 @@ TEST_P(MambaStack, LeversEqualTheWholeModelsRun) {
 // windowed equals the whole model's E2 truncated at the same T̄ (the
 // engines' windowed sum, tested against a brute-force window in
 // test_mamba_engines.cpp), and that gradient is not the full window's.
-TEST_P(MambaStack, WindowedEqualsTheWholeModelsTruncatedE2) {
+TEST_P(MambaStackAdjointCases, WindowedEqualsTheWholeModelsTruncatedE2) {
   const auto c = GetParam();
   const EngineOptions e2 = engine_options("adjoint", 4, true);
   expect_stack_equals_model(c, engine_options("adjoint-exact", 4, true), e2, "Mamba stack, T-bar 4");
@@ -265,7 +330,7 @@ TEST_P(MambaStack, WindowedEqualsTheWholeModelsTruncatedE2) {
       << "the window must change the gradient, or this test shows nothing";
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, MambaStack,
+INSTANTIATE_TEST_SUITE_P(Cases, MambaStackAdjointCases,
                          ::testing::Values(MambaStackCase{1, 1, 9, 4, 1, true, false, 64, 0},
                                            MambaStackCase{2, 2, 11, 2, 2, false, true, 3, 3},
                                            MambaStackCase{3, 2, 7, 3, 3, true, false, 2, 4},
@@ -305,7 +370,7 @@ TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
   }
   Kokkos::deep_copy(g, gK);
   ParamSet<double> grad(d);
-  MambaStackAdjoint<double>(d, det).backward(blocks_of(params, 0, K), s, y0, g, blocks_of(grad, 0, K));
+  MambaStack(d, det).backward(blocks_of(params, 0, K), s, y0, g, blocks_of(grad, 0, K));
   EXPECT_EQ(host_rows(g), host_rows(gK)) << "∂L/∂y_0 = g_K through the residuals";
   const auto got = to_host(grad);
   for (int k = 0; k < K; ++k) {
@@ -314,12 +379,11 @@ TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
     if (k == 0) {
       Kokkos::deep_copy(yk, y0);
     } else {
-      MambaStackAdjoint<double>(with_layers(d, k), exact).forward(blocks_of(params, 0, k), s, y0, yk);
+      MambaStack(with_layers(d, k), exact).forward(blocks_of(params, 0, k), s, y0, yk);
     }
     Kokkos::deep_copy(gk, gK);
     ParamSet<double> one(d);
-    MambaStackAdjoint<double>(with_layers(d, 1), exact).backward(blocks_of(params, k, k + 1), s, yk, gk,
-                                                                 blocks_of(one, k, k + 1));
+    MambaStack(with_layers(d, 1), exact).backward(blocks_of(params, k, k + 1), s, yk, gk, blocks_of(one, k, k + 1));
     const auto ref = to_host(one);
     for (const auto& t : param_layout(d))
       if (t.name.rfind(layer_prefix(k), 0) == 0) EXPECT_LE(rel_l2(got, ref, t.offset, t.size()), 1e-13) << t.name;
@@ -329,26 +393,26 @@ TEST(MambaStackAdjoint, DetachedIsEachBlockAloneFedGK) {
 TEST(MambaStackAdjoint, RefusesTheCarriedStateOtherMethodsAndWrongShapes) {
   const auto d = mamba_tiny_dims(2, true, 3, 2);
   const auto ok = engine_options("adjoint-exact");
-  expect_error([&] { MambaStackAdjoint<double> s(d, engine_options("backprop")); }, "adjoint-exact");
+  expect_error([&] { MambaStack s(d, engine_options("backprop")); }, "adjoint-exact");
   EngineOptions o = ok;
   o.carry_state = true;
-  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "data.carry_state=true");
+  expect_error([&] { MambaStack s(d, o); }, "data.carry_state=true");
   o = ok;
   o.layer_checkpoint = 0;
-  expect_error([&] { MambaStackAdjoint<double> s(d, o); }, "grad.layer_checkpoint");
-  expect_error([&] { MambaStackAdjoint<double> s(tiny_dims(2), ok); }, "model.arch=mamba");
-  const MambaStackAdjoint<double> stack(d, ok);
+  expect_error([&] { MambaStack s(d, o); }, "grad.layer_checkpoint");
+  expect_error([&] { MambaStack s(tiny_dims(2), ok); }, "not model.arch=mamba");
+  const MambaStack stack(d, ok);
   const ParamSet<double> ps(d);
   const View2<double> y("y", 10, d.width), z("z", 10, d.width);
   expect_error([&] { stack.forward(blocks_of(ps, 0, 1), SeqShape{2, 5}, y, z); }, "expected K = 2");
   auto bad = blocks_of(ps, 0, 2);
   bad[1].conv_weight = Unmanaged2<double>(bad[1].conv_weight.data(), d.inner(), d.conv_kernel - 1);
   expect_error([&] { stack.forward(bad, SeqShape{2, 5}, y, z); }, "conv_weight");
-  expect_error([&] { stack.forward(blocks_of(ps, 0, 2), SeqShape{2, 6}, y, z); }, "[batch·T, D]");
+  expect_error([&] { stack.forward(blocks_of(ps, 0, 2), SeqShape{2, 6}, y, z); }, "[batch·T, width]");
   expect_error([&] { stack.forward(blocks_of(ps, 0, 2), SeqShape{2, 5}, y, y); }, "must not be y0");
-  const ParamSet<double> layers(d, MambaStackAdjoint<double>::range(d));
-  EXPECT_EQ(MambaStackAdjoint<double>::blocks(layers).size(), 2u);
-  expect_error([&] { MambaStackAdjoint<double>::blocks(ps); }, "layers [0, K)");
+  const ParamSet<double> layers(d, MambaStack::range(d));
+  EXPECT_EQ(MambaStack::blocks(layers).size(), 2u);
+  expect_error([&] { MambaStack::blocks(ps); }, "layers [0, K)");
 }
 
 }  // namespace ash::test

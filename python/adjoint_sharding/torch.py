@@ -239,7 +239,7 @@ class SSMStack(_torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::MambaStackAdjoint.
+# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::StackAdjoint (Mamba kind).
 
 # One block's tensors in the order _core.mamba_stack_forward takes them (the
 # checkpoint's names): transformers' MambaBlock attribute paths.
@@ -442,7 +442,7 @@ class _WrappedForward:
 
 def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", layer_checkpoint=1, token_block=0):
     """Runs the blocks of a transformers MambaForCausalLM (or MambaModel) in C++:
-    forward and E3 backward (ash::MambaStackAdjoint), on the model's own parameters.
+    forward and E3 backward (ash::StackAdjoint of the Mamba kind), on the model's own parameters.
 
     The model is changed in place (its backbone's forward) and returned; its
     parameters, state_dict, embedding, final norm, lm_head and loss are untouched,

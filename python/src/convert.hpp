@@ -159,6 +159,6 @@ inline std::string precision_or(const std::string& precision, const std::string&
 
 // The module's rooms, each adding its functions and classes to the module.
 void bind_verbs(nb::module_& m);  // verbs.cpp: grad, load, save, init_params, evaluate, train, generate, plan
-void bind_stack(nb::module_& m);  // stack.cpp: the layer stack (SSMStack's StackAdjoint)
+void bind_stack(nb::module_& m);  // stack.cpp: the layer stacks (StackAdjoint: SSMStack's, wrap's)
 
 }  // namespace ash_py

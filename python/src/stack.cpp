@@ -1,10 +1,11 @@
-// adjoint_sharding._core's layer stack: StackAdjoint (grad/stack_adjoint) over
-// per-token arrays y_0, y_K, g [B, T, P] that cross without copies, as views of the
-// caller's buffer (numpy through the buffer protocol, torch through DLPack; on the
-// device the library was built for: host memory, or the GPU of a CUDA build); the
-// adjoint_sharding.torch SSMStack module calls these. The Mamba stack
-// (MambaStackAdjoint, adjoint_sharding.torch.wrap) reads its blocks' parameters
-// in place too, and writes their gradients into arrays the caller allocated.
+// adjoint_sharding._core's layer stacks: StackAdjoint (grad/stack_adjoint) of the
+// SSM-ResNet kind over per-token arrays y_0, y_K, g [B, T, P] that cross without
+// copies, as views of the caller's buffer (numpy through the buffer protocol, torch
+// through DLPack; on the device the library was built for: host memory, or the GPU of
+// a CUDA build); the adjoint_sharding.torch SSMStack module calls these. The Mamba
+// stack (StackAdjoint of the Mamba kind, adjoint_sharding.torch.wrap) reads its
+// blocks' parameters in place too, and writes their gradients into arrays the caller
+// allocated.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -25,6 +26,11 @@ namespace ash_py {
 using namespace nb::literals;
 
 namespace {
+
+template <class S>
+using SsmStack = ash::StackAdjoint<S, ash::SsmResNetKind>;
+template <class S>
+using MambaStack = ash::StackAdjoint<S, ash::MambaKind>;
 
 struct StackOptions {
   std::int64_t vocab = 256, width = 0, state = 0, layers = 0;
@@ -116,15 +122,15 @@ template <class S>
 struct StackCall {
   ash::ModelDims d;
   ash::SeqShape s;
-  ash::StackAdjoint<S> stack;
+  SsmStack<S> stack;
   ash::ParamSet<S> ps;
 
   StackCall(const nb::dict& params, const StackOptions& o, const Tensor3<S>& y0, const Tensor3<S>& other,
             const char* name, const std::vector<std::int64_t>& cu_seqlens)
       : d(checked_dims(o, y0, other, name)),
         s(stack_shape(y0.shape(0), y0.shape(1), cu_seqlens)),
-        stack(stack_engine(o, s.T)),
-        ps(d, ash::StackAdjoint<S>::range(d)) {
+        stack(d, stack_engine(o, s.T)),
+        ps(d, SsmStack<S>::range(d)) {
     dict_to_paramset(params, ps);
   }
 
@@ -152,7 +158,7 @@ template <class S>
 nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S> y0, Tensor3<S> g,
                         const std::vector<std::int64_t>& cu_seqlens) {
   StackCall<S> c(params, o, y0, g, "g", cu_seqlens);
-  ash::ParamSet<S> grad(c.d, ash::StackAdjoint<S>::range(c.d));
+  ash::ParamSet<S> grad(c.d, SsmStack<S>::range(c.d));
   {
     nb::gil_scoped_release nogil;
     c.stack.backward(c.ps, c.s, rows_view(y0), rows_view(g), grad);
@@ -163,12 +169,12 @@ nb::dict stack_backward(const nb::dict& params, const StackOptions& o, Tensor3<S
 
 // Constructing the stack checks the sizes and options as `ash grad` would (SSMStack's
 // constructor and set_options: before any tensor is allocated or read).
-void stack_check(const StackOptions& o) { const ash::StackAdjoint<double> stack(stack_engine(o, 2)); }
+void stack_check(const StackOptions& o) { const SsmStack<double> stack(stack_dims(o), stack_engine(o, 2)); }
 
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> stack_layout(const StackOptions& o) {
   const auto d = stack_dims(o);
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
-  for (const auto& t : ash::param_layout(d, ash::StackAdjoint<double>::range(d))) out.push_back({t.name, t.shape});
+  for (const auto& t : ash::param_layout(d, SsmStack<double>::range(d))) out.push_back({t.name, t.shape});
   return out;
 }
 
@@ -188,7 +194,7 @@ std::string exact_double(double v) {
 }
 
 // The options as a configuration, checked as `ash grad` checks them; the
-// Mamba stack itself refuses what it does not run (MambaStackAdjoint).
+// Mamba stack itself refuses what it does not run (StackAdjoint's constructor).
 std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaStackOptions& o, std::int64_t T) {
   ash::Config cfg;
   cfg.set("model.arch=mamba");
@@ -219,14 +225,14 @@ using AnyArray = nb::ndarray<S, nb::c_contig, DeviceTag>;
 // is refused, never converted: a converted copy of a gradient would be lost).
 // `arrays` keeps the arrays referenced for the call.
 template <class S>
-std::vector<ash::MambaLayerParams<S>> mamba_blocks(const nb::list& blocks, const ash::ModelDims& d, const char* what,
+typename MambaStack<S>::Blocks mamba_blocks(const nb::list& blocks, const ash::ModelDims& d, const char* what,
                                                    std::vector<AnyArray<S>>& arrays) {
   ash::require(std::int64_t(blocks.size()) == d.layers, std::string(what) + " has " + std::to_string(blocks.size()) +
                                                             " blocks, expected K = " + std::to_string(d.layers));
   const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
   const std::vector<std::vector<std::int64_t>> shapes = {{D},     {2 * E, D}, {E, Kc}, {E}, {R + 2 * N, E},
                                                          {E, R},  {E},        {E, N},  {E}, {D, E}};
-  std::vector<ash::MambaLayerParams<S>> out;
+  typename MambaStack<S>::Blocks out;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const nb::handle bk = blocks[k];
     const std::string where = std::string(what) + " of block " + std::to_string(k);
@@ -279,7 +285,7 @@ void mamba_stack_forward(const nb::list& blocks, const MambaStackOptions& o, Ten
   check_shape(yK, "yK", y0.shape(0), y0.shape(1), y0.shape(2));
   std::vector<AnyArray<S>> keep;
   const auto ps = mamba_blocks<S>(blocks, d, "the parameters", keep);
-  const ash::MambaStackAdjoint<S> stack(d, opts);
+  const MambaStack<S> stack(d, opts);
   const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
   nb::gil_scoped_release nogil;
   stack.forward(ps, s, rows_view(y0), rows_view(yK));
@@ -296,7 +302,7 @@ void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const M
   std::vector<AnyArray<S>> keep;
   const auto ps = mamba_blocks<S>(blocks, d, "the parameters", keep);
   const auto gs = mamba_blocks<S>(grads, d, "the gradient", keep);
-  const ash::MambaStackAdjoint<S> stack(d, opts);
+  const MambaStack<S> stack(d, opts);
   const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
   nb::gil_scoped_release nogil;
   stack.backward(ps, s, rows_view(y0), rows_view(g), gs);
@@ -306,7 +312,7 @@ void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const M
 // Constructing the stack checks the options (the refusals come before any tensor is touched).
 void mamba_stack_check(const MambaStackOptions& o) {
   const auto [d, opts] = mamba_stack_settings(o, 2);
-  const ash::MambaStackAdjoint<double> stack(d, opts);
+  const MambaStack<double> stack(d, opts);
 }
 
 }  // namespace

@@ -4,13 +4,16 @@
 // static members, one per architecture (ssm_resnet_kind.hpp is the reference;
 // layer_kinds.hpp lists them):
 //   name, Params<S>, layer(ParamSet, k)          its parameter views
+//   for_each_tensor                              each view with its name and extents (checks, copies)
 //   State<S>, BlockStates<S>, make_state, copy,  its recurrent state over a batch,
 //   from_carried, to_carried                     and data.carry_state's view of it
 //   BlockActs<S>, make_block_acts, forward_block one token block's forward from a state
+//   forward_window                               a whole window's forward from a zero state
 //   Carry<S>, make_carry, backward_block         E3 on a token block, carry to the block before
 //   scan_shape, window_cotangents, backward_window   E1/E2: the VJPs around the method's μ
 //   backward_exact                               E3 on a whole window
 //   Scratch<S>                                   what the kind keeps from layer to layer of a pass
+//   stack_whole_window, stack_input_again        how a layer stack alone runs E3 (grad/stack_adjoint.hpp)
 // The engines are written once over a kind K and instantiated per kind.
 #include <functional>
 

@@ -21,6 +21,25 @@ struct MambaKind {
   static Params<S> layer(const ParamSet<S>& ps, int k) {
     return ps.mamba_layer(k);
   }
+  // f(name, view, rows, cols) for every view of a block's parameters with the
+  // extents a block of d has (cols -1: a vector).
+  template <class S, class F>
+  static void for_each_tensor(const Params<S>& p, const ModelDims& d, F&& f) {
+    const index_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
+    f("norm", p.norm, D, index_t(-1));
+    f("in_proj (x rows)", p.in_x, E, D);
+    f("in_proj (z rows)", p.in_z, E, D);
+    f("conv_weight", p.conv_weight, E, Kc);
+    f("conv_bias", p.conv_bias, E, index_t(-1));
+    f("x_proj (dt rows)", p.x_dt, R, E);
+    f("x_proj (B rows)", p.x_B, N, E);
+    f("x_proj (C rows)", p.x_C, N, E);
+    f("dt_proj", p.dt_proj, E, R);
+    f("dt_bias", p.dt_bias, E, index_t(-1));
+    f("A_log", p.A_log, E, N);
+    f("D", p.D, E, index_t(-1));
+    f("out_proj", p.out_proj, D, E);
+  }
 
   template <class S>
   using State = MambaState<S>;
@@ -66,6 +85,13 @@ struct MambaKind {
   static void forward_block(const Params<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
                             const BlockActs<S>& act, const View2<S>& yo, const State<S>& st, const ExecSpace& exec) {
     mamba_layer_forward(p, d, s, y, first_rows(act, s.rows()), yo, st, exec);
+  }
+
+  // A whole window's forward from a zero state (nothing kept but act).
+  template <class S>
+  static void forward_window(const Params<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
+                             const BlockActs<S>& act, const View2<S>& yo, const ExecSpace& exec) {
+    mamba_layer_forward(p, d, s, y, act, yo, exec);
   }
 
   template <class S>
@@ -131,6 +157,12 @@ struct MambaKind {
   template <class S>
   static void backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
                              ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad);
+
+  // A layer stack alone (grad/stack_adjoint.hpp): without a memory lever, E3
+  // over the whole window block by block; with one, the block-wise engine,
+  // which keeps the stack's input y_0 in the storage format.
+  static constexpr bool stack_whole_window = true;
+  static constexpr bool stack_input_again = false;
 };
 
 }  // namespace ash

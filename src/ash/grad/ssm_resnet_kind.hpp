@@ -18,6 +18,19 @@ struct SsmResNetKind {
   static Params<S> layer(const ParamSet<S>& ps, int k) {
     return ps.layer(k);
   }
+  // f(name, view, rows, cols) for every view of a layer's parameters with the
+  // extents a layer of d has (cols -1: a vector).
+  template <class S, class F>
+  static void for_each_tensor(const Params<S>& p, const ModelDims& d, F&& f) {
+    const index_t P = d.width, N = d.state;
+    f("norm", p.norm, P, index_t(-1));
+    f("W_delta", p.W_delta, P, P);
+    f("b_delta", p.b_delta, P, index_t(-1));
+    f("A_log", p.A_log, P, N);
+    f("W_B", p.W_B, N, P);
+    f("W_C", p.W_C, N, P);
+    f("D", p.D, P, index_t(-1));
+  }
 
   // A layer's recurrent state over a batch: what a token block runs from.
   template <class S>
@@ -64,6 +77,13 @@ struct SsmResNetKind {
     ssm_layer_forward(p, s, y, first_rows(act, s.rows()), yo, st.h, exec);
   }
 
+  // A whole window's forward from h = 0 (nothing kept but act's projections).
+  template <class S>
+  static void forward_window(const Params<S>& p, const ModelDims&, const SeqShape& s, const View2<S>& y,
+                             const BlockActs<S>& act, const View2<S>& yo, const ExecSpace& exec) {
+    ssm_layer_forward(p, s, y, act, yo, View2<S>(), exec);
+  }
+
   // What a token block's backward hands to the block before it.
   template <class S>
   struct Carry {
@@ -104,6 +124,12 @@ struct SsmResNetKind {
   template <class S>
   static void backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
                              ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad);
+
+  // How a layer stack alone (grad/stack_adjoint.hpp) runs its backward: the
+  // block-wise engine always (token blocks, levers or not), reading the
+  // caller's y_0 again rather than keeping it in the storage format.
+  static constexpr bool stack_whole_window = false;
+  static constexpr bool stack_input_again = true;
 };
 
 }  // namespace ash
