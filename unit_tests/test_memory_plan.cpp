@@ -1,8 +1,12 @@
 // The memory planner (ash plan, docs/design.md §8) against the measured peak
 // of the default memory space, within 10 %, for every engine and memory lever.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <type_traits>
 
+#include "ash/grad/layer_kinds.hpp"
 #include "test_helpers.hpp"
 
 namespace ash::test {
@@ -50,7 +54,95 @@ void expect_within(double planned, double measured, const std::string& what) {
       << what << ": planned " << planned << " bytes, measured " << measured << "; at the peak:" << peak_labels();
 }
 
+// What make() allocates in the measured space, label by label, equals the
+// spec: a kind's specs are what the planner sums for what it allocates.
+// (Kokkos allocates whole 8-byte words: a View of an odd number of floats has 4 bytes more.)
+template <class F>
+void expect_allocates(const WorkspaceSpec& spec, F&& make, const std::string& what) {
+  const std::string sp = MemSpace::name();
+  std::map<std::string, double> want, got;
+  double total = 0;
+  for (const auto& b : spec.buffers()) {
+    const double one = b.bytes() / double(b.copies), words = 8 * std::ceil(one / 8) * double(b.copies);
+    want[b.label] += words;
+    total += words;
+  }
+  const auto base = MemoryTracker::current(sp);
+  MemoryTracker::reset_peak();
+  {
+    const auto held = make();
+    Kokkos::fence();
+    EXPECT_EQ(double(MemoryTracker::current(sp) - base), total) << what;
+    for (const auto& [label, bytes] : MemoryTracker::peak_breakdown(sp, 10000))
+      if (want.count(label)) got[label] = double(bytes);
+  }
+  EXPECT_EQ(got, want) << what;
+}
+
+template <class K, class S>
+void expect_kind_specs(const ModelDims& d) {
+  const std::string what = std::string(K::name) + ", " + std::to_string(sizeof(S)) + "-byte scalars";
+  const index_t Bt = 3, T = 101, blocks = 4, rows = Bt * T;  // several row blocks of the partial sums
+  const SeqShape s{Bt, T, DocStarts()};
+  using Acts = typename K::template BlockActs<S>;
+  expect_allocates(K::state_spec(d, Bt, sizeof(S)), [&] { return K::template make_state<S>(d, Bt); }, what + " state");
+  expect_allocates(K::block_states_spec(d, Bt, blocks, sizeof(S)),
+                   [&] { return typename K::template BlockStates<S>(d, Bt, blocks); }, what + " block states");
+  expect_allocates(K::acts_spec(d, rows, false, sizeof(S)), [&] { return K::template make_block_acts<S>(s, d); },
+                   what + " block activations");
+  expect_allocates(K::acts_spec(d, rows, true, sizeof(S)),
+                   [&] { return Acts(s, d, LayerActivations<S>::with_hprev_and_A); }, what + " kept activations");
+  expect_allocates(K::carry_spec(d, Bt, sizeof(S)), [&] { return K::template make_carry<S>(d, Bt); }, what + " carry");
+  for (const bool partials : {false, true})
+    expect_allocates(
+        K::cotangents_spec(d, rows, partials, sizeof(S)),
+        [&] {
+          auto sc = std::make_shared<typename K::template Scratch<S>>();
+          if constexpr (std::is_same_v<K, MambaKind>) sc->cotangents(rows, d, partials);
+          return sc;
+        },
+        what + " cotangents");
+}
+
 }  // namespace
+
+// Each kind's WorkspaceSpecs (grad/*_kind.hpp) against what its constructors allocate.
+TEST(MemoryPlan, KindSpecsAreWhatTheKindsAllocate) {
+  ModelDims ssm;
+  ssm.width = 12;
+  ssm.state = 5;
+  expect_kind_specs<SsmResNetKind, double>(ssm);
+  expect_kind_specs<SsmResNetKind, float>(ssm);
+  for (const auto& d : {mamba_tiny_dims(2, false, 4, 3), mamba_tiny_dims(1, true, 2, 0)}) {
+    expect_kind_specs<MambaKind, double>(d);
+    expect_kind_specs<MambaKind, float>(d);
+  }
+}
+
+// The planner's rows of a kind's buffers are its specs' sums (a Mamba's whole
+// window and token blocks), so the plan counts what the kind allocates.
+TEST(MemoryPlan, KindRowsSumTheKindsSpecs) {
+  auto row = [](const MemoryPlan& p, const std::string& label) {
+    for (const auto& i : p.items)
+      if (i.name == label) return i.bytes;
+    ADD_FAILURE() << "no row '" << label << "' in\n" << p.table();
+    return -1.0;
+  };
+  Config c = config_for(mamba_tiny_dims(2, false, 4, 3));
+  for (const char* s : {"data.seq_len=96", "data.batch=3", "grad.chunk=8", "grad.engine=adjoint-exact"}) c.set(s);
+  const Settings st = c.settings();
+  const ModelDims& d = st.model;
+  const index_t M = 3 * 96;
+  MemoryPlan p = plan_memory(st, Workload::grad, 8);
+  EXPECT_EQ(row(p, "block projections (one block)"), MambaKind::acts_spec(d, M, false, 8).bytes());
+  EXPECT_EQ(row(p, "cotangents (whole window)"), MambaKind::cotangents_spec(d, M, false, 8).bytes());
+  c.set("grad.token_block=32");
+  p = plan_memory(c.settings(), Workload::grad, 8);
+  EXPECT_EQ(row(p, "block activations (one block)"), MambaKind::acts_spec(d, 3 * 32, false, 8).bytes());
+  EXPECT_EQ(row(p, "cotangents (one block)"), MambaKind::cotangents_spec(d, 3 * 32, false, 8).bytes());
+  EXPECT_EQ(row(p, "E3 block activations + state copy"),
+            MambaKind::acts_spec(d, 3 * 32, false, 8).bytes() + MambaKind::state_spec(d, 3, 8).bytes());
+}
 
 TEST(MemoryPlan, GradPeakWithinTenPercentForEveryEngineAndLever) {
   const std::vector<std::string> model{"model.vocab=64", "model.width=32", "model.state=8", "grad.chunk=32",

@@ -37,11 +37,9 @@ BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const Blockwis
   const index_t rb = sh.Bt * sh.blen;
   BlockwiseWorkspace w;
   w.kept.stored_rows(y_kept, storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P, kept_count(opts, sh));
-  w.block.projections(rb, sh.P, sh.N, e);
   w.forward.add(y_block, e, {rb, sh.P}, true).add(y_block_next, e, {rb, sh.P}, true);
   const auto n = LayerSegments::counts(sh.k0, sh.k1, sh.K, sh.last, opts.layer_checkpoint);
   w.backward.add(y_segment, e, {rb, sh.P}, true, n.longest).add(g_block, e, {rb, sh.P}, true);
-  if (sh.blocks() > 1) w.carries.append(adjoint_exact_carry_workspace(sh.block()), sh.k1 - sh.k0);
   return w;
 }
 

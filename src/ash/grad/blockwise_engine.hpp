@@ -91,13 +91,13 @@ struct BlockwiseShape {
 };
 
 // What a block-wise pass allocates besides its layer method's workspace and
-// the block-wise forward's states (docs/design.md §8), by phase.
+// the layer kind's own buffers (its states, a block's activations, carries and
+// E3 scratch: the kind's specs, grad/*_kind.hpp; docs/design.md §8), by phase.
 struct BlockwiseWorkspace {
   WorkspaceSpec kept;      // the kept segment inputs (run.storage), through the pass
-  WorkspaceSpec block;     // one block's projections (the forward's and the recomputation's), through the pass
+  WorkspaceSpec block;     // SequenceBlockwise: one block's projections (the forward's and the replay's), through the pass
   WorkspaceSpec forward;   // BlockwiseEngine: a block's y and next y. SequenceBlockwise: the range maps
   WorkspaceSpec backward;  // a segment's inputs and g of a block (SequenceBlockwise: a recomputed block's in, out)
-  WorkspaceSpec carries;   // E3's carries between blocks, one per layer (AdjointExactLayer allocates them)
   WorkspaceSpec range;     // SequenceBlockwise: whole-range y and next y (or g), through the pass
   WorkspaceSpec carry_maps;  // SequenceBlockwise: μ's carry maps over the range and a block, the ones
   WorkspaceSpec window;      // SequenceBlockwise with a window T̄: the range + halo of y and g, g's halo

@@ -14,10 +14,17 @@
 //   backward_exact                               E3 on a whole window
 //   Scratch<S>                                   what the kind keeps from layer to layer of a pass
 //   stack_whole_window, stack_input_again        how a layer stack alone runs E3 (grad/stack_adjoint.hpp)
+// and, in a section of its own, the WorkspaceSpecs of what it allocates (its
+// state, block states, activations, carries, cotangents and E3's scratch) with
+// the rows and PlanStyle the memory planner (plan/memory_plan.cpp) sums.
 // The engines are written once over a kind K and instantiated per kind.
 #include <functional>
+#include <string>
+#include <vector>
 
+#include "ash/core/options.hpp"
 #include "ash/core/types.hpp"
+#include "ash/grad/workspace.hpp"
 #include "ash/model/ssm_layer.hpp"
 
 namespace ash {
@@ -40,5 +47,33 @@ struct ExactCarry {
 // the cotangent gy of its output, into the method's μ [rows, P, N].
 template <class S>
 using FormMu = std::function<void(const LayerActivations<S>& scan, const View2<S>& gy)>;
+
+// One row of a memory plan: a label and the buffers it counts (a kind's spec).
+struct PlanRow {
+  std::string label;
+  WorkspaceSpec spec;
+  // E3 scratch a one-block pass allocates only after the head: the planner
+  // counts the larger of the two (unless the kind's style gives the head a phase).
+  bool weighed = false;
+};
+using PlanRows = std::vector<PlanRow>;
+
+// How `ash plan` words and groups a kind's rows, as each kind's plans read.
+struct PlanStyle {
+  const char* unit;        // a whole window's: "backward of the top <unit>", "<unit> projections (one <unit>)"
+  bool names_kind;         // engine names add E3's options (detached, T-bar) and "(model.arch=<name>)"
+  const char* states;      // block-wise: the states at block starts
+  bool states_hold_run;    // the running state counted in that row (else in the block activations' row)
+  const char* block_acts;  // block-wise: one block's activations
+  const char* block_io;    // block-wise forward: a block's y and next y
+  const char* carries;     // block-wise: the layers' carries (Carry without E3's μ); "" when it allocates none
+  const char* carry;       // sequence ranks: one layer's carry, handed range to range
+  const char* mu_carries;  // E3's μ and A carries between token blocks, one per layer
+  bool head_own_phase;     // a one-block pass: the head a phase of its own (else weighed against E3's scratch)
+  // Sequence ranks: dist::SequenceBlockwise composes μ's carry maps over a
+  // range (else it passes the kind's state and carries range to range, and
+  // runs the kind block-wise there without a memory lever).
+  bool sequence_carry_maps;
+};
 
 }  // namespace ash

@@ -2,6 +2,7 @@
 
 #include "ash/core/error.hpp"
 #include "ash/grad/adjoint_exact.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 namespace ash {
 
@@ -146,6 +147,61 @@ void MambaKind::backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, con
   mamba_gate_backward_second(act, g, cot, grad, exec);  // s complete: o, W_out's gradient, ∂L/∂z
   mamba_mixer_backward_dense(p, d, s, store.input(k), act, cot, grad, e3.options().detach_inputs ? View2<S>() : g,
                              exec);
+}
+
+// As MambaState's constructor (model/mamba_layer.cpp) allocates it.
+WorkspaceSpec MambaKind::state_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
+  return WorkspaceSpec()
+      .add("ash::mamba::conv_state", elem, {Bt * d.inner(), d.conv_kernel - 1}, true)
+      .add("ash::mamba::ssm_state", elem, {Bt * d.inner(), d.state}, true);
+}
+
+WorkspaceSpec MambaKind::block_states_spec(const ModelDims& d, index_t Bt, index_t blocks, std::size_t elem) {
+  return WorkspaceSpec()
+      .add("ash::lowmem::mamba_conv_start", elem, {blocks, Bt * d.inner(), d.conv_kernel - 1}, true)
+      .add("ash::lowmem::mamba_ssm_start", elem, {blocks, Bt * d.inner(), d.state}, true);
+}
+
+// As MambaActivations' constructor allocates them: its own Views, then the scan's LayerActivations over E.
+WorkspaceSpec MambaKind::acts_spec(const ModelDims& d, index_t rows, bool h_and_A, std::size_t elem) {
+  const index_t E = d.inner();
+  WorkspaceSpec w;
+  w.add("ash::mamba::rstd", elem, {rows}, true).add("ash::mamba::yhat", elem, {rows, d.width}, true);
+  for (const char* l : {"ash::mamba::x", "ash::mamba::z", "ash::mamba::conv"}) w.add(l, elem, {rows, E}, true);
+  w.add("ash::mamba::dlow", elem, {rows, d.rank()}, true)
+      .add("ash::mamba::scan_out", elem, {rows, E}, true)
+      .add("ash::mamba::gated", elem, {rows, E}, true);
+  return w.activations(rows, E, d.state, h_and_A, elem);
+}
+
+WorkspaceSpec MambaKind::carry_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
+  return WorkspaceSpec().add("ash::lowmem::mamba_conv_carry", elem, {Bt * d.inner(), d.conv_kernel - 1}, true);
+}
+
+// As MambaCotangents' constructor allocates them (the partial sums uninitialized), then the scan's over E.
+WorkspaceSpec MambaKind::cotangents_spec(const ModelDims& d, index_t rows, bool scan_partials, std::size_t elem) {
+  const index_t E = d.inner(), rb = impl::row_blocks(rows);
+  WorkspaceSpec w;
+  for (const char* l : {"ash::mamba::cot::gs", "ash::mamba::cot::gz", "ash::mamba::cot::gx"}) w.add(l, elem, {rows, E}, true);
+  w.add("ash::mamba::cot::gdlow", elem, {rows, d.rank()}, true)
+      .add("ash::mamba::cot::gyhat", elem, {rows, d.width}, true)
+      .add("ash::mamba::cot::norm_part", elem, {rb, d.width}, false)
+      .add("ash::mamba::cot::conv_part", elem, {rb, E * (d.conv_kernel + 1)}, false);
+  return w.cotangents(rows, E, d.state, scan_partials, elem);
+}
+
+PlanRows MambaKind::exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool,
+                                     std::size_t elem) {
+  WorkspaceSpec act = acts_spec(d, Bt * T, false, elem);
+  return {{"E3 block activations + state copy", act.append(state_spec(d, Bt, elem))},
+          {"cotangents (one block)", cotangents_spec(d, Bt * T, false, elem)},
+          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan_layer_shape(d, Bt, T, elem))}};
+}
+
+PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
+                                      std::size_t elem) {
+  return {{"cotangents (whole window)", cotangents_spec(d, Bt * T, false, elem)},
+          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan_layer_shape(d, Bt, T, elem))}};
 }
 
 #define ASH_INSTANTIATE(S)                                                                                         \

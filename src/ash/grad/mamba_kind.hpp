@@ -45,14 +45,20 @@ struct MambaKind {
   using State = MambaState<S>;
   template <class S>
   static State<S> make_state(const ModelDims& d, index_t Bt) {
-    return MambaState<S>(Bt, d);
+    const WorkspaceSpec w = state_spec(d, Bt, sizeof(S));  // MambaState(Bt, d)'s buffers
+    MambaState<S> st;
+    st.conv = make_view2<S>(w.buffers().at(0));
+    st.ssm = make_view2<S>(w.buffers().at(1));
+    return st;
   }
   template <class S>
   struct BlockStates {
     View3<S> conv, ssm;  // [blocks, Bt·E, Kc−1], [blocks, Bt·E, N]
-    BlockStates(const ModelDims& d, index_t Bt, index_t blocks)
-        : conv("ash::lowmem::mamba_conv_start", blocks, Bt * d.inner(), d.conv_kernel - 1),
-          ssm("ash::lowmem::mamba_ssm_start", blocks, Bt * d.inner(), d.state) {}
+    BlockStates(const ModelDims& d, index_t Bt, index_t blocks) {
+      const WorkspaceSpec w = block_states_spec(d, Bt, blocks, sizeof(S));
+      conv = make_view3<S>(w.buffers().at(0));
+      ssm = make_view3<S>(w.buffers().at(1));
+    }
     State<S> at(index_t j) const {
       MambaState<S> st;
       st.conv = Kokkos::subview(conv, j, Kokkos::ALL(), Kokkos::ALL());
@@ -101,7 +107,7 @@ struct MambaKind {
   };
   template <class S>
   static Carry<S> make_carry(const ModelDims& d, index_t Bt) {
-    return {ExactCarry<S>(), View2<S>("ash::lowmem::mamba_conv_carry", Bt * d.inner(), d.conv_kernel - 1)};
+    return {ExactCarry<S>(), make_view2<S>(carry_spec(d, Bt, sizeof(S)).buffers().at(0))};
   }
   // E3 on one token block: the block's forward again from `before` (the state
   // the forward started it from; zero_before unread: before is zero then), the
@@ -163,6 +169,39 @@ struct MambaKind {
   // which keeps the stack's input y_0 in the storage format.
   static constexpr bool stack_whole_window = true;
   static constexpr bool stack_input_again = false;
+
+  // ---- Workspace specs: what the kind allocates, in scalars of elem bytes (mamba_kind.cpp) ----
+  // The allocations above are made from them or checked against them
+  // (unit_tests/test_memory_plan.cpp); the memory planner sums them.
+  static LayerShape scan_layer_shape(const ModelDims& d, index_t Bt, index_t T, std::size_t elem) {
+    return LayerShape{Bt, T, d.inner(), d.state, elem};
+  }
+  static WorkspaceSpec state_spec(const ModelDims& d, index_t Bt, std::size_t elem);  // MambaState
+  static WorkspaceSpec block_states_spec(const ModelDims& d, index_t Bt, index_t blocks, std::size_t elem);
+  // MambaActivations of `rows` tokens: projections only (make_block_acts), or
+  // with h^{t-1} and A over E channels (h_and_A: E1's and E2's kept activations).
+  static WorkspaceSpec acts_spec(const ModelDims& d, index_t rows, bool h_and_A, std::size_t elem);
+  static WorkspaceSpec carry_spec(const ModelDims& d, index_t Bt, std::size_t elem);  // make_carry: the conv's
+  // MambaCotangents of `rows` tokens (Scratch::cotangents); without scan_partials the scan's row partials are empty.
+  static WorkspaceSpec cotangents_spec(const ModelDims& d, index_t rows, bool scan_partials, std::size_t elem);
+  // What backward_block's E3 holds from a layer's first block on (blocks of T
+  // tokens, a window's halo included): Scratch's activations, state copy and
+  // cotangents, and the scan's wave workspace.
+  static PlanRows exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool halo,
+                                   std::size_t elem);
+  static PlanRows exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
+                                    std::size_t elem);  // backward_exact's (beside the kept activations)
+  static constexpr PlanStyle plan_style{"block",
+                                        true,
+                                        "Mamba states at block starts (K x blocks) + running state",
+                                        true,
+                                        "block activations (one block)",
+                                        "block y, next y",
+                                        "conv carries (K)",
+                                        "conv carry",
+                                        "E3 carries (mu, A over E per layer)",
+                                        true,
+                                        false};
 };
 
 }  // namespace ash

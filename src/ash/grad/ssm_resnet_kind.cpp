@@ -30,6 +30,34 @@ void SsmResNetKind::backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p,
   e3.run(p, store.shape(), store.input(k), act, g, View2<S>(), nullptr, grad);
 }
 
+WorkspaceSpec SsmResNetKind::state_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
+  return WorkspaceSpec().add("ash::blockwise::h_run", elem, {Bt * d.width, d.state}, true);
+}
+
+WorkspaceSpec SsmResNetKind::block_states_spec(const ModelDims& d, index_t Bt, index_t blocks, std::size_t elem) {
+  return WorkspaceSpec().add("ash::blockwise::h_block_start", elem, {blocks, Bt * d.width, d.state}, true);
+}
+
+WorkspaceSpec SsmResNetKind::acts_spec(const ModelDims& d, index_t rows, bool h_and_A, std::size_t elem) {
+  return WorkspaceSpec().activations(rows, d.width, d.state, h_and_A, elem);
+}
+
+WorkspaceSpec SsmResNetKind::carry_spec(const ModelDims&, index_t, std::size_t) { return WorkspaceSpec(); }
+
+WorkspaceSpec SsmResNetKind::cotangents_spec(const ModelDims&, index_t, bool, std::size_t) { return WorkspaceSpec(); }
+
+PlanRows SsmResNetKind::exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool halo,
+                                         std::size_t elem) {
+  const LayerShape sh = scan_layer_shape(d, Bt, T, elem);
+  return {{"E3 block projections", adjoint_exact_block_workspace(sh)},
+          {"E3 wave scratch", adjoint_exact_workspace(o, sh, halo), true}};
+}
+
+PlanRows SsmResNetKind::exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
+                                          std::size_t elem) {
+  return {{"E3 wave scratch", adjoint_exact_workspace(o, scan_layer_shape(d, Bt, T, elem))}};
+}
+
 #define ASH_INSTANTIATE(S)                                                                                      \
   template void SsmResNetKind::backward_block<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,      \
                                                  const SeqShape&, const View2<S>&, const View2<S>&,              \

@@ -39,14 +39,14 @@ struct SsmResNetKind {
   };
   template <class S>
   static State<S> make_state(const ModelDims& d, index_t Bt) {
-    return {View2<S>("ash::blockwise::h_run", Bt * d.width, d.state)};
+    return {make_view2<S>(state_spec(d, Bt, sizeof(S)).buffers().at(0))};
   }
   // The states of one layer before each of `blocks` token blocks.
   template <class S>
   struct BlockStates {
     View3<S> h;  // [blocks, Bt·P, N]
     BlockStates(const ModelDims& d, index_t Bt, index_t blocks)
-        : h("ash::blockwise::h_block_start", blocks, Bt * d.width, d.state) {}
+        : h(make_view3<S>(block_states_spec(d, Bt, blocks, sizeof(S)).buffers().at(0))) {}
     State<S> at(index_t j) const { return {Kokkos::subview(h, j, Kokkos::ALL(), Kokkos::ALL())}; }
   };
   template <class S>
@@ -130,6 +130,38 @@ struct SsmResNetKind {
   // caller's y_0 again rather than keeping it in the storage format.
   static constexpr bool stack_whole_window = false;
   static constexpr bool stack_input_again = true;
+
+  // ---- Workspace specs: what the kind allocates, in scalars of elem bytes (ssm_resnet_kind.cpp) ----
+  // The allocations above are made from them or checked against them
+  // (unit_tests/test_memory_plan.cpp); the memory planner sums them.
+  static LayerShape scan_layer_shape(const ModelDims& d, index_t Bt, index_t T, std::size_t elem) {
+    return LayerShape{Bt, T, d.width, d.state, elem};
+  }
+  static WorkspaceSpec state_spec(const ModelDims& d, index_t Bt, std::size_t elem);  // make_state
+  static WorkspaceSpec block_states_spec(const ModelDims& d, index_t Bt, index_t blocks, std::size_t elem);
+  // make_block_acts of `rows` tokens; h_and_A: a whole window's kept activations (E1, E2: with h^{t-1} and A).
+  static WorkspaceSpec acts_spec(const ModelDims& d, index_t rows, bool h_and_A, std::size_t elem);
+  static WorkspaceSpec carry_spec(const ModelDims& d, index_t Bt, std::size_t elem);  // make_carry: none
+  // Scratch's cotangents of `rows` tokens: none (the methods' workspaces hold the layer's).
+  static WorkspaceSpec cotangents_spec(const ModelDims& d, index_t rows, bool scan_partials, std::size_t elem);
+  // What backward_block's E3 holds from a layer's first block on (blocks of T
+  // tokens; halo: a window's range with a halo after its own tokens): the
+  // block's projections and the wave scratch of AdjointExactLayer::run.
+  static PlanRows exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool halo,
+                                   std::size_t elem);
+  static PlanRows exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
+                                    std::size_t elem);  // backward_exact's (beside the kept projections)
+  static constexpr PlanStyle plan_style{"layer",
+                                        false,
+                                        "states at block starts (K x blocks)",
+                                        false,
+                                        "block projections + running state",
+                                        "block activations (in, out)",
+                                        "",
+                                        "",
+                                        "E3 carries (mu, A per layer)",
+                                        false,
+                                        true};
 };
 
 }  // namespace ash

@@ -63,6 +63,12 @@ WorkspaceSpec& WorkspaceSpec::projections(index_t rows, index_t P, index_t N, st
   return *this;
 }
 
+WorkspaceSpec& WorkspaceSpec::activations(index_t rows, index_t P, index_t N, bool h_and_A, std::size_t elem) {
+  projections(rows, P, N, elem);
+  if (h_and_A) add("ash::act::hprev", elem, {rows, P, N}, true).add("ash::act::A", elem, {rows, P, N}, true);
+  return *this;
+}
+
 WorkspaceSpec& WorkspaceSpec::team_scratch(const std::string& label, double bytes) {
   BufferSpec b;
   b.label = label;

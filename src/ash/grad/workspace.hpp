@@ -62,6 +62,9 @@ class WorkspaceSpec {
   WorkspaceSpec& cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem);
   // LayerActivations of `rows` tokens, projections only (ŷ, r, Δ, β, γ and the decay rates a).
   WorkspaceSpec& projections(index_t rows, index_t P, index_t N, std::size_t elem);
+  // LayerActivations of `rows` tokens: projections, with h_and_A also h^{t-1} and A [rows, P, N]
+  // (Store::with_hprev_and_A, what E1 and E2 keep), as its constructor allocates them.
+  WorkspaceSpec& activations(index_t rows, index_t P, index_t N, bool h_and_A, std::size_t elem);
   // `copies` StoredRows of rows x cols in a storage format of elem bytes.
   WorkspaceSpec& stored_rows(const std::string& label, std::size_t elem, index_t rows, index_t cols, index_t copies);
   // Team scratch Kokkos holds for a kernel (bytes in all).
