@@ -181,7 +181,7 @@ TEST(LowMemory, DetachedAndWindowMatchE3) {
   for (index_t Tbar : {0, 8}) {
     EngineOptions plain = lowmem(Storage::full, 1, 0, true, Tbar);
     plain.token_block = 0;
-    ASSERT_FALSE(plain.low_memory());
+    ASSERT_FALSE(plain.blockwise_levers());
     const auto gp = grad_of(plain, ps, x);
     const auto gl = grad_of(lowmem(Storage::full, 2, 16, true, Tbar), ps, x);
     expect_close(gl, gp, d, 1e-11, "T-bar=" + std::to_string(Tbar));

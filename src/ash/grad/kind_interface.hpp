@@ -11,6 +11,14 @@
 //   scan_shape, window_cotangents, backward_window   E1/E2: the VJPs around the method's μ
 //   backward_exact                               E3 on a whole window
 //   Scratch<S>                                   what the kind keeps from layer to layer of a pass
+// and for sequence ranks (dist::SequenceBlockwise; Carry<S>::mu is an ExactCarry):
+//   for_each_view                                the state's views, sent range to range
+//   range_maps                                   true: block_carry_map (the ranges scan μ's carry
+//                                                maps at once); false: make_range_carry and
+//                                                for_each_carry_view (a reverse wavefront)
+//   replays_cut_block                            a range cut inside a block always takes one
+//                                                process's replay there (false: only 16-bit storage)
+//   for_each_window_carry_view, backward_window_range   the window T̄ on a range + halo
 // The engines are written once over a kind K and instantiated per kind.
 #include <functional>
 

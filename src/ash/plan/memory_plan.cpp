@@ -19,6 +19,7 @@
 #include "ash/grad/backprop.hpp"
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/engine.hpp"
+#include "ash/grad/layer_kinds.hpp"
 #include "ash/kernels/row_sums.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/head.hpp"
@@ -166,7 +167,8 @@ struct Planner {
       nblocks = std::max<std::int64_t>(nblocks, sequence_blocks(o, Tall, Tall * s / Sr, Tall * (s + 1) / Sr).n);
     const double nb = double(nblocks), rb = B * double(blen), state = B * P * N * S;
     const double H = window ? double(std::min<std::int64_t>(o.truncate - 1, Ti)) : 0.0, Te = T + H;
-    const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), cfg.data.seq_len, std::int64_t(H));
+    const BlockwiseWorkspace ws = sequence_blockwise_workspace<SsmResNetKind>(o, pass(blen), cfg.data.seq_len,
+                                                                                  std::int64_t(H));
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"states at block starts (K x blocks) + running state", (double(K) * nb + 1) * state});
     persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
@@ -281,7 +283,7 @@ struct Planner {
     const bool window = o.truncate > 0 && o.truncate < Tall;
     const std::int64_t H = window ? std::min<std::int64_t>(o.truncate - 1, Ti) : 0;
     const double nb = double(nblocks), rows = B * double(blen), rows_b = B * double(blen + H);
-    const BlockwiseWorkspace ws = sequence_blockwise_workspace(o, pass(blen), Tall, H, true);
+    const BlockwiseWorkspace ws = sequence_blockwise_workspace<MambaKind>(o, pass(blen), Tall, H);
     const LayerShape scan{std::int64_t(B), blen + H, cfg.model.inner(), cfg.model.state, std::size_t(S)};
     persistent.push_back({kept_inputs(ws), ws.kept.bytes()});
     persistent.push_back({"whole-range y and next y (or g)", ws.range.bytes()});
