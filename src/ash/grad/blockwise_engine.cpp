@@ -69,9 +69,10 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
     w.block.projections(rb, sh.P, N, e);
     w.forward.add("ash::seqblocks::h_end", e, {BP, N}, true);
     w.backward.add("ash::seqblocks::h_replay", e, {BP, N}, true);
-    for (const char* l : {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
-                          "ash::seqblocks::block_v", "ash::seqblocks::ones"})
-      w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
+    // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
+    const char* const maps[] = {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
+                                "ash::seqblocks::block_v", "ash::seqblocks::ones"};
+    for (const char* l : maps) w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
   }
   return w;
 }
