@@ -1032,6 +1032,12 @@ TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {
   const dist::Grid grid(layout_config(d, 1, world_size() / 2, 4, 2));
   for (const auto& o : {engine_options("adjoint"), engine_options("backprop"), engine_options("adjoint", 6, true)})
     EXPECT_THROW(dist::DistributedEngine<double>(grid, o, d), Error) << method_name(o.method);
+  // The model's layer kind picks the engine's passes: another kind's parameters are refused before any work.
+  const auto md = mamba_tiny_dims(2, true);
+  dist::DistributedEngine<double> built(grid, engine_options("adjoint-exact"), d);
+  const auto mp = shard_of(random_model<double>(md, 5), grid.range(md));
+  ParamSet<double> mg(md, grid.range(md));
+  expect_error([&] { built.compute(mp, random_tokens(4, 8, md.vocab, 6), mg); }, "built for another model.arch");
   EXPECT_THROW(dist::Layout::from_config(layout_config(d, 1, 1, 4, 3), 0, 2), Error);  // 2 ranks, S = 3
   Config c = layout_config(d, 1, 1, 4, 4);
   c.set("data.seq_len=3");

@@ -48,7 +48,11 @@ struct DistributedEngine<S>::Pass {
 template <class S>
 DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, const ModelDims& d,
                                         index_t pipeline_blocks)
-    : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
+    : grid_(grid),
+      opts_(opts),
+      pipeline_blocks_(pipeline_blocks),
+      arch_(d.arch),
+      layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
   require(grid.layout().S == 1 || opts.exact_adjoint(),
@@ -336,6 +340,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange range = grid_.range(d);
   require(params.range() == range && grad.range() == range,
           "distributed engine: the parameters are not this rank's shard of the layout");
+  require(d.arch == arch_, "distributed engine: built for another model.arch (its layer kind picks the passes)");
   const double loss = block_pass_ ? compute_blockwise(params, x_all, grad)
                       : seq_pass_ ? compute_sequence_blockwise(params, x_all, grad)
                                   : compute_pipeline(params, x_all, grad);

@@ -118,6 +118,7 @@ class DistributedEngine final : public GradientEngine<S> {
   const Grid& grid_;
   EngineOptions opts_;
   index_t pipeline_blocks_;
+  Arch arch_;  // the model's, whose layer kind chose the passes below
   std::unique_ptr<LayerAdjoint<S>> layer_;
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
   std::unique_ptr<LayerAdjoint<S>> untruncated_;  // sequence ranks, T̄ >= T: the same method without a window

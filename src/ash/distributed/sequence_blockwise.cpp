@@ -47,8 +47,17 @@ class SequencePass {
   SequencePass(const Grid& grid, const EngineOptions& opts, AdjointExactLayer<S>& layer, AdjointExactLayer<S>& whole,
                const ParamSet<S>& params, const TokenView& x_rows, index_t targets, const TokenBlocks& blocks,
                const std::vector<View2<S>>* carried, const ParamSet<S>& grad, const Timed& timed)
-      : grid_(grid), lay_(grid.layout()), opts_(opts), layer_(layer), whole_(whole), params_(params),
-        d_(params.dims()), grad_(grad), blk_(blocks), carried_(carried), timed_(timed),
+      : grid_(grid),
+        lay_(grid.layout()),
+        opts_(opts),
+        layer_(layer),
+        whole_(whole),
+        params_(params),
+        d_(params.dims()),
+        grad_(grad),
+        blk_(blocks),
+        carried_(carried),
+        timed_(timed),
         exec_(layer.execution_space()) {
     T_all_ = x_rows.extent(1);
     window_ = opts.truncate > 0 && opts.truncate < T_all_;
@@ -65,8 +74,9 @@ class SequencePass {
     replay_in_ = replays && lay_.seq_rank > 0 && t_a % L != 0;
     replay_out_ = replays && lay_.seq_rank + 1 < lay_.S && t_b % L != 0;
     const index_t H = window_ ? WindowHalo<S>::halo_length(lay_, T_all_, opts.truncate) : 0;
-    ps_.start(params, x_, targets, blocks.len, opts, carried, false,
-              [&](const BlockwiseShape& sh) { return sequence_blockwise_workspace<K>(opts, sh, T_all_, H); }, grad);
+    ps_.start(
+        params, x_, targets, blocks.len, opts, carried, false,
+        [&](const BlockwiseShape& sh) { return sequence_blockwise_workspace<K>(opts, sh, T_all_, H); }, grad);
     // The state before every (layer, block) (block 0's: what the range before
     // ended the layer with; zero on the first range unless carried), the state a
     // block's forward advances, one block's activations.
@@ -159,8 +169,8 @@ class SequencePass {
       std::swap(y_, yo_);
       keep(k + 1);
     }
-    if (carried_) {     // every range holds the window's end states (the next window's start), sent after
-      exec_.fence();    // the wavefront so that no range waits on the last one layer by layer
+    if (carried_) {   // every range holds the window's end states (the next window's start), sent after
+      exec_.fence();  // the wavefront so that no range waits on the last one layer by layer
       for (const auto& h0 : *carried_)
         if (h0.extent(0) > 0) timed_([&] { broadcast(h0, lay_.S - 1, grid_.seq()); });
     }
@@ -249,8 +259,8 @@ class SequencePass {
     for (index_t j = blk_.n - 1; j >= 0; --j) {
       const index_t t0 = blk_.start(j);
       const TokenView xh = token_block(x_head_, t0, (blk_.end(j) < Th ? blk_.end(j) + 1 : Th) - t0);
-      loss += head_loss<S>(params_.global(), xh, blk(y_, j), blk(yo_, j), &gglobal, opts_.head_chunk, ps_.targets,
-                           exec_);
+      loss +=
+          head_loss<S>(params_.global(), xh, blk(y_, j), blk(yo_, j), &gglobal, opts_.head_chunk, ps_.targets, exec_);
     }
     return loss;
   }
@@ -345,8 +355,8 @@ class SequencePass {
   // E3's block backward of layer k, blocks last to first, block 0 from `first`.
   void backward_blocks(int k, const View2<S>& g, const State& first, Carry& carry) {
     for (index_t j = blk_.n - 1; j >= 0; --j)
-      K::backward_block(whole_, K::layer(params_, k), d_, shape(j), blk(y_, j), blk(g, j), j == 0 ? first : before(k, j),
-                        false, carry, true, K::layer(grad_, k));
+      K::backward_block(whole_, K::layer(params_, k), d_, shape(j), blk(y_, j), blk(g, j),
+                        j == 0 ? first : before(k, j), false, carry, true, K::layer(grad_, k));
   }
 
   // The paper's window T̄ (paper mode, the range one block): g's halo once, then
@@ -365,7 +375,7 @@ class SequencePass {
     require(index_t(ps_.ws.window.find("ash::seqblocks::g_halo")->extents[0]) == Bt * halo.halo(),
             "SequenceBlockwise: the workspace's halo is not the window's");
     const TokenView x_ext = token_block(x_all_, lay_.seq_begin(T_all_), Te);  // own tokens, then the halo's
-    Workspace<S> ext;  // the range + halo of y and g, g's halo
+    Workspace<S> ext;                                                         // the range + halo of y and g, g's halo
     ext.plan(ps_.ws.window);
     const View2<S> g_halo = ext.view2("ash::seqblocks::g_halo"), y_ext = ext.view2("ash::seqblocks::y_ext"),
                    g_ext = ext.view2("ash::seqblocks::g_ext");
@@ -400,9 +410,9 @@ class SequencePass {
   bool replay_in_ = false, replay_out_ = false;
   BlockwisePass<S> ps_;
   std::vector<typename K::template BlockStates<S>> states_;  // [k - k0]: the states before each block
-  State run_, replayed_;                                      // replayed_: a replay's state from the range before
-  typename K::template BlockActs<S> act_;                     // one block's activations
-  View2<S> y_, yo_;  // whole range, block-major: y_k and y_{k+1} (forward); y_k and g (backward)
+  State run_, replayed_;                                     // replayed_: a replay's state from the range before
+  typename K::template BlockActs<S> act_;                    // one block's activations
+  View2<S> y_, yo_;   // whole range, block-major: y_k and y_{k+1} (forward); y_k and g (backward)
   View2<S> ta_, tb_;  // one block: the recomputation's inputs and outputs
 };
 
