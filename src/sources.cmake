@@ -15,7 +15,6 @@ set(ASH_LIBRARY_SOURCES
   ash/model/embedding.cpp
   ash/model/head.cpp
   ash/model/forward.cpp
-  ash/model/blockwise_forward.cpp
   ash/grad/engine.cpp
   ash/grad/blockwise_engine.cpp
   ash/grad/stack_adjoint.cpp

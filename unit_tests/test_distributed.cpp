@@ -82,7 +82,7 @@ void expect_layouts_match(int K, index_t T, index_t batch, const EngineOptions& 
     const dist::Grid grid(layout_config(d, R, D, batch, l.S));
     const auto params = shard_of(full, grid.range(d));
     ParamSet<double> grad(d, grid.range(d));
-    dist::DistributedEngine<double> engine(grid, o, blocks);
+    dist::DistributedEngine<double> engine(grid, o, d, blocks);
     const double loss = engine.compute(params, x, grad);
     EXPECT_NEAR(loss, ref_loss, 1e-12 * std::abs(ref_loss)) << tag(l, o, blocks);
     const auto whole = dist::gather(grid, grad);
@@ -166,7 +166,7 @@ TEST(Distributed, ValidationLossMatchesOneProcess) {
   const double ref = forward_loss(full, x);
   for (const Lay& l : layouts(4, true)) {
     const dist::Grid grid(layout_config(d, l.R, l.D, 4, l.S));
-    dist::DistributedEngine<double> engine(grid, engine_options("adjoint-exact"));
+    dist::DistributedEngine<double> engine(grid, engine_options("adjoint-exact"), d);
     EXPECT_NEAR(engine.loss(shard_of(full, grid.range(d)), x), ref, 1e-12 * ref) << tag(l, engine_options("adjoint-exact"), 0);
   }
 }
@@ -224,7 +224,7 @@ TEST(Distributed, ShardedAdamWStepEqualsOneProcess) {
     auto p = shard_of(full, grid.range(d));
     AdamW<double> opt(d, grid.range(d), ao);
     ParamSet<double> g(d, grid.range(d));
-    dist::DistributedEngine<double> engine(grid, engine_options("adjoint-exact"));
+    dist::DistributedEngine<double> engine(grid, engine_options("adjoint-exact"), d);
     for (int step = 0; step < 3; ++step) {
       engine.compute(p, x, g);
       const MPI_Comm lc = grid.layers();
@@ -283,7 +283,7 @@ TEST(Distributed, WindowsAcrossSequenceRanksMatchOneProcess) {
   const dist::Grid grid(layout_config(d, 1, 1, 4, 4));
   const auto full = random_model<double>(d, 730);
   ParamSet<double> grad(d, grid.range(d));
-  dist::DistributedEngine<double> engine(grid, o);
+  dist::DistributedEngine<double> engine(grid, o, d);
   const auto fits = random_tokens(4, 21, d.vocab, 731);  // ranges of 5, 5, 5, 6 tokens
   EXPECT_NO_THROW(engine.compute(shard_of(full, grid.range(d)), fits, grad));
   const auto too_short = random_tokens(4, 13, d.vocab, 732);  // ranges of 3, 3, 3, 4
@@ -419,7 +419,7 @@ void expect_levers_match(int K, index_t T, index_t batch, const EngineOptions& o
     const dist::Grid grid(layout_config(d, l.R, l.D, batch, l.S));
     const auto params = shard_of(full, grid.range(d));
     ParamSet<double> grad(d, grid.range(d));
-    dist::DistributedEngine<double> engine(grid, o);
+    dist::DistributedEngine<double> engine(grid, o, d);
     const double loss = engine.compute(params, x, grad);
     const auto whole = dist::gather(grid, grad);
     const std::string what = tag(l, o, 0) + " " + storage_name(o.storage) + " m=" + std::to_string(o.layer_checkpoint);
@@ -525,7 +525,7 @@ TEST(Distributed, SixteenBitStorageOnSequenceRanksMatchesOneProcess) {
             if (l.S == 1 || l.R > 1) continue;  // R × S: a layer range off the checkpoint grid keeps other inputs
             const dist::Grid grid(layout_config(d, l.R, l.D, 4, l.S));
             ParamSet<double> grad(d, grid.range(d));
-            dist::DistributedEngine<double> engine(grid, o);
+            dist::DistributedEngine<double> engine(grid, o, d);
             const double loss = engine.compute(shard_of(full, grid.range(d)), x, grad);
             const auto whole = dist::gather(grid, grad);
             const std::string what = tag(l, o, 0) + " " + storage_name(st) + " m=" + std::to_string(m) +
@@ -585,7 +585,7 @@ TEST(Distributed, CarriedStateMatchesOneProcess) {
     const auto params = shard_of(full, grid.range(d));
     ParamSet<double> grad(d, grid.range(d));
     auto h = states();
-    dist::DistributedEngine<double> engine(grid, o);
+    dist::DistributedEngine<double> engine(grid, o, d);
     engine.set_carried_state(&h);
     engine.compute(params, x1, grad);
     const double loss = engine.compute(params, x2, grad);
@@ -616,7 +616,7 @@ TEST(Distributed, CarriedStateMatchesOneProcess) {
 // The busiest rank's plan against the largest Kokkos peak measured over the
 // ranks for one gradient of a batch of 2 windows of T tokens; printed, and
 // held to within `within` of the measured peak.
-void expect_plan_is_busiest_peak(const Settings& st, index_t T, bool mamba, const std::string& what, double within) {
+void expect_plan_is_busiest_peak(const Settings& st, index_t T, const std::string& what, double within) {
   const auto d = st.model;
   const dist::Grid grid(st);
   const std::string sp = MemSpace::name();
@@ -628,7 +628,7 @@ void expect_plan_is_busiest_peak(const Settings& st, index_t T, bool mamba, cons
     initialize(params, d.seed);
     ParamSet<float> grad(d, grid.range(d));
     const auto x = random_tokens(2, T, d.vocab, 5);
-    dist::DistributedEngine<float> engine(grid, st.grad, st.dist.pipeline_blocks, mamba);
+    dist::DistributedEngine<float> engine(grid, st.grad, st.model, st.dist.pipeline_blocks);
     engine.compute(params, x, grad);
     Kokkos::fence();
   }
@@ -684,7 +684,7 @@ TEST(Distributed, PlanIsTheBusiestRanksPeak) {
       std::string what = "R=" + std::to_string(l.R) + " S=" + std::to_string(l.S) + " D=" + std::to_string(l.D);
       for (const auto& kv : levers) what += " " + kv;
       if (chunked_h) what += " (chunk-parallel h)";
-      expect_plan_is_busiest_peak(st, 2048, false, what, 0.05);  // the promise is 10 %
+      expect_plan_is_busiest_peak(st, 2048, what, 0.05);  // the promise is 10 %
     }
 }
 
@@ -713,7 +713,7 @@ TEST(Distributed, MambaPlanIsTheBusiestRanksPeak) {
       c.validate();
       const auto st = c.settings();
       const std::string what = "mamba " + engine + " R=" + std::to_string(l.R) + " D=" + std::to_string(l.D);
-      expect_plan_is_busiest_peak(st, 512, true, what, 0.05);
+      expect_plan_is_busiest_peak(st, 512, what, 0.05);
     }
 }
 
@@ -736,7 +736,7 @@ int expect_mamba_ranges_match(const ModelDims& d, const TokenView& x, const Engi
     if (o.storage != Storage::full && o.layer_checkpoint > 1 && l.R > 1) continue;
     const dist::Grid grid(layout_config(d, l.R, l.D, B, l.S));
     ParamSet<double> grad(d, grid.range(d));
-    dist::DistributedEngine<double> engine(grid, o, 0, true);
+    dist::DistributedEngine<double> engine(grid, o, d);
     const double loss = engine.compute(shard_of(full, grid.range(d)), x, grad);
     const auto whole = dist::gather(grid, grad);
     const std::string what = what0 + " " + tag(l, o, 0) + " " + storage_name(o.storage) + " m=" +
@@ -877,7 +877,7 @@ int expect_mamba_carry_matches(const ModelDims& d, index_t T, const EngineOption
     const auto params = shard_of(full, range);
     ParamSet<double> grad(d, range);
     auto h = mamba_carried(d, B);
-    dist::DistributedEngine<double> engine(grid, o, 0, true);
+    dist::DistributedEngine<double> engine(grid, o, d);
     engine.set_carried_state(&h);
     const auto [b0, b1] = grid.layout().windows(B);  // this replica's windows
     const std::string what = "mamba carried state " + tag(l, o, 0) + " " + storage_name(o.storage) + " m=" +
@@ -998,9 +998,9 @@ TEST(Distributed, MambaOnSequenceRanksRefusesShortRanges) {
   const int S = world_size();
   const dist::Grid grid(layout_config(d, 1, 1, 2, S));
   const auto x = random_tokens(2, 3 * S, d.vocab, 4);
-  dist::DistributedEngine<double> fits(grid, engine_options("adjoint-exact", 4, true), 0, true);
+  dist::DistributedEngine<double> fits(grid, engine_options("adjoint-exact", 4, true), d);
   EXPECT_NO_THROW(fits.compute(params, x, grad));
-  dist::DistributedEngine<double> too_long(grid, engine_options("adjoint-exact", 5, true), 0, true);
+  dist::DistributedEngine<double> too_long(grid, engine_options("adjoint-exact", 5, true), d);
   expect_error([&] { too_long.compute(params, x, grad); }, "each range needs >= T-bar - 1");
 }
 
@@ -1022,7 +1022,7 @@ TEST(Distributed, MambaSequencePlanIsTheBusiestRanksPeak) {
       const auto st = c.settings();
       const std::string what = "mamba sequence [" + levers + "] R=" + std::to_string(l.R) + " S=" +
                                std::to_string(l.S) + " D=" + std::to_string(l.D);
-      expect_plan_is_busiest_peak(st, 512, true, what, 0.10);
+      expect_plan_is_busiest_peak(st, 512, what, 0.10);
     }
 }
 
@@ -1031,7 +1031,13 @@ TEST(Distributed, SequenceRanksRefuseWhatTheyCannotRun) {
   const auto d = tiny_dims(2);
   const dist::Grid grid(layout_config(d, 1, world_size() / 2, 4, 2));
   for (const auto& o : {engine_options("adjoint"), engine_options("backprop"), engine_options("adjoint", 6, true)})
-    EXPECT_THROW(dist::DistributedEngine<double>(grid, o), Error) << method_name(o.method);
+    EXPECT_THROW(dist::DistributedEngine<double>(grid, o, d), Error) << method_name(o.method);
+  // The model's layer kind picks the engine's passes: another kind's parameters are refused before any work.
+  const auto md = mamba_tiny_dims(2, true);
+  dist::DistributedEngine<double> built(grid, engine_options("adjoint-exact"), d);
+  const auto mp = shard_of(random_model<double>(md, 5), grid.range(md));
+  ParamSet<double> mg(md, grid.range(md));
+  expect_error([&] { built.compute(mp, random_tokens(4, 8, md.vocab, 6), mg); }, "built for another model.arch");
   EXPECT_THROW(dist::Layout::from_config(layout_config(d, 1, 1, 4, 3), 0, 2), Error);  // 2 ranks, S = 3
   Config c = layout_config(d, 1, 1, 4, 4);
   c.set("data.seq_len=3");

@@ -37,7 +37,6 @@
 #include "ash/kernels/blocks.hpp"
 #include "ash/kernels/half_storage.hpp"
 #include "ash/kernels/matmul.hpp"
-#include "ash/model/blockwise_forward.hpp"
 #include "ash/model/embedding.hpp"
 #include "ash/model/forward.hpp"
 #include "ash/model/generator.hpp"

@@ -32,6 +32,10 @@ struct ModelDims {
   bool tie_embeddings = true;     // the head is the embedding (no /params/head)
   double norm_eps = 1e-5;         // the RMSNorms' epsilon
   bool mamba() const { return arch == Arch::mamba; }
+  // The head is the embedding's matrix (a Mamba with model.tie_embeddings; an
+  // SSM-ResNet always has its own /params/head): a layer pipeline's last rank
+  // holds a copy of the embedding.
+  bool tied_head() const { return mamba() && tie_embeddings; }
   std::int64_t inner() const { return expand * width; }                          // E
   std::int64_t rank() const { return dt_rank > 0 ? dt_rank : (width + 15) / 16; }  // R
   // One layer's carried state (data.carry_state, /train/carry_state, docs/design.md §8) is

@@ -19,6 +19,17 @@ template <class View>
 void send(const View& v, int dest, int tag, MPI_Comm comm);
 template <class View>
 void recv(const View& v, int src, int tag, MPI_Comm comm);
+// Each view that for_each hands out (for_each(f) calls f(v) per view in a
+// fixed order, e.g. a layer kind's K::for_each_view of its state): one
+// message per view, tags tag, tag + 1, ...
+template <class ForEach>
+void send_each(const ForEach& for_each, int dest, int tag, MPI_Comm comm) {
+  for_each([&](const auto& v) { send(v, dest, tag++, comm); });
+}
+template <class ForEach>
+void recv_each(const ForEach& for_each, int src, int tag, MPI_Comm comm) {
+  for_each([&](const auto& v) { recv(v, src, tag++, comm); });
+}
 template <class View>
 void broadcast(const View& v, int root, MPI_Comm comm);
 template <class View>

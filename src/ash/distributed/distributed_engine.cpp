@@ -7,13 +7,15 @@
 #include "ash/core/error.hpp"
 #include "ash/distributed/collectives.hpp"
 #include "ash/distributed/window_halo.hpp"
+#include "ash/grad/layer_kinds.hpp"
 #include "ash/kernels/matmul.hpp"
 
 namespace ash::dist {
 
 namespace {
 
-constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14, tag_conv = 15, tag_ssm = 16;
+// tag_state: a kind's state goes as one message per view, tags 15, 16, ...
+constexpr int tag_y = 11, tag_g = 12, tag_halo = 13, tag_tied = 14, tag_state = 15;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -44,9 +46,13 @@ struct DistributedEngine<S>::Pass {
 };
 
 template <class S>
-DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks,
-                                        bool mamba)
-    : grid_(grid), opts_(opts), pipeline_blocks_(pipeline_blocks), layer_(make_layer_adjoint<S>(opts)) {
+DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& opts, const ModelDims& d,
+                                        index_t pipeline_blocks)
+    : grid_(grid),
+      opts_(opts),
+      pipeline_blocks_(pipeline_blocks),
+      arch_(d.arch),
+      layer_(make_layer_adjoint<S>(opts)) {
   blockwise_ = layer_->block_adjoint();
   require(pipeline_blocks >= 0, "dist.pipeline_blocks must be >= 0");
   require(grid.layout().S == 1 || opts.exact_adjoint(),
@@ -54,20 +60,15 @@ DistributedEngine<S>::DistributedEngine(const Grid& grid, const EngineOptions& o
           "grad.detach_inputs): E1 and E2 keep whole windows");
   // E3 on layer and data ranks: the block-wise pass on each rank's layer
   // range, token blocks of y and g flowing both ways (the levers, when set);
-  // on sequence ranks with a lever, each range in token blocks.
-  // A Mamba: E3 the block-wise pass too (BlockwiseEngine's Mamba form) on data and
-  // layer ranks; on sequence ranks SequenceBlockwise, levers or not (without one,
-  // each range is one block): its conv's halo and the scatter of its cotangent
-  // pass range to range with the scan's state and μ's carry. E1 and E2 whole windows.
-  if (mamba && grid.layout().S > 1) {
-    seq_pass_ = std::make_unique<SequenceBlockwise<S>>(grid, opts, true);
-    return;
-  }
+  // on sequence ranks with a lever, each range in token blocks; a kind
+  // without range maps always so (without a lever each range one block): its
+  // state and carries pass range to range. E1 and E2 whole windows.
+  const bool range_maps = with_layer_kind(d, [](auto kind) { return decltype(kind)::range_maps; });
   if (opts.exact_adjoint() && grid.layout().S == 1)
     block_pass_ = std::make_unique<BlockwiseEngine<S>>(opts);
-  else if (opts.exact_adjoint() && opts.blockwise_levers())
+  else if (opts.exact_adjoint() && (opts.blockwise_levers() || !range_maps))
     seq_pass_ = std::make_unique<SequenceBlockwise<S>>(grid, opts);
-  if (grid.layout().S > 1 && opts.truncate > 0) {
+  if (!seq_pass_ && grid.layout().S > 1 && opts.truncate > 0) {
     EngineOptions whole = opts;
     whole.truncate = 0;
     untruncated_ = make_layer_adjoint<S>(whole);
@@ -114,7 +115,12 @@ void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationSt
   const ExecSpace& exec = layer_->execution_space();
   h_start.assign(std::size_t(store.k1() - store.k0()), View2<S>());
   if (lay.S == 1) return forward_layers(params, store, exec);
-  if (params.dims().mamba()) return forward_mamba_range(params, store);
+  const bool range_maps = with_layer_kind(params.dims(), [&](auto kind) {
+    using K = decltype(kind);
+    if constexpr (!K::range_maps) pass_states<K>(params, store);
+    return K::range_maps;
+  });
+  if (!range_maps) return;
   const auto& s = store.shape();
   const index_t P = params.dims().width, N = params.dims().state;
   for (int k = store.k0(); k < store.k1(); ++k) {
@@ -134,35 +140,28 @@ void DistributedEngine<S>::forward_range(const ParamSet<S>& params, ActivationSt
   }
 }
 
-// A Mamba's layers on this rank's token range (the forward-only loss): per
-// layer the MambaState the range before ended with (the conv's last Kc − 1
-// inputs, h) starts the range, and its end state goes to the next range.
+// A kind without range maps on this rank's token range (the forward-only
+// loss): per layer the state the range before ended with starts the range
+// (zero on the first), and its end state goes to the next range.
 template <class S>
-void DistributedEngine<S>::forward_mamba_range(const ParamSet<S>& params, ActivationStore<S>& store) {
+template <class K>
+void DistributedEngine<S>::pass_states(const ParamSet<S>& params, ActivationStore<S>& store) {
   const auto& lay = grid_.layout();
   const auto& d = params.dims();
   const ExecSpace& exec = layer_->execution_space();
   const MPI_Comm sc = grid_.seq();
   const auto& s = store.shape();
-  const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
-  MambaState<S> state(s.batch, d);
+  const auto act = K::template make_block_acts<S>(s, d);
+  const auto state = K::template make_state<S>(d, s.batch);
+  const auto views = [&](const auto& f) { K::for_each_view(state, f); };
   for (int k = store.k0(); k < store.k1(); ++k) {
-    if (lay.seq_rank > 0) {
-      timed([&] {
-        recv(state.conv, lay.seq_rank - 1, tag_conv, sc);
-        recv(state.ssm, lay.seq_rank - 1, tag_ssm, sc);
-      });
-    } else {  // every layer starts the window from zero
-      Kokkos::deep_copy(exec, state.conv, S(0));
-      Kokkos::deep_copy(exec, state.ssm, S(0));
-    }
-    mamba_layer_forward(params.mamba_layer(k), d, s, store.input(k), act, store.input(k + 1), state, exec);
+    if (lay.seq_rank > 0)
+      timed([&] { recv_each(views, lay.seq_rank - 1, tag_state, sc); });
+    else  // every layer starts the window from zero
+      views([&](const auto& v) { Kokkos::deep_copy(exec, v, S(0)); });
+    K::forward_block(K::layer(params, k), d, s, store.input(k), act, store.input(k + 1), state, exec);
     exec.fence();
-    if (lay.seq_rank + 1 < lay.S)
-      timed([&] {
-        send(state.conv, lay.seq_rank + 1, tag_conv, sc);
-        send(state.ssm, lay.seq_rank + 1, tag_ssm, sc);
-      });
+    if (lay.seq_rank + 1 < lay.S) timed([&] { send_each(views, lay.seq_rank + 1, tag_state, sc); });
   }
 }
 
@@ -311,7 +310,7 @@ std::vector<View2<S>> DistributedEngine<S>::my_carried_rows(const ParamSet<S>& p
   const LayerRange range = params.range();
   const auto& d = params.dims();
   check_carried_state(*carried_, d, d.layers, B);
-  const index_t rows = d.carry_rows();  // per window: an SSM-ResNet's P, a Mamba's E
+  const index_t rows = d.carry_rows();  // per window (the kind's)
   for (int k = range.k0; k < range.k1; ++k)
     state.push_back(
         Kokkos::subview((*carried_)[std::size_t(k)], Kokkos::make_pair(b0 * rows, b1 * rows), Kokkos::ALL()));
@@ -341,6 +340,7 @@ double DistributedEngine<S>::compute(const ParamSet<S>& params, const TokenView&
   const LayerRange range = grid_.range(d);
   require(params.range() == range && grad.range() == range,
           "distributed engine: the parameters are not this rank's shard of the layout");
+  require(d.arch == arch_, "distributed engine: built for another model.arch (its layer kind picks the passes)");
   const double loss = block_pass_ ? compute_blockwise(params, x_all, grad)
                       : seq_pass_ ? compute_sequence_blockwise(params, x_all, grad)
                                   : compute_pipeline(params, x_all, grad);
@@ -420,7 +420,7 @@ template <class S>
 void DistributedEngine<S>::sum_tied_embedding(const ParamSet<S>& grad) {
   const auto& lay = grid_.layout();
   const auto& d = grad.dims();
-  if (!d.mamba() || !d.tie_embeddings || lay.R == 1 || !(lay.first() || lay.last())) return;
+  if (!d.tied_head() || lay.R == 1 || !(lay.first() || lay.last())) return;
   const MPI_Comm lc = grid_.layers();
   const auto& t = grad.tensor("embedding");
   const Unmanaged1<S> mine = grad.flat(t);

@@ -24,18 +24,19 @@
 //  replicas  the gradient is summed over the ranks that own the same layers
 //            (data and sequence); the loss and g are already scaled by the
 //            whole batch's target count.
-//  Mamba     (S = 1) E3 runs the same block-wise pass on each rank's layer
-//            range (BlockwiseEngine's Mamba form: a MambaState kept before
-//            every (layer, block); the conv's and μ's carries stay within a
-//            layer, so only y and g blocks cross ranks), the memory levers
-//            per rank; E1 and E2 whole windows. With tied embeddings the first
-//            and last layer ranks each hold the embedding and exchange their
-//            gradient parts, so both hold the sum. On sequence ranks (S > 1)
-//            E3 runs SequenceBlockwise, levers or not: the conv's last Kc − 1
-//            inputs (the halo) and h pass to the next range forward, the
-//            conv's cotangent and μ's carry back. A carried state
-//            (data.carry_state) as an SSM-ResNet's: this rank's layers' rows
-//            of its windows, E = d.inner() rows per window.
+//  kinds     every engine is written over the layer kind (grad/layer_kinds.hpp),
+//            chosen once from the model. E3 with S = 1 runs the block-wise pass
+//            on each rank's layer range (a state kept before every (layer,
+//            block); a kind's block carries stay within a layer, so only y and g
+//            blocks cross ranks). Sequence ranks without a lever take the
+//            affine-map scans above where the kind has range maps
+//            (K::range_maps); a kind without them always runs
+//            SequenceBlockwise (without a lever one block per range): its state
+//            passes to the next range forward, its carry back. A tied head
+//            (ModelDims::tied_head) with R > 1: the first and last layer ranks
+//            each hold the embedding and exchange their gradient parts, so both
+//            hold the sum. A carried state (data.carry_state): this rank's
+//            layers' rows of its windows (d.carry_rows() per window).
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -47,7 +48,6 @@
 #include "ash/grad/blockwise_engine.hpp"
 #include "ash/grad/engine.hpp"
 #include "ash/kernels/blocks.hpp"
-#include "ash/model/blockwise_forward.hpp"
 
 namespace ash::dist {
 
@@ -55,9 +55,9 @@ namespace ash::dist {
 template <class S>
 class DistributedEngine final : public GradientEngine<S> {
  public:
+  // d: the model, whose layer kind picks the pass on sequence ranks.
   // pipeline_blocks: token blocks per window for E3 (0: 4 per layer rank).
-  // mamba: model.arch = mamba (on sequence ranks E3 runs SequenceBlockwise).
-  DistributedEngine(const Grid& grid, const EngineOptions& opts, index_t pipeline_blocks = 0, bool mamba = false);
+  DistributedEngine(const Grid& grid, const EngineOptions& opts, const ModelDims& d, index_t pipeline_blocks = 0);
   std::string name() const override;
   // params and grad are this rank's shard (LayerRange grid.range(dims)); x is
   // the whole batch, the same on every rank. Returns L on every rank.
@@ -66,7 +66,7 @@ class DistributedEngine final : public GradientEngine<S> {
   double loss(const ParamSet<S>& params, const TokenView& x);
   const PipelineStats& stats() const { return stats_; }
   // data.carry_state: one state per layer of the whole model and batch
-  // (check_carried_state's shape: [B·P, N], a Mamba's [B·E, Kc−1+N]); this rank
+  // (check_carried_state's shape: [B·carry_rows(), carry_cols()]); this rank
   // reads and writes its layers' rows of its windows.
   void set_carried_state(std::vector<View2<S>>* state) override;
   // A test seam: fn runs on every rank between the head and the backward of
@@ -80,7 +80,7 @@ class DistributedEngine final : public GradientEngine<S> {
   // E3 with S = 1: the block-wise pass (and its memory levers) on this rank's
   // layer range, y and g blocks handed between the layer ranks.
   double compute_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
-  // E3 with S > 1 and a memory lever (a Mamba: always): each range in token blocks, layer by layer.
+  // E3 with S > 1 and a memory lever (a kind without range maps: always): each range in token blocks, layer by layer.
   double compute_sequence_blockwise(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
   // data.carry_state: this rank's layers' states of this replica's windows.
   std::vector<View2<S>> my_carried_rows(const ParamSet<S>& params, index_t B) const;
@@ -88,10 +88,13 @@ class DistributedEngine final : public GradientEngine<S> {
   double compute_pipeline(const ParamSet<S>& params, const TokenView& x_all, const ParamSet<S>& grad);
   // Layers [k0, k1) on this rank's token range, store.input(k0) filled: with
   // sequence ranks, each layer's state before the range comes from an
-  // exclusive scan of the ranges' state maps (kept in h_start for the backward).
+  // exclusive scan of the ranges' state maps (kept in h_start for the backward;
+  // a kind with range maps), else from the range before (pass_states).
   void forward_range(const ParamSet<S>& params, ActivationStore<S>& store, std::vector<View2<S>>& h_start);
-  // The same for a Mamba on sequence ranks: each layer's MambaState passed range to range.
-  void forward_mamba_range(const ParamSet<S>& params, ActivationStore<S>& store);
+  // A kind K without range maps on sequence ranks (the forward-only loss): each
+  // layer's state passed range to range.
+  template <class K>
+  void pass_states(const ParamSet<S>& params, ActivationStore<S>& store);
   // The forward over the layer ranks: whole ranges, or token blocks in a pipeline.
   void forward(const ParamSet<S>& params, Pass& ps);
   // The backward modes of docs/design.md §2 (E4).
@@ -102,7 +105,7 @@ class DistributedEngine final : public GradientEngine<S> {
   void layers_backward(const ParamSet<S>& params, Pass& ps, const ParamSet<S>& grad);     // the layer method, top down
   // Replica sums of the gradient and loss, the loss on every rank, stats.
   double finish(double loss, const ParamSet<S>& grad);
-  // A tied Mamba on R > 1: the first rank's embedding part plus the last
+  // A tied head on R > 1: the first rank's embedding part plus the last
   // rank's head part, on both (a + b on one, b + a on the other: bitwise equal).
   void sum_tied_embedding(const ParamSet<S>& grad);
   template <class Fn>
@@ -115,11 +118,12 @@ class DistributedEngine final : public GradientEngine<S> {
   const Grid& grid_;
   EngineOptions opts_;
   index_t pipeline_blocks_;
+  Arch arch_;  // the model's, whose layer kind chose the passes below
   std::unique_ptr<LayerAdjoint<S>> layer_;
   BlockAdjoint<S>* blockwise_ = nullptr;  // layer_'s block and range forms (E3), else nullptr
   std::unique_ptr<LayerAdjoint<S>> untruncated_;  // sequence ranks, T̄ >= T: the same method without a window
   std::unique_ptr<BlockwiseEngine<S>> block_pass_;  // E3 with S = 1: the block-wise pass (levers or not), else nullptr
-  std::unique_ptr<SequenceBlockwise<S>> seq_pass_;  // E3 with S > 1 and a lever (a Mamba: any), else nullptr
+  std::unique_ptr<SequenceBlockwise<S>> seq_pass_;  // E3 with S > 1 and a lever (no range maps: any), else nullptr
   std::vector<View2<S>>* carried_ = nullptr;
   std::function<void()> before_backward_;
   PipelineStats stats_;

@@ -39,8 +39,7 @@ RunContext<S>::RunContext(const Settings& st) : range_(LayerRange::all(st.model)
     mpi_->grid = std::make_unique<dist::Grid>(st);
     range_ = mpi_->grid->range(st.model);
     root_ = rank == 0;
-    auto e = std::make_unique<dist::DistributedEngine<S>>(*mpi_->grid, st.grad, st.dist.pipeline_blocks,
-                                                          st.model.mamba());
+    auto e = std::make_unique<dist::DistributedEngine<S>>(*mpi_->grid, st.grad, st.model, st.dist.pipeline_blocks);
     mpi_->engine = e.get();
     engine_ = std::move(e);
     return;
@@ -128,7 +127,7 @@ std::function<double(double)> RunContext<S>::norm_reducer(const ParamSet<S>& gra
     const auto& lay = mpi_->grid->layout();
     const auto& d = grad.dims();
     double copy_ss = 0;  // the last rank's copy of a tied embedding (the first rank counts it)
-    if (d.mamba() && d.tie_embeddings && lay.R > 1 && lay.last()) {
+    if (d.tied_head() && lay.R > 1 && lay.last()) {
       const auto e = grad.flat(grad.tensor("embedding"));
       Kokkos::parallel_reduce(
           "ash::dist::tied_copy_norm", Range(0, index_t(e.extent(0))),

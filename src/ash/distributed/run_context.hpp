@@ -55,7 +55,7 @@ class RunContext {
                        std::int64_t cursor, const OptimizerState<S>& opt);
   void save_gradients(const std::string& path, const Config& cfg, double loss, const ParamSet<S>& grad);
   // Sum of squares over the layer shards (the gradient norm of grad, this
-  // rank's shard); empty on one process. A tied Mamba's embedding copy on the
+  // rank's shard); empty on one process. A tied head's embedding copy on the
   // last layer rank counts once (its squares are taken out there).
   std::function<double(double)> norm_reducer(const ParamSet<S>& grad) const;
 

@@ -33,7 +33,7 @@ namespace {
 
 // The whole carried state on world rank 0: each rank contributes its layers'
 // rows of its windows (the rest zero), summed over the world. A window's rows:
-// d.carry_rows() (an SSM-ResNet's P, a Mamba's E), each of d.carry_cols().
+// d.carry_rows(), each of d.carry_cols() (the kind's, ModelDims).
 template <class S>
 std::vector<View2<S>> gather_carry(const Grid& grid, const ModelDims& d, const std::vector<View2<S>>& carry) {
   const auto& lay = grid.layout();

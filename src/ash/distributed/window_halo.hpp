@@ -3,7 +3,8 @@
 // range's last T̄−1 tokens reads the next range's first T̄−1 tokens, so each
 // rank receives that halo of g and of every layer's input from the next range,
 // Bt·(T̄−1)·P values each. Shared by DistributedEngine (whole ranges) and
-// SequenceBlockwise (the memory levers; a Mamba, levers or not: P = D).
+// SequenceBlockwise (the memory levers, or a kind without range maps; P: the
+// model's width, the residual stream's).
 #include <algorithm>
 #include <functional>
 #include <string>

@@ -43,10 +43,11 @@ BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const Blockwis
   return w;
 }
 
+template <class K>
 BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh, index_t T_all,
-                                                index_t H, bool mamba) {
+                                                index_t H) {
   const std::size_t e = sh.scalar_bytes;
-  const index_t rb = sh.Bt * sh.blen, BP = sh.Bt * sh.P, N = sh.N;
+  const index_t rb = sh.Bt * sh.blen;
   BlockwiseWorkspace w;
   w.kept.stored_rows("ash::seqblocks::y_kept", storage_bytes(opts.storage, e), sh.Bt * sh.T, sh.P,
                      kept_count(opts, sh));
@@ -58,27 +59,53 @@ BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const
         .add("ash::seqblocks::y_ext", e, {sh.Bt * Te, sh.P}, true)
         .add("ash::seqblocks::g_ext", e, {sh.Bt * Te, sh.P}, true);
   }
-  if (mamba) {  // a recomputed block's input and output
-    w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
-        .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true);
-    return w;
-  }
-  w.block.projections(rb, sh.P, sh.N, e);
-  // the state at the range's end, sent to the next range (and received from the one before)
-  w.forward.add("ash::seqblocks::h_end", e, {BP, N}, true);
+  // a recomputed block's input and output
   w.backward.add("ash::seqblocks::y_block", e, {rb, sh.P}, true)
-      .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true)
-      .add("ash::seqblocks::h_replay", e, {BP, N}, true);  // a replay's state from the range before
-  for (const char* l : {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
-                        "ash::seqblocks::block_v", "ash::seqblocks::ones"})
-    w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
+      .add("ash::seqblocks::y_block_next", e, {rb, sh.P}, true);
+  if constexpr (K::range_maps) {
+    const index_t BP = sh.Bt * sh.P, N = sh.N;
+    w.block.projections(rb, sh.P, N, e);
+    w.forward.add("ash::seqblocks::h_end", e, {BP, N}, true);
+    w.backward.add("ash::seqblocks::h_replay", e, {BP, N}, true);
+    // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
+    const char* const maps[] = {"ash::seqblocks::carry_M", "ash::seqblocks::carry_v", "ash::seqblocks::block_M",
+                                "ash::seqblocks::block_v", "ash::seqblocks::ones"};
+    for (const char* l : maps) w.carry_maps.add(l, e, {sh.Bt, sh.P, N}, true);
+  }
   return w;
 }
+#define ASH_INSTANTIATE(K)                                                                                 \
+  template BlockwiseWorkspace sequence_blockwise_workspace<K>(const EngineOptions&, const BlockwiseShape&, \
+                                                              index_t, index_t);
+ASH_FOR_EACH_LAYER_KIND(ASH_INSTANTIATE)
+#undef ASH_INSTANTIATE
 
 template <class S>
-void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, index_t targets_,
-                             const TokenBlocks& blocks, const EngineOptions& opts,
-                             const std::vector<View2<S>>* state, bool input_again_,
+std::vector<StoredRows<S>> make_kept_inputs(const EngineOptions& opts, const BlockwiseShape& sh,
+                                            const LayerSegments& seg, const BlockwiseWorkspace& ws) {
+  const auto n = LayerSegments::counts(sh.k0, sh.k1, sh.K, sh.last, opts.layer_checkpoint);
+  require(n.starts == index_t(seg.starts.size()) && n.longest == index_t(seg.longest()),
+          "block-wise pass: LayerSegments::counts disagrees with the segments");
+  const BufferSpec& kb = ws.kept.buffers().at(0);
+  std::vector<StoredRows<S>> kept(std::size_t(sh.K - sh.k0 + 1));
+  index_t made = 0;
+  for (const int c : seg.starts)
+    if (LayerSegments::keeps(c, sh.k0, sh.first, sh.input_again)) {
+      kept[std::size_t(c - sh.k0)] = StoredRows<S>(kb.label, opts.storage, kb.extents[0], kb.extents[1]);
+      ++made;
+    }
+  require(made == kb.copies, "block-wise pass: kept " + std::to_string(made) + " inputs, its workspace spec " +
+                                 std::to_string(kb.copies));
+  return kept;
+}
+template std::vector<StoredRows<float>> make_kept_inputs(const EngineOptions&, const BlockwiseShape&,
+                                                         const LayerSegments&, const BlockwiseWorkspace&);
+template std::vector<StoredRows<double>> make_kept_inputs(const EngineOptions&, const BlockwiseShape&,
+                                                          const LayerSegments&, const BlockwiseWorkspace&);
+
+template <class S>
+void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, index_t targets_, index_t blen,
+                             const EngineOptions& opts, const std::vector<View2<S>>* state, bool input_again_,
                              const std::function<BlockwiseWorkspace(const BlockwiseShape&)>& spec,
                              const ParamSet<S>& grad) {
   const auto& d = params.dims();
@@ -86,7 +113,7 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
   k0 = lr.k0;
   k1 = lr.k1;
   K = int(d.layers);
-  first = lr.embedding && lr.k0 == 0;  // a tied Mamba's last layer rank holds the embedding as its head
+  first = lr.embedding && lr.k0 == 0;  // a last layer rank may hold the embedding as its tied head
   last = lr.head;
   input_again = !first && input_again_;
   Bt = x.extent(0);
@@ -94,29 +121,12 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
   targets = targets_;
   P = d.width;
   N = d.state;
-  if (state) check_carried_state(*state, d, k1 - k0, Bt);  // [Bt·P, N] per layer (a Mamba's [Bt·E, Kc−1+N])
+  docs = DocStarts(x);
+  if (state) check_carried_state(*state, d, k1 - k0, Bt);  // the kind's carried shape per layer
   seg = LayerSegments(k0, k1, K, last, opts.layer_checkpoint);
-  ws = spec(shape(blocks.len < T ? blocks.len : T));  // the longest block (a range may be shorter than the grid)
-  const auto n = LayerSegments::counts(k0, k1, K, last, opts.layer_checkpoint);
-  require(n.starts == index_t(seg.starts.size()) && n.longest == index_t(seg.longest()),
-          "block-wise pass: LayerSegments::counts disagrees with the segments");
-  const BufferSpec& kb = ws.kept.buffers().at(0);
-  kept.resize(std::size_t(K - k0 + 1));
-  index_t made = 0;
-  for (const int c : seg.starts)
-    if (keeps(c)) {
-      kept[std::size_t(c - k0)] = StoredRows<S>(kb.label, opts.storage, kb.extents[0], kb.extents[1]);
-      ++made;
-    }
-  require(made == kb.copies, "block-wise pass: kept " + std::to_string(made) + " inputs, its workspace spec " +
-                                 std::to_string(kb.copies));
+  ws = spec(shape(blen < T ? blen : T));  // the longest block (a range may be shorter than the grid)
+  kept = make_kept_inputs<S>(opts, shape(blen < T ? blen : T), seg, ws);
   grad.fill_zero();
-  // The state before each (layer, block); block 0's is the carried state (or zero).
-  // A Mamba's states are MambaStates its pass keeps itself: fw only cuts the blocks.
-  fw = std::make_unique<BlockwiseForward<S>>(d, k0, d.mamba() ? k0 : k1, Bt, blocks, true);
-  fw->set_documents(x);
-  block_work.plan(ws.block);
-  if (!d.mamba()) act = block_work.projections();
 }
 
 template struct BlockwisePass<float>;
@@ -235,21 +245,9 @@ class KindPass {
     if (state) check_carried_state(*state, d_, k1_ - k0_, Bt_);  // the kind's carried shape per layer
     seg_ = LayerSegments(k0_, k1_, K_, last_, opts.layer_checkpoint);
     const index_t blen = blk.len < T_ ? blk.len : T_;  // the longest block (a range may be shorter than the grid)
-    ws_ = blockwise_workspace(opts, BlockwiseShape{k0_, k1_, K_, first_, last_, input_again_, Bt_, T_, blen,
-                                                   d_.width, d_.state, sizeof(S)});
-    const auto n = LayerSegments::counts(k0_, k1_, K_, last_, opts.layer_checkpoint);
-    require(n.starts == index_t(seg_.starts.size()) && n.longest == index_t(seg_.longest()),
-            "block-wise pass: LayerSegments::counts disagrees with the segments");
-    const BufferSpec& kb = ws_.kept.buffers().at(0);
-    kept_.resize(std::size_t(K_ - k0_ + 1));
-    index_t made = 0;
-    for (const int c : seg_.starts)
-      if (LayerSegments::keeps(c, k0_, first_, input_again_)) {
-        kept_[std::size_t(c - k0_)] = StoredRows<S>(kb.label, opts.storage, kb.extents[0], kb.extents[1]);
-        ++made;
-      }
-    require(made == kb.copies, "block-wise pass: kept " + std::to_string(made) + " inputs, its workspace spec " +
-                                   std::to_string(kb.copies));
+    const BlockwiseShape sh{k0_, k1_, K_, first_, last_, input_again_, Bt_, T_, blen, d_.width, d_.state, sizeof(S)};
+    ws_ = blockwise_workspace(opts, sh);
+    kept_ = make_kept_inputs<S>(opts, sh, seg_, ws_);
     grad.fill_zero();
     for (int k = k0_; k < k1_; ++k) states_.emplace_back(d_, Bt_, blk.n);
     if (state)

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "ash/grad/adjoint_exact.hpp"
+#include "ash/kernels/blocks.hpp"
 #include "ash/kernels/half_storage.hpp"
-#include "ash/model/blockwise_forward.hpp"
 
 namespace ash {
 
@@ -104,39 +104,47 @@ struct BlockwiseWorkspace {
 };
 BlockwiseWorkspace blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh);
 // The same for dist::SequenceBlockwise on a sequence rank's range of sh.T
-// tokens of windows of T_all (a window's halo: H tokens of the next range).
-// mamba: a Mamba's pass, which keeps its MambaStates, block activations and
-// carries itself (no block projections, h_end, h_replay or carry maps here).
+// tokens of windows of T_all (a window's halo: H tokens of the next range) of
+// layer kind K. With range maps (K::range_maps): μ's carry maps and the block
+// projections, and [Bt·P, N] states at the range's end and for a replay as
+// `ash plan` lists them (the pass sends its running state and allocates a
+// replay's only where its range starts inside a block: up to two states
+// fewer); without: none of these (its states, block activations and carries
+// are the kind's).
+template <class K>
 BlockwiseWorkspace sequence_blockwise_workspace(const EngineOptions& opts, const BlockwiseShape& sh, index_t T_all,
-                                                index_t H, bool mamba = false);
+                                                index_t H);
 
-// What one block-wise pass over a layer range holds, set up alike by
-// BlockwiseEngine::compute_range and dist::SequenceBlockwise::compute.
+// The kept inputs of a block-wise pass over sh's layer range with segments
+// seg, in the storage format, as ws.kept says: [k - k0], k in [k0, K] (empty:
+// not kept). Checks that LayerSegments::counts (the workspace's) agrees with seg.
+template <class S>
+std::vector<StoredRows<S>> make_kept_inputs(const EngineOptions& opts, const BlockwiseShape& sh,
+                                            const LayerSegments& seg, const BlockwiseWorkspace& ws);
+
+// What one block-wise pass over a layer range holds besides its kind's states,
+// set up alike by BlockwiseEngine::compute_range and dist::SequenceBlockwise::compute.
 template <class S>
 struct BlockwisePass {
   int k0 = 0, k1 = 0, K = 0;
   bool first = true, last = true;  // the range starts with the embedding (its layer 0), ends with the head
   bool input_again = false;        // the range's input y_{k0} comes again from the caller in the backward
   index_t Bt = 0, T = 0, targets = 0, P = 0, N = 0;
+  DocStarts docs;  // of the pass's tokens
   LayerSegments seg;
   std::vector<StoredRows<S>> kept;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
-  std::unique_ptr<BlockwiseForward<S>> fw;
-  LayerActivations<S> act;  // projections of one block (block_work's)
-  BlockwiseWorkspace ws;    // what start() allocated the kept inputs and act from; the phases' buffers
-  Workspace<S> block_work;
+  BlockwiseWorkspace ws;            // what start() allocated the kept inputs from; the phases' buffers
 
-  // For params' layer range over x ([Bt, T]: the pass's tokens) in
-  // `blocks`: checks the carried `state` (or null: one per layer of the range,
-  // check_carried_state's shape), allocates the kept inputs that `spec`
-  // (blockwise_workspace or sequence_blockwise_workspace of this pass)
-  // describes, zeroes grad and sets up the block-wise forward and the block
-  // projections.
-  void start(const ParamSet<S>& params, const TokenView& x, index_t targets_, const TokenBlocks& blocks,
-             const EngineOptions& opts, const std::vector<View2<S>>* state, bool input_again_,
+  // For params' layer range over x ([Bt, T]: the pass's tokens) in blocks of
+  // at most blen tokens: checks the carried `state` (or null: one per layer of
+  // the range, check_carried_state's shape), allocates the kept inputs that
+  // `spec` (blockwise_workspace or sequence_blockwise_workspace of this pass)
+  // describes and zeroes grad.
+  void start(const ParamSet<S>& params, const TokenView& x, index_t targets_, index_t blen, const EngineOptions& opts,
+             const std::vector<View2<S>>* state, bool input_again_,
              const std::function<BlockwiseWorkspace(const BlockwiseShape&)>& spec, const ParamSet<S>& grad);
   bool keeps(int c) const { return LayerSegments::keeps(c, k0, first, input_again); }
-  const StoredRows<S>& kept_input(int k) const { return kept[std::size_t(k - k0)]; }
-  const TokenBlocks& blocks() const { return fw->blocks(); }
+  StoredRows<S>& kept_input(int k) { return kept[std::size_t(k - k0)]; }
   BlockwiseShape shape(index_t blen) const {
     return BlockwiseShape{k0, k1, K, first, last, input_again, Bt, T, blen, P, N, sizeof(S)};
   }

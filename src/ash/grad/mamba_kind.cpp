@@ -102,11 +102,11 @@ void MambaKind::backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, con
 template <class S>
 void MambaKind::backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
                                       const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
-                                      const State<S>& before, index_t own_T, const View2<S>& gconv,
+                                      const State<S>& before, index_t own_T, Carry<S>& carry,
                                       const Params<S>& grad) {
   require(e3.options().detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
   require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
-  exact_block<S>(e3, p, d, s_ext, y_ext, g_ext, before, nullptr, gconv, grad, own_T);
+  exact_block<S>(e3, p, d, s_ext, y_ext, g_ext, before, nullptr, carry.gconv, grad, own_T);
 }
 
 // E1 and E2: the gate's VJP gives ∂L/∂s, the scan's cotangent; the method's
@@ -210,7 +210,7 @@ PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d
                                              bool, Carry<S>&, bool, const Params<S>&);                             \
   template void MambaKind::backward_window_range<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,     \
                                                     const SeqShape&, const View2<S>&, const View2<S>&,             \
-                                                    const State<S>&, index_t, const View2<S>&, const Params<S>&);  \
+                                                    const State<S>&, index_t, Carry<S>&, const Params<S>&);        \
   template void MambaKind::backward_window<S>(const Params<S>&, const ModelDims&, ActivationStore<S>&, int,        \
                                               const View2<S>&, bool, const FormMu<S>&, const View3<S>&,            \
                                               const Workspace<S>&, Scratch<S>&, const Params<S>&,                  \

@@ -117,17 +117,53 @@ struct MambaKind {
   static void backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, const SeqShape& s,
                              const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
                              Carry<S>& carry, bool carries, const Params<S>& grad);
+
+  // A sequence rank's pass (dist::SequenceBlockwise): the state's views in a
+  // fixed order, what a range sends the next one: the conv's last Kc − 1
+  // inputs (a range shorter than that passes on older ranges' too) and h.
+  template <class S, class F>
+  static void for_each_view(const State<S>& st, F&& f) {
+    f(st.conv);
+    f(st.ssm);
+  }
+  // No range maps (the conv state is no affine map of h): the state goes range
+  // to range forward, and per layer backward a reverse wavefront hands the range
+  // before every view of the carry its first block leaves (for_each_carry_view:
+  // the scatter of ∂L/∂ the conv state onto the range's last inputs, μ and A).
+  static constexpr bool range_maps = false;
+  // A carry to receive into: every view allocated (the block backward keeps its buffers).
+  template <class S>
+  static Carry<S> make_range_carry(const ModelDims& d, index_t Bt) {
+    Carry<S> c = make_carry<S>(d, Bt);
+    c.mu.mu = View3<S>("ash::seqblocks::mamba_carry_mu", Bt, d.inner(), d.state);
+    c.mu.A = View3<S>("ash::seqblocks::mamba_carry_A", Bt, d.inner(), d.state);
+    return c;
+  }
+  template <class S, class F>
+  static void for_each_carry_view(Carry<S>& c, F&& f) {
+    f(c.gconv);
+    f(c.mu.mu);
+    f(c.mu.A);
+  }
+  // Its block forward run again from a kept state gives the forward's bits, so
+  // a range cut inside one of one process's blocks needs that block's replay
+  // only when the inputs were rounded to 16 bits (run.storage).
+  static constexpr bool replays_cut_block = false;
   // The window T̄ on a token range of a sequence rank (paper mode): the
   // range's own_T tokens per sequence then the next range's first tokens (the
   // halo) in s_ext, y_ext and g_ext (its halo rows are zeroed), from `before`
   // (the state before the range). μ_T̄ of the own tokens reads the halo; only
-  // the own tokens add to grad; gconv: in, ∂L/∂ the conv state after the own
-  // tokens (the next range's scatter); out, before the range.
+  // the own tokens add to grad; carry.gconv (for_each_window_carry_view, what
+  // goes range to range): in, ∂L/∂ the conv state after the own tokens (the
+  // next range's scatter); out, before the range.
+  template <class S, class F>
+  static void for_each_window_carry_view(Carry<S>& c, F&& f) {
+    f(c.gconv);
+  }
   template <class S>
   static void backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
                                     const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
-                                    const State<S>& before, index_t own_T, const View2<S>& gconv,
-                                    const Params<S>& grad);
+                                    const State<S>& before, index_t own_T, Carry<S>& carry, const Params<S>& grad);
 
   // What the kind keeps from layer (and token block) to layer of a pass: the
   // block's cotangents, a token block's activations and the state its forward

@@ -12,6 +12,19 @@ void SsmResNetKind::backward_block(AdjointExactLayer<S>& e3, const Params<S>& p,
 }
 
 template <class S>
+void SsmResNetKind::block_carry_map(AdjointExactLayer<S>& e3, const Params<S>& p, const SeqShape& s, const View2<S>& y,
+                                    const View2<S>& g, const View3<S>& M, const View3<S>& v) {
+  e3.block_carry_map(p, s, y, g, M, v);
+}
+
+template <class S>
+void SsmResNetKind::backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims&,
+                                          const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
+                                          const State<S>& before, index_t own_T, Carry<S>&, const Params<S>& grad) {
+  e3.backward_window_range(p, s_ext, y_ext, g_ext, before.h, own_T, grad);
+}
+
+template <class S>
 void SsmResNetKind::backward_window(const Params<S>& p, const ModelDims&, ActivationStore<S>& store, int k,
                                     const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
                                     const Workspace<S>& work, Scratch<S>&, const Params<S>& grad,
@@ -62,6 +75,12 @@ PlanRows SsmResNetKind::exact_window_rows(const EngineOptions& o, const ModelDim
   template void SsmResNetKind::backward_block<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,      \
                                                  const SeqShape&, const View2<S>&, const View2<S>&,              \
                                                  const State<S>&, bool, Carry<S>&, bool, const Params<S>&);      \
+  template void SsmResNetKind::block_carry_map<S>(AdjointExactLayer<S>&, const Params<S>&, const SeqShape&,       \
+                                                  const View2<S>&, const View2<S>&, const View3<S>&,             \
+                                                  const View3<S>&);                                              \
+  template void SsmResNetKind::backward_window_range<S>(                                                        \
+      AdjointExactLayer<S>&, const Params<S>&, const ModelDims&, const SeqShape&, const View2<S>&,               \
+      const View2<S>&, const State<S>&, index_t, Carry<S>&, const Params<S>&);                                   \
   template void SsmResNetKind::backward_window<S>(const Params<S>&, const ModelDims&, ActivationStore<S>&, int,  \
                                                   const View2<S>&, bool, const FormMu<S>&, const View3<S>&,      \
                                                   const Workspace<S>&, Scratch<S>&, const Params<S>&,            \

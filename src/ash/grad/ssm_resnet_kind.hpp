@@ -101,6 +101,35 @@ struct SsmResNetKind {
                              const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
                              Carry<S>& carry, bool carries, const Params<S>& grad);
 
+  // A sequence rank's pass (dist::SequenceBlockwise): the state's views in a
+  // fixed order, what a range sends the next one (one message each).
+  template <class S, class F>
+  static void for_each_view(const State<S>& st, F&& f) {
+    f(st.h);
+  }
+  // The state a token range ends with is an affine map of the state before it,
+  // and μ's carry it hands back one of the carry after it (c_before = M ⊙
+  // c_after + v, block_carry_map): the ranges of a sequence scan their maps at
+  // once (exscan_affine), forward without a lever and backward, so no carry goes
+  // range to range.
+  static constexpr bool range_maps = true;
+  // μ's carry map of one token block (layer input y, cotangent g) into M and v [Bt, P, N].
+  template <class S>
+  static void block_carry_map(AdjointExactLayer<S>& e3, const Params<S>& p, const SeqShape& s, const View2<S>& y,
+                              const View2<S>& g, const View3<S>& M, const View3<S>& v);
+  // A range that starts inside one of one process's token blocks backpropagates
+  // from the state one process's replay of that block reaches at its first
+  // token (sent by the range before), whatever run.storage.
+  static constexpr bool replays_cut_block = true;
+  // The window T̄ on a range + halo (as MambaKind's): nothing but the halo
+  // crosses ranges, so no carry view goes range to range.
+  template <class S, class F>
+  static void for_each_window_carry_view(Carry<S>&, F&&) {}
+  template <class S>
+  static void backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
+                                    const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
+                                    const State<S>& before, index_t own_T, Carry<S>& carry, const Params<S>& grad);
+
   // What the kind keeps from layer to layer of a pass (nothing: the methods' workspaces hold it all).
   template <class S>
   struct Scratch {

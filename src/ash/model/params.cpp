@@ -23,9 +23,9 @@ LayerRange LayerRange::block(const ModelDims& d, int r, int R) {
   LayerRange lr;
   lr.k0 = r * base + (r < extra ? r : extra);
   lr.k1 = lr.k0 + base + (r < extra ? 1 : 0);
-  // A Mamba with tied embeddings: the last rank's head is the embedding, so
-  // it holds a copy (kept equal: E4 sums the two gradient parts on both ranks).
-  lr.embedding = r == 0 || (d.mamba() && d.tie_embeddings && r == R - 1);
+  // A tied head: the last rank's head is the embedding, so it holds a copy
+  // (kept equal: E4 sums the two gradient parts on both ranks).
+  lr.embedding = r == 0 || (d.tied_head() && r == R - 1);
   lr.head = r == R - 1;
   return lr;
 }

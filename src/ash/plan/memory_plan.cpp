@@ -210,7 +210,7 @@ struct Planner {
     const std::int64_t H = window ? std::min<std::int64_t>(o.truncate - 1, Ti) : 0, Te = Ti + H;
     const double rb = B * double(blen), run = state();
     const BlockwiseWorkspace ws =
-        sequence_blockwise_workspace(o, pass(blen), Tall, H, !style.sequence_carry_maps);
+        sequence_blockwise_workspace<Kind>(o, pass(blen), Tall, H);
     const std::string states = style.states + std::string(style.states_hold_run ? "" : " + running state");
     const std::string halo = "range + halo of y and g; g's halo; halo messages";
     const double messages = 2 * double(H) * B * P * S;  // the halo's (dist::WindowHalo): H rows sent, H received
