@@ -126,7 +126,7 @@ struct EngineOptions {
 // optim.*: AdamW with warm-up and cosine decay (ash/train/optimizer.hpp).
 struct AdamWOptions {
   double lr = 3e-3;
-  double weight_decay = 0.1;  // decoupled; matrices only (see decays())
+  double weight_decay = 0.1;  // decoupled; matrices only (TensorInfo::decay)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip = 1.0;          // max global L2 norm of the gradient; <= 0: off
   std::int64_t warmup = 50;   // linear warm-up steps

@@ -121,7 +121,7 @@ struct SsmResNetKind {
   // from the state one process's replay of that block reaches at its first
   // token (sent by the range before), whatever run.storage.
   static constexpr bool replays_cut_block = true;
-  // The window T̄ on a range + halo (as MambaKind's): nothing but the halo
+  // The window T̄ on a range + halo: nothing but the halo
   // crosses ranges, so no carry view goes range to range.
   template <class S, class F>
   static void for_each_window_carry_view(Carry<S>&, F&&) {}

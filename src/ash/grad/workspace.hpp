@@ -83,7 +83,7 @@ class WorkspaceSpec {
 
 // The buffers of one layer call of the whole-window methods E1 and E2: the
 // h-adjoint μ of every token [rows, P, N] and the cotangents of its rows (not
-// for a Mamba's scan, whose are part of its MambaCotangents: cotangents = false).
+// for a kind whose scan cotangents are its own scratch's: cotangents = false).
 WorkspaceSpec window_workspace(const std::string& mu_label, const LayerShape& sh, bool cotangents = true);
 
 // A View of the buffer `b` describes (rank 2 or 3, scalars S; throws ash::Error otherwise).

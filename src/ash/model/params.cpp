@@ -41,47 +41,47 @@ std::vector<TensorInfo> param_layout(const ModelDims& d, const LayerRange& range
   const std::int64_t V = d.vocab, P = d.width, N = d.state;
   std::vector<TensorInfo> out;
   index_t off = 0;
-  auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
-    TensorInfo t{name, std::move(shape), off};
+  auto add = [&](const std::string& name, std::vector<std::int64_t> shape, bool decay = false) {
+    TensorInfo t{name, std::move(shape), off, decay};
     off += t.size();
     out.push_back(t);
   };
   if (d.mamba()) {
     // docs/file_format.md: transformers' tensors, row-major [out, in].
     const std::int64_t E = d.inner(), R = d.rank(), Kc = d.conv_kernel;
-    if (range.embedding) add("embedding", {V, P});
+    if (range.embedding) add("embedding", {V, P}, true);
     if (range.head) {
       add("final_norm", {P});
-      if (!d.tie_embeddings) add("head", {V, P});
+      if (!d.tie_embeddings) add("head", {V, P}, true);
     }
     for (int k = range.k0; k < range.k1; ++k) {
       const auto pre = layer_prefix(k);
       add(pre + "norm", {P});
-      add(pre + "in_proj", {2 * E, P});
-      add(pre + "conv_weight", {E, Kc});
+      add(pre + "in_proj", {2 * E, P}, true);  // the matrices mamba-ssm decays (not A_log, D, biases, norms)
+      add(pre + "conv_weight", {E, Kc}, true);
       add(pre + "conv_bias", {E});
-      add(pre + "x_proj", {R + 2 * N, E});
-      add(pre + "dt_proj", {E, R});
+      add(pre + "x_proj", {R + 2 * N, E}, true);
+      add(pre + "dt_proj", {E, R}, true);
       add(pre + "dt_bias", {E});
       add(pre + "A_log", {E, N});
       add(pre + "D", {E});
-      add(pre + "out_proj", {P, E});
+      add(pre + "out_proj", {P, E}, true);
     }
     return out;
   }
-  if (range.embedding) add("embedding", {V, P});
+  if (range.embedding) add("embedding", {V, P}, true);
   if (range.head) {
     add("final_norm", {P});
-    add("head", {V, P});
+    add("head", {V, P}, true);
   }
   for (int k = range.k0; k < range.k1; ++k) {
     const auto pre = layer_prefix(k);
     add(pre + "norm", {P});
-    add(pre + "W_delta", {P, P});
+    add(pre + "W_delta", {P, P}, true);
     add(pre + "b_delta", {P});
     add(pre + "A_log", {P, N});
-    add(pre + "W_B", {N, P});
-    add(pre + "W_C", {N, P});
+    add(pre + "W_B", {N, P}, true);
+    add(pre + "W_C", {N, P}, true);
     add(pre + "D", {P});
   }
   return out;

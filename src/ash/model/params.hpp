@@ -17,6 +17,7 @@ struct TensorInfo {
   std::string name;                 // checkpoint path under /params
   std::vector<std::int64_t> shape;  // row-major, [rows] or [rows, cols]
   index_t offset = 0;               // into ParamSet::data
+  bool decay = false;               // AdamW's weight decay applies (the layout's matrices, as each architecture's reference decays them)
   index_t size() const {
     index_t s = 1;
     for (auto d : shape) s *= d;

@@ -15,19 +15,12 @@ double learning_rate(const AdamWOptions& o, std::int64_t step) {
   return lo + 0.5 * (o.lr - lo) * (1.0 + std::cos(3.14159265358979323846 * prog));
 }
 
-bool decays(const std::string& name) {
-  const std::string leaf = name.substr(name.rfind('/') + 1);
-  // A Mamba's matrices as mamba-ssm decays them (not A_log, D, biases, norms).
-  return leaf == "embedding" || leaf == "head" || leaf == "W_delta" || leaf == "W_B" || leaf == "W_C" ||
-         leaf == "in_proj" || leaf == "conv_weight" || leaf == "x_proj" || leaf == "dt_proj" || leaf == "out_proj";
-}
-
 template <class S>
 AdamW<S>::AdamW(const ModelDims& dims, const LayerRange& range, const AdamWOptions& opts)
     : opts_(opts), m_(dims, range), v_(dims, range) {
   index_t covered = 0;
   for (const auto& t : m_.tensors()) {
-    const bool d = decays(t.name);
+    const bool d = t.decay;
     covered += t.size();
     if (!runs_.empty() && runs_.back().decay == d && runs_.back().end == t.offset)
       runs_.back().end = t.offset + t.size();

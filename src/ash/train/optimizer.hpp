@@ -16,10 +16,9 @@ namespace ash {
 // from lr to min_lr_ratio·lr at `steps`, constant after.
 double learning_rate(const AdamWOptions& o, std::int64_t step);
 
-// Weight decay applies to embedding, head, W_delta, W_B, W_C (a Mamba's:
-// embedding, head, in_proj, conv_weight, x_proj, dt_proj, out_proj); not to
-// norms, biases, A_log or D.
-bool decays(const std::string& tensor_name);
+// Weight decay applies to the tensors the parameter layout marks
+// (TensorInfo::decay: the embedding, the head and each layer's matrices as its
+// architecture's reference decays them); not to norms, biases, A_log or D.
 
 template <class S>
 class AdamW {
