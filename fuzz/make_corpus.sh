@@ -10,9 +10,15 @@
 # OUT_DIR/output/  what fuzz_output plants at the output, the lock and temporary names (and, from the
 #                  7th byte, at an exported folder and its config.json)
 # OUT_DIR/safetensors/  safetensors files (valid in each dtype, and near misses)
+# OUT_DIR/hf_roundtrip/  sizes and values of Mamba folders to write and read back (each dtype, tied and not)
 set -euo pipefail
 out=$1
 ash=$2
+mkdir -p "$out/hf_roundtrip"
+for seed in '\000\000\000\000\000\000\000\000' '\017\007\003\002\001\003\002\001' '\010\004\002\001\002\001\000\002' \
+  '\005\010\004\000\000\002\003\005' '\001\002\001\002\001\000\001\007\200\177\001\377'; do
+  printf "$seed" > "$out/hf_roundtrip/seed$(ls "$out/hf_roundtrip" | wc -l)"
+done
 mkdir -p "$out/config" "$out/json" "$out/tokens" "$out/checkpoint" "$out/output" "$out/safetensors"
 for seed in '\000\000\000' '\002\000\000' '\000\002\000' '\006\006\004\005' '\003\005\005\003' '\001\004\006\002' \
   '\005\000\000\000\000\000\000\000' '\004\000\000\000\000\000\004\001' '\000\000\000\000\000\000\004\005' \

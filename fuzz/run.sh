@@ -32,7 +32,7 @@ rm -rf "$corpus"
 bash "$root/fuzz/make_corpus.sh" "$corpus" "$ash"
 export ASH_FUZZ_CHECKPOINT="$corpus/checkpoint.h5" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
 status=0
-for t in config json tokens checkpoint output safetensors; do
+for t in config json tokens checkpoint output safetensors hf_roundtrip; do
   work="$build/work_$t"
   mkdir -p "$work"
   cp -r "$corpus/$t/." "$work/"
