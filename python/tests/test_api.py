@@ -337,17 +337,25 @@ def test_two_imports_share_kokkos():
     assert again.backend == adjoint_sharding._core.backend
 
 
-def test_a_hostile_object_name_is_quoted_printably(tiny_model, ash_cli, tmp_path):
-    """A checkpoint holding an object whose name is not UTF-8: the tool's error and
-    ash.Error quote it as \\xNN (valid UTF-8 both), naming it, never raw bytes."""
+def test_hostile_bytes_in_errors_are_quoted_printably(tiny_model, ash_cli, tmp_path):
+    """Names and text read from a hostile file reach the tool's error and ash.Error as
+    \\xNN (valid UTF-8 both), never as raw bytes: an HDF5 object whose name is not
+    UTF-8, and a config.json holding such bytes (the JSON parser quotes what it read)."""
     ckpt, _, _ = tiny_model
     bad = tmp_path / "bad.h5"
     bad.write_bytes(open(ckpt, "rb").read())
     with h5py.File(bad, "r+") as f:
         f["params"].create_group(b"\xff\xfeev\x1bil")
-    r = __import__("subprocess").run([ash_cli, "inspect", str(bad)], capture_output=True)
+    r = __import__("subprocess").run([ash_cli, "inspect", "--no-verify", str(bad)], capture_output=True)
     err = r.stderr.decode("utf-8")  # raises if a raw byte got through
-    assert r.returncode == 2 and "\\xff\\xfeev\\x1bil" in err, err
+    assert "\\xff\\xfeev\\x1bil" in err and "not part of the format" in err, err
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_bytes(b'{"model_type": "mamba\xff\xfe"}')
+    r = __import__("subprocess").run([ash_cli, "import-hf", "--from", str(hf), "--out", str(tmp_path / "m.h5")],
+                                     capture_output=True)
+    err = r.stderr.decode("utf-8")
+    assert r.returncode == 2 and "\\xff" in err, err
     with pytest.raises(ash.Error) as e:
-        ash.load(bad)
-    assert "\\xff\\xfeev\\x1bil" in str(e.value), str(e.value)
+        ash.import_hf(hf, tmp_path / "m.h5")
+    assert "\\xff" in str(e.value), str(e.value)
