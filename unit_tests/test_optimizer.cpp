@@ -71,7 +71,7 @@ TYPED_TEST(AdamWTyped, MatchesHandComputedSteps) {
         m[i] = 0.9 * m[i] + 0.1 * grad[i];
         v[i] = 0.95 * v[i] + 0.05 * grad[i] * grad[i];
         const double mh = m[i] / (1 - std::pow(0.9, step + 1)), vh = v[i] / (1 - std::pow(0.95, step + 1));
-        ref[i] -= lr * mh / (std::sqrt(vh) + 1e-8) + (decays(t.name) ? lr * 0.1 * ref[i] : 0.0);
+        ref[i] -= lr * mh / (std::sqrt(vh) + 1e-8) + (t.decay ? lr * 0.1 * ref[i] : 0.0);
       }
   }
   const auto got = to_host(p);
