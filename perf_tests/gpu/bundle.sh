@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on a machine without a GPU, everything a lent GPU machine needs to run
 # perf_tests/gpu/gpu_run.sh, into one folder that packs to at most 60 MiB
-# (docs/design.md §6, "The GPU bundle"):
+# (perf_tests/gpu/README.md, "The bundle"):
 #
 #   bash perf_tests/gpu/bundle.sh --kokkos-src DIR --kernels-src DIR [--work DIR] [--out DIR]
 #                                 [--pypi DIR] [--jobs N] [--only STEPS] [--no-mamba]

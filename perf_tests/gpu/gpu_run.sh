@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU measurements, in stages that each fit one command of a lent GPU machine
-# (docs/design.md §6, "On a lent GPU"):
+# (perf_tests/gpu/README.md, the runbook):
 #
 #   bash perf_tests/gpu/gpu_run.sh --bundle build-gpu/bundle.tar.xz --stage A --out $OUT --budget 480
 #        [--from STEP] [--python PY] [--quick --build DIR]
