@@ -145,11 +145,8 @@ MambaLayerParams<S> ParamSet<S>::mamba_layer(int k) const {
 
 template <class S>
 LayerParams<S> ParamSet<S>::layer(int k) const {
-  // Every SSM-ResNet-only path (the block-wise and MPI engines) asks for its
-  // layers here: a Mamba is refused, never run wrong.
-  require(!dims_.mamba(), "this engine or verb is not available for model.arch=mamba yet (grad.engine=backprop, "
-                          "adjoint and adjoint-exact over whole windows in one process or on data and layer ranks, "
-                          "ash eval, generate, init, inspect)");
+  // An SSM-ResNet layer's views (SsmResNetKind::layer); a Mamba's are mamba_layer's.
+  require(!dims_.mamba(), "ParamSet: layer " + std::to_string(k) + " is a Mamba block, not an SSM-ResNet layer");
   require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
                               std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
   return layers_[k - range_.k0];
