@@ -146,7 +146,8 @@ MambaLayerParams<S> ParamSet<S>::mamba_layer(int k) const {
 template <class S>
 LayerParams<S> ParamSet<S>::layer(int k) const {
   // An SSM-ResNet layer's views (SsmResNetKind::layer); a Mamba's are mamba_layer's.
-  require(!dims_.mamba(), "ParamSet: layer " + std::to_string(k) + " is a Mamba block, not an SSM-ResNet layer");
+  require(!dims_.mamba(),
+          "ParamSet: layer " + std::to_string(k) + " is a Mamba block (model.arch=mamba), not an SSM-ResNet layer");
   require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
                               std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
   return layers_[k - range_.k0];
