@@ -230,30 +230,17 @@ class KindPass {
   KindPass(const EngineOptions& opts, AdjointExactLayer<S>& e3, const ParamSet<S>& params, const TokenView& x,
            index_t targets, const TokenBlocks& blk, const RangeLinks<S>& links, const std::vector<View2<S>>* state,
            const ParamSet<S>& grad)
-      : opts_(opts), e3_(e3), params_(params), d_(params.dims()), x_(x), targets_(targets), blk_(blk),
-        links_(links), state_(state), grad_(grad), exec_(e3.execution_space()) {
-    const LayerRange& lr = params.range();
-    k0_ = lr.k0;
-    k1_ = lr.k1;
-    K_ = int(d_.layers);
-    first_ = lr.embedding && lr.k0 == 0;  // a last layer rank may hold the embedding as its tied head
-    last_ = lr.head;
-    input_again_ = !first_ && links.y_in_again;
-    Bt_ = x.extent(0);
-    T_ = x.extent(1);
-    docs_ = DocStarts(x);
-    if (state) check_carried_state(*state, d_, k1_ - k0_, Bt_);  // the kind's carried shape per layer
-    seg_ = LayerSegments(k0_, k1_, K_, last_, opts.layer_checkpoint);
-    const index_t blen = blk.len < T_ ? blk.len : T_;  // the longest block (a range may be shorter than the grid)
-    const BlockwiseShape sh{k0_, k1_, K_, first_, last_, input_again_, Bt_, T_, blen, d_.width, d_.state, sizeof(S)};
-    ws_ = blockwise_workspace(opts, sh);
-    kept_ = make_kept_inputs<S>(opts, sh, seg_, ws_);
-    grad.fill_zero();
-    for (int k = k0_; k < k1_; ++k) states_.emplace_back(d_, Bt_, blk.n);
+      : opts_(opts), e3_(e3), params_(params), d_(params.dims()), x_(x), blk_(blk), links_(links), state_(state),
+        grad_(grad), exec_(e3.execution_space()) {
+    // the layer range, segments and kept inputs as every block-wise pass sets them up; grad zeroed
+    p_.start(params, x, targets, blk.len, opts, state, links.y_in_again,
+             [&](const BlockwiseShape& sh) { return blockwise_workspace(opts, sh); }, grad);
+    const index_t blen = blk.len < p_.T ? blk.len : p_.T;  // the longest block
+    for (int k = p_.k0; k < p_.k1; ++k) states_.emplace_back(d_, p_.Bt, blk.n);
     if (state)
-      for (int k = k0_; k < k1_; ++k) K::from_carried((*state)[std::size_t(k - k0_)], before(k, 0), exec_);
-    run_ = K::template make_state<S>(d_, Bt_);
-    act_ = K::template make_block_acts<S>(SeqShape{Bt_, blen, DocStarts()}, d_);
+      for (int k = p_.k0; k < p_.k1; ++k) K::from_carried((*state)[std::size_t(k - p_.k0)], before(k, 0), exec_);
+    run_ = K::template make_state<S>(d_, p_.Bt);
+    act_ = K::template make_block_acts<S>(SeqShape{p_.Bt, blen, DocStarts()}, d_);
   }
 
   double run() {
@@ -265,9 +252,9 @@ class KindPass {
   }
 
  private:
-  SeqShape shape(index_t j) const { return SeqShape{Bt_, blk_.size(j), docs_.from(blk_.start(j))}; }
-  State before(int k, index_t j) const { return states_[std::size_t(k - k0_)].at(j); }
-  StoredRows<S>& kept_input(int k) { return kept_[std::size_t(k - k0_)]; }
+  SeqShape shape(index_t j) const { return SeqShape{p_.Bt, blk_.size(j), p_.docs.from(blk_.start(j))}; }
+  State before(int k, index_t j) const { return states_[std::size_t(k - p_.k0)].at(j); }
+  StoredRows<S>& kept_input(int k) { return p_.kept_input(k); }
   // Layer k on block j, y -> yo, from the state kept before the block (forward and recomputation alike).
   void advance(int k, index_t j, const View2<S>& y, const View2<S>& yo) {
     K::copy(exec_, run_, before(k, j));
@@ -277,27 +264,27 @@ class KindPass {
   // Blocks in order, the state of every layer carried along; the kept inputs stored.
   void forward() {
     Workspace<S> ws;  // freed on return
-    ws.plan(ws_.forward);
+    ws.plan(p_.ws.forward);
     View2<S> ya = ws.view2(y_block), yb = ws.view2(y_block_next);
     for (index_t j = 0; j < blk_.n; ++j) {
-      const index_t rows = Bt_ * blk_.size(j);
+      const index_t rows = p_.Bt * blk_.size(j);
       View2<S> y = first_rows(ya, rows), yo = first_rows(yb, rows);
-      if (first_)
+      if (p_.first)
         embedding_forward(params_.global().embedding, token_block(x_, blk_.start(j), blk_.size(j)), y, exec_);
       else
         links_.y_in(j, y);
-      if (!kept_input(k0_).empty()) kept_input(k0_).put(y, T_, blk_.start(j), blk_.size(j), exec_);
-      for (int k = k0_; k < k1_; ++k) {
+      if (!kept_input(p_.k0).empty()) kept_input(p_.k0).put(y, p_.T, blk_.start(j), blk_.size(j), exec_);
+      for (int k = p_.k0; k < p_.k1; ++k) {
         advance(k, j, y, yo);
         if (j + 1 < blk_.n)
           K::copy(exec_, before(k, j + 1), run_);
         else if (state_)  // the state after the window: the next window's
-          K::to_carried(run_, (*state_)[std::size_t(k - k0_)], exec_);
+          K::to_carried(run_, (*state_)[std::size_t(k - p_.k0)], exec_);
         std::swap(y, yo);
-        if (k + 1 <= seg_.top() && !kept_input(k + 1).empty())
-          kept_input(k + 1).put(y, T_, blk_.start(j), blk_.size(j), exec_);
+        if (k + 1 <= p_.seg.top() && !kept_input(k + 1).empty())
+          kept_input(k + 1).put(y, p_.T, blk_.start(j), blk_.size(j), exec_);
       }
-      if (!last_) links_.y_out(j, y);
+      if (!p_.last) links_.y_out(j, y);
     }
   }
 
@@ -306,40 +293,40 @@ class KindPass {
   double backward() {
     const auto gglobal = grad_.global();
     Workspace<S> ws;  // the segment's inputs and g of a block
-    ws.plan(ws_.backward);
+    ws.plan(p_.ws.backward);
     std::vector<View2<S>> yseg;
-    for (int i = 0; i < seg_.longest(); ++i) yseg.push_back(ws.view2(y_segment, i));
+    for (int i = 0; i < p_.seg.longest(); ++i) yseg.push_back(ws.view2(y_segment, i));
     const View2<S> gb = ws.view2(g_block);
     std::vector<typename K::template Carry<S>> carry;
-    for (int k = k0_; k < k1_; ++k) carry.push_back(K::template make_carry<S>(d_, Bt_));
+    for (int k = p_.k0; k < p_.k1; ++k) carry.push_back(K::template make_carry<S>(d_, p_.Bt));
     double loss = 0;
     for (index_t j = blk_.n - 1; j >= 0; --j) {
-      const index_t t0 = blk_.start(j), Tj = blk_.size(j), rows = Bt_ * Tj;
+      const index_t t0 = blk_.start(j), Tj = blk_.size(j), rows = p_.Bt * Tj;
       const TokenView xb = token_block(x_, t0, Tj);
       const View2<S> g = first_rows(gb, rows);
-      if (!last_) links_.g_in(j, g);
-      for (std::size_t i = seg_.starts.size(); i-- > 0;) {
-        const int c = seg_.starts[i], e = seg_.end_of(i);  // the segment's inputs: y_c .. y_e
+      if (!p_.last) links_.g_in(j, g);
+      for (std::size_t i = p_.seg.starts.size(); i-- > 0;) {
+        const int c = p_.seg.starts[i], e = p_.seg.end_of(i);  // the segment's inputs: y_c .. y_e
         const View2<S> y0 = first_rows(yseg[0], rows);
-        if (c == 0 && first_)
+        if (c == 0 && p_.first)
           embedding_forward(params_.global().embedding, xb, y0, exec_);
-        else if (c == k0_ && input_again_)
+        else if (c == p_.k0 && p_.input_again)
           links_.y_in(j, y0);
         else
-          kept_input(c).get(y0, T_, t0, Tj, exec_);
+          kept_input(c).get(y0, p_.T, t0, Tj, exec_);
         for (int k = c; k < e; ++k)  // y_{k+1} = layer k (y_k), from the state the forward saw
           advance(k, j, first_rows(yseg[std::size_t(k - c)], rows), first_rows(yseg[std::size_t(k + 1 - c)], rows));
-        if (last_ && e == K_) {  // the head on y_K's rows: the block's share of L and g_K
-          const TokenView xh = token_block(x_, t0, (blk_.end(j) < T_ ? blk_.end(j) + 1 : T_) - t0);
-          loss += head_loss<S>(params_.global(), xh, first_rows(yseg[std::size_t(K_ - c)], rows), g, &gglobal,
-                               opts_.head_chunk, targets_, exec_);
+        if (p_.last && e == p_.K) {  // the head on y_K's rows: the block's share of L and g_K
+          const TokenView xh = token_block(x_, t0, (blk_.end(j) < p_.T ? blk_.end(j) + 1 : p_.T) - t0);
+          loss += head_loss<S>(params_.global(), xh, first_rows(yseg[std::size_t(p_.K - c)], rows), g, &gglobal,
+                               opts_.head_chunk, p_.targets, exec_);
         }
-        for (int k = std::min(e, k1_ - 1); k >= c; --k)
+        for (int k = std::min(e, p_.k1 - 1); k >= c; --k)
           K::backward_block(e3_, K::layer(params_, k), d_, shape(j), first_rows(yseg[std::size_t(k - c)], rows), g,
-                            before(k, j), j == 0 && !state_, carry[std::size_t(k - k0_)], blk_.n > 1,
+                            before(k, j), j == 0 && !state_, carry[std::size_t(k - p_.k0)], blk_.n > 1,
                             K::layer(grad_, k));
       }
-      if (first_)
+      if (p_.first)
         embedding_backward(xb, g, gglobal.embedding, exec_);
       else
         links_.g_out(j, g);
@@ -352,19 +339,12 @@ class KindPass {
   const ParamSet<S>& params_;
   const ModelDims& d_;
   const TokenView& x_;
-  index_t targets_;
   const TokenBlocks& blk_;
   const RangeLinks<S>& links_;
   const std::vector<View2<S>>* state_;
   const ParamSet<S>& grad_;
   const ExecSpace& exec_;
-  int k0_ = 0, k1_ = 0, K_ = 0;
-  bool first_ = true, last_ = true, input_again_ = false;
-  index_t Bt_ = 0, T_ = 0;
-  DocStarts docs_;
-  LayerSegments seg_;
-  BlockwiseWorkspace ws_;
-  std::vector<StoredRows<S>> kept_;  // [k - k0], k in [k0, K]: the kept inputs (empty: none, or y_0)
+  BlockwisePass<S> p_;  // the layer range, its segments, kept inputs and phase buffers
   std::vector<typename K::template BlockStates<S>> states_;  // [k - k0]: the states before each block
   State run_;                                                 // the state a block's forward advances
   typename K::template BlockActs<S> act_;                     // one block's activations
