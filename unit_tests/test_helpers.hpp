@@ -45,10 +45,11 @@ inline ModelDims tiny_dims(int K, std::int64_t V = 17, std::int64_t P = 8, std::
 }
 
 // A tiny Mamba (V = 11, D = 4, N = 3, E = 8) for the tests: K blocks, conv
-// kernel Kc, Δ rank R, tied or untied embeddings.
-inline ModelDims mamba_tiny_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t R = 2) {
+// kernel Kc, Δ rank R, tied or untied embeddings; arch falcon_mamba: a
+// FalconMamba of the same sizes (the mixer's norms at transformers' default epsilon).
+inline ModelDims mamba_tiny_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t R = 2, Arch arch = Arch::mamba) {
   ModelDims d = tiny_dims(K, 11, 4, 3);
-  d.arch = Arch::mamba;
+  d.arch = arch;
   d.expand = 2;
   d.conv_kernel = Kc;
   d.dt_rank = R;
@@ -177,12 +178,13 @@ inline Config config_for(const ModelDims& d) {
   c.set("model.layers=" + std::to_string(d.layers));
   c.set("model.seed=" + std::to_string(d.seed));
   if (d.mamba()) {  // the Mamba block's keys (a checkpoint's /config must give the parameters' sizes)
-    c.set("model.arch=mamba");
+    c.set("model.arch=" + arch_name(d.arch));
     c.set("model.expand=" + std::to_string(d.expand));
     c.set("model.conv_kernel=" + std::to_string(d.conv_kernel));
     c.set("model.dt_rank=" + std::to_string(d.dt_rank));
     c.set(std::string("model.tie_embeddings=") + (d.tie_embeddings ? "true" : "false"));
     c.set("model.norm_eps=" + std::to_string(d.norm_eps));
+    if (d.mixer_norms()) c.set("model.mixer_rms_eps=" + std::to_string(d.mixer_rms_eps));
   }
   return c;
 }

@@ -1,4 +1,4 @@
-// model.arch = "mamba" (docs/design.md §1), the forward and E1: every tensor's gradient
+// model.arch = "mamba" and "falcon_mamba" (docs/design.md §1), the forward and E1: every tensor's gradient
 // against central finite differences of the forward loss (documents included), the
 // conv's gradient over several row blocks, documents independent of each other, and
 // float against double. transformers' own model is the oracle of
@@ -12,13 +12,14 @@ struct FDCase {
   int K;
   bool tied, docs;
   std::int64_t Kc;
+  Arch arch = Arch::mamba;
 };
 
 class MambaFD : public ::testing::TestWithParam<FDCase> {};
 
 TEST_P(MambaFD, EveryTensorMatchesCentralDifferences) {
   const auto c = GetParam();
-  const auto d = mamba_tiny_dims(c.K, c.tied, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.tied, c.Kc, 2, c.arch);
   auto ps = fd_model(d, 40 + c.K);
   auto x = random_tokens(2, 9, d.vocab, 50 + c.K);
   // starts at token 3 of window 0 (a document shorter than the conv after it: 3..4) and 5, and 6 of window 1
@@ -50,7 +51,14 @@ TEST_P(MambaFD, EveryTensorMatchesCentralDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, MambaFD,
                          ::testing::Values(FDCase{1, true, false, 4}, FDCase{2, false, false, 3},
-                                           FDCase{2, true, true, 4}, FDCase{3, false, true, 2}));
+                                           FDCase{2, true, true, 4}, FDCase{3, false, true, 2},
+                                           FDCase{1, true, false, 4, Arch::falcon_mamba},
+                                           FDCase{2, false, true, 3, Arch::falcon_mamba}),
+                         [](const ::testing::TestParamInfo<FDCase>& i) {
+                           const FDCase& c = i.param;
+                           return arch_name(c.arch) + "_K" + std::to_string(c.K) + (c.tied ? "_tied" : "") +
+                                  (c.docs ? "_docs" : "") + "_Kc" + std::to_string(c.Kc);
+                         });
 
 // The conv's weight and bias gradients are sums over row blocks of impl::reduce_rows
 // tokens (two-level, mamba_mixer_backward_dense): a window of several blocks, with
@@ -100,6 +108,9 @@ template <class S>
 class MambaTyped : public ::testing::Test {};
 TYPED_TEST_SUITE(MambaTyped, Scalars);
 
-TYPED_TEST(MambaTyped, AgreesWithDouble) { expect_agrees_with_double<TypeParam>(mamba_tiny_dims(2, false)); }
+TYPED_TEST(MambaTyped, AgreesWithDouble) {
+  expect_agrees_with_double<TypeParam>(mamba_tiny_dims(2, false));
+  expect_agrees_with_double<TypeParam>(mamba_tiny_dims(2, false, 3, 2, Arch::falcon_mamba));
+}
 
 }  // namespace ash::test

@@ -59,11 +59,31 @@ TEST(Mamba, Configuration) {
                         "model.norm_eps=1e-6"}) {
     Config c;
     c.set(k);
-    expect_error([&] { c.validate(); }, "apply to model.arch=mamba only");
+    expect_error([&] { c.validate(); }, "apply to model.arch=mamba or falcon_mamba only");
+  }
+  // FalconMamba's key: stored for a FalconMamba only, refused for the others, > 0.
+  EXPECT_FALSE(m.stored_json()["model"].contains("mixer_rms_eps"));  // a Mamba's files are as before
+  Config f;
+  f.set("model.arch=falcon_mamba");
+  f.set("model.mixer_rms_eps=1e-5");
+  EXPECT_EQ(f.stored_json()["model"]["arch"], "falcon_mamba");
+  EXPECT_EQ(f.stored_json()["model"]["mixer_rms_eps"], 1e-5);
+  EXPECT_TRUE(f.settings().model.mamba() && f.settings().model.mixer_norms());
+  EXPECT_FALSE(m.settings().model.mixer_norms());
+  for (const char* arch : {"mamba", "ssm-resnet"}) {
+    Config c;
+    c.set(std::string("model.arch=") + arch);
+    c.set("model.mixer_rms_eps=1e-5");
+    expect_error([&] { c.validate(); }, "model.mixer_rms_eps applies to model.arch=falcon_mamba only");
+  }
+  for (const char* v : {"0", "-1e-6"}) {
+    Config c = f;
+    c.set(std::string("model.mixer_rms_eps=") + v);
+    expect_error([&] { c.validate(); }, "model.mixer_rms_eps must be a finite number > 0");
   }
   Config bad;
   bad.set("model.arch=transformer");
-  expect_error([&] { bad.validate(); }, "model.arch must be ssm-resnet or mamba");
+  expect_error([&] { bad.validate(); }, "model.arch must be ssm-resnet, mamba or falcon_mamba");
   for (const char* k : {"model.expand=0", "model.conv_kernel=0", "model.dt_rank=-1", "model.norm_eps=0"}) {
     Config c = m;
     c.set(k);

@@ -65,10 +65,12 @@ ash::Config load_config(const Common& c) { return ash::train_config(nullptr, c.c
 // A Mamba's own sizes, one line (nothing for an SSM-ResNet, whose output is as before).
 std::string mamba_line(const ash::ModelDims& d) {
   if (!d.mamba()) return "";
-  char buf[200];
-  std::snprintf(buf, sizeof buf, "arch mamba: D=%lld E=%lld conv_kernel=%lld dt_rank=%lld %s embeddings, norm_eps %g\n",
-                (long long)d.width, (long long)d.inner(), (long long)d.conv_kernel, (long long)d.rank(),
-                d.tie_embeddings ? "tied" : "untied", d.norm_eps);
+  char norms[64] = "";
+  if (d.mixer_norms()) std::snprintf(norms, sizeof norms, ", mixer_rms_eps %g", d.mixer_rms_eps);
+  char buf[240];
+  std::snprintf(buf, sizeof buf, "arch %s: D=%lld E=%lld conv_kernel=%lld dt_rank=%lld %s embeddings, norm_eps %g%s\n",
+                ash::arch_name(d.arch).c_str(), (long long)d.width, (long long)d.inner(), (long long)d.conv_kernel,
+                (long long)d.rank(), d.tie_embeddings ? "tied" : "untied", d.norm_eps, norms);
   return buf;
 }
 

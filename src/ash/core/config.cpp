@@ -18,7 +18,8 @@ namespace ash {
 nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234, "arch": "ssm-resnet",
-              "expand": 2, "conv_kernel": 4, "dt_rank": 0, "tie_embeddings": true, "norm_eps": 1e-5},
+              "expand": 2, "conv_kernel": 4, "dt_rank": 0, "tie_embeddings": true, "norm_eps": 1e-5,
+              "mixer_rms_eps": 1e-6},
     "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false,
               "carry_state": false, "separator": "", "pack": false},
     "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 0, "head_chunk": 0,
@@ -291,6 +292,7 @@ ModelDims Config::model() const {
   d.dt_rank = get<std::int64_t>("model.dt_rank");
   d.tie_embeddings = get<bool>("model.tie_embeddings");
   d.norm_eps = get<double>("model.norm_eps");
+  d.mixer_rms_eps = get<double>("model.mixer_rms_eps");
   return d;
 }
 
@@ -299,19 +301,26 @@ nlohmann::json Config::stored_json() const {
   // existed (its Mamba keys are the defaults, check_model_dims), so its files
   // stay byte for byte what they were; a file without the keys loads as
   // ssm-resnet.
-  if (model().mamba()) return j_;
+  // Likewise a Mamba's leaves out the FalconMamba key (its files are as before that key).
+  const ModelDims d = model();
+  if (d.mixer_norms()) return j_;
   nlohmann::json j = j_;
+  j["model"].erase("mixer_rms_eps");
+  if (d.mamba()) return j;
   for (const char* k : mamba_model_keys) j["model"].erase(k);
   j["model"].erase("arch");
   return j;
 }
 
-std::string arch_name(Arch a) { return a == Arch::mamba ? "mamba" : "ssm-resnet"; }
+std::string arch_name(Arch a) {
+  return a == Arch::mamba ? "mamba" : a == Arch::falcon_mamba ? "falcon_mamba" : "ssm-resnet";
+}
 
 Arch parse_arch(const std::string& s) {
   if (s == "ssm-resnet") return Arch::ssm_resnet;
   if (s == "mamba") return Arch::mamba;
-  throw Error("model.arch must be ssm-resnet or mamba (got '" + s + "')");
+  if (s == "falcon_mamba") return Arch::falcon_mamba;
+  throw Error("model.arch must be ssm-resnet, mamba or falcon_mamba (got '" + s + "')");
 }
 
 std::string method_name(Method m) {

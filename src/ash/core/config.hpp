@@ -60,7 +60,8 @@ class Config {
   ModelDims model() const;
   const nlohmann::json& json() const { return j_; }
   // What a file stores (a checkpoint's /config): json(), less the Mamba-only
-  // model keys of an SSM-ResNet (model.arch and those of mamba_model_keys).
+  // model keys of an SSM-ResNet (model.arch and those of mamba_model_keys) and
+  // model.mixer_rms_eps of any model but a FalconMamba.
   nlohmann::json stored_json() const;
   std::string dump() const { return j_.dump(2); }
 

@@ -9,11 +9,13 @@
 
 namespace ash {
 
-// model.arch (docs/design.md §1): today's SSM-ResNet layer, or the Mamba block
+// model.arch (docs/design.md §1): today's SSM-ResNet layer, the Mamba block
 // of transformers' MambaForCausalLM (pre-norm RMSNorm, in_proj, causal conv,
-// SiLU, low-rank Δ, the same selective scan, gate, out_proj, residual).
-enum class Arch { ssm_resnet, mamba };
-// "ssm-resnet" or "mamba" (the config's spelling).
+// SiLU, low-rank Δ, the same selective scan, gate, out_proj, residual), or
+// FalconMambaForCausalLM's (the same block with weightless RMSNorms on x_proj's
+// δ, B and C outputs).
+enum class Arch { ssm_resnet, mamba, falcon_mamba };
+// "ssm-resnet", "mamba" or "falcon_mamba" (the config's spelling: transformers' model_type).
 std::string arch_name(Arch a);
 // The reverse; throws ash::Error naming model.arch for anything else.
 Arch parse_arch(const std::string& s);
@@ -25,13 +27,18 @@ struct ModelDims {
   std::int64_t layers = 2;    // K
   std::uint64_t seed = 1234;  // initialisation seed
   Arch arch = Arch::ssm_resnet;
-  // Mamba only (model.arch = "mamba"; an SSM-ResNet keeps the defaults):
+  // Mamba-1 blocks only (model.arch = "mamba" or "falcon_mamba"; an SSM-ResNet keeps the defaults):
   std::int64_t expand = 2;        // E = expand · D, the mixer's inner width
   std::int64_t conv_kernel = 4;   // Kc, the causal depthwise conv's taps
   std::int64_t dt_rank = 0;       // R, the rank of Δ's projection; 0: ceil(D / 16)
   bool tie_embeddings = true;     // the head is the embedding (no /params/head)
   double norm_eps = 1e-5;         // the RMSNorms' epsilon
-  bool mamba() const { return arch == Arch::mamba; }
+  // FalconMamba only (a Mamba and an SSM-ResNet keep the default):
+  double mixer_rms_eps = 1e-6;    // the weightless RMSNorms' epsilon (transformers' mixer_rms_eps)
+  // A Mamba-1 block (mamba or falcon_mamba): the same parameters, state and engines' forms.
+  bool mamba() const { return arch == Arch::mamba || arch == Arch::falcon_mamba; }
+  // The block normalises δ, B and C after x_proj (FalconMamba).
+  bool mixer_norms() const { return arch == Arch::falcon_mamba; }
   // The head is the embedding's matrix (a Mamba with model.tie_embeddings; an
   // SSM-ResNet always has its own /params/head): a layer pipeline's last rank
   // holds a copy of the embedding.
@@ -46,7 +53,7 @@ struct ModelDims {
   bool operator==(const ModelDims& o) const {
     return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers && arch == o.arch &&
            expand == o.expand && conv_kernel == o.conv_kernel && dt_rank == o.dt_rank &&
-           tie_embeddings == o.tie_embeddings && norm_eps == o.norm_eps;
+           tie_embeddings == o.tie_embeddings && norm_eps == o.norm_eps && mixer_rms_eps == o.mixer_rms_eps;
   }
 };
 

@@ -75,6 +75,11 @@ void check_model_dims(const ModelDims& d) {
   require(checked_mul(d.width, d.state, "model.width x model.state") <= (std::int64_t(1) << 31) - 1,
           "sizes overflow: model.width x model.state (" + std::to_string(d.width) + " x " + std::to_string(d.state) +
               ") must be below 2^31");
+  require(d.mixer_norms() || d.mixer_rms_eps == ModelDims().mixer_rms_eps,
+          "model.mixer_rms_eps applies to model.arch=falcon_mamba only; leave it at its default for model.arch=" +
+              arch_name(d.arch));
+  if (d.mixer_norms())
+    require(d.mixer_rms_eps > 0 && std::isfinite(d.mixer_rms_eps), "model.mixer_rms_eps must be a finite number > 0");
   if (!d.mamba()) {
     // The Mamba keys mean nothing here: a value other than the default is refused
     // rather than ignored (so a stored SSM-ResNet configuration never carries one).
@@ -82,7 +87,7 @@ void check_model_dims(const ModelDims& d) {
     require(d.expand == def.expand && d.conv_kernel == def.conv_kernel && d.dt_rank == def.dt_rank &&
                 d.tie_embeddings == def.tie_embeddings && d.norm_eps == def.norm_eps,
             "model.expand, model.conv_kernel, model.dt_rank, model.tie_embeddings and model.norm_eps apply to "
-            "model.arch=mamba only; leave them at their defaults for model.arch=ssm-resnet");
+            "model.arch=mamba or falcon_mamba only; leave them at their defaults for model.arch=ssm-resnet");
   } else {
     require(d.expand >= 1, "model.expand must be >= 1 (got " + std::to_string(d.expand) + ")");
     require(d.conv_kernel >= 1 && d.conv_kernel <= 1024,

@@ -171,6 +171,7 @@ WorkspaceSpec MambaKind::acts_spec(const ModelDims& d, index_t rows, bool h_and_
   w.add("ash::mamba::dlow", elem, {rows, d.rank()}, true)
       .add("ash::mamba::scan_out", elem, {rows, E}, true)
       .add("ash::mamba::gated", elem, {rows, E}, true);
+  if (d.mixer_norms()) w.add("ash::mamba::mixer_rstd", elem, {rows, 3}, true);  // a FalconMamba's
   return w.activations(rows, E, d.state, h_and_A, elem);
 }
 

@@ -331,6 +331,7 @@ void read_header(Reader& r) {
   info.dims.dt_rank = cd.dt_rank;
   info.dims.tie_embeddings = cd.tie_embeddings;
   info.dims.norm_eps = cd.norm_eps;
+  info.dims.mixer_rms_eps = cd.mixer_rms_eps;
   require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
   // Sizes from a file are checked before they size an allocation, as a
   // configuration's are. (The rest of the stored configuration is validated by

@@ -77,4 +77,38 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
       });
 }
 
+// A weightless RMSNorm in place (FalconMamba's on δ, B and C): per row m,
+// r = 1 / sqrt(mean_p v[m, p]² + eps) into rstd[m], then v[m, :] *= r.
+template <class V, class R>
+void rms_norm_weightless(const V& v, const R& rstd, double eps, const ExecSpace& exec = ExecSpace()) {
+  using S = typename V::non_const_value_type;
+  const index_t M = v.extent(0), P = v.extent(1);
+  const S e = S(eps);
+  Kokkos::parallel_for(
+      "ash::rms_norm_weightless", BlockSumPolicy(exec, M, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
+        const index_t m = team.league_rank();
+        const S ss = team_block_sum<S>(team, P, [&](const index_t p) { return v(m, p) * v(m, p); });
+        const S r = S(1) / kmath::sqrt(ss / S(P) + e);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { rstd(m) = r; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t p) { v(m, p) *= r; });
+      });
+}
+
+// Its VJP in place, from the normalised values vhat = v r and r: on entry g is
+// ∂L/∂vhat, on return ∂L/∂v = r (g - vhat mean_p(g ⊙ vhat)).
+template <class V, class R, class G>
+void rms_norm_weightless_backward(const V& vhat, const R& rstd, const G& g, const ExecSpace& exec = ExecSpace()) {
+  using S = typename G::non_const_value_type;
+  const index_t M = vhat.extent(0), P = vhat.extent(1);
+  Kokkos::parallel_for(
+      "ash::rms_norm_weightless_backward", BlockSumPolicy(exec, M, block_sum_team),
+      KOKKOS_LAMBDA(const BlockSumMember& team) {
+        const index_t m = team.league_rank();
+        const S r = rstd(m);
+        const S dot = team_block_sum<S>(team, P, [&](const index_t p) { return g(m, p) * vhat(m, p); }) / S(P);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P),
+                             [&](const index_t p) { g(m, p) = r * (g(m, p) - vhat(m, p) * dot); });
+      });
+}
+
 }  // namespace ash::impl

@@ -25,6 +25,12 @@ KOKKOS_INLINE_FUNCTION S silu_grad(S v) {
   return sg * (S(1) + v * (S(1) - sg));
 }
 
+// Column j of a FalconMamba's mixer_rstd (δ, β, γ).
+template <class S>
+auto column(const View2<S>& v, int j) {
+  return Kokkos::subview(v, Kokkos::ALL(), j);
+}
+
 }  // namespace
 
 template <class S>
@@ -38,6 +44,7 @@ MambaActivations<S>::MambaActivations(const SeqShape& sh, const ModelDims& d,
       dlow("ash::mamba::dlow", sh.rows(), d.rank()),
       s("ash::mamba::scan_out", sh.rows(), d.inner()),
       o("ash::mamba::gated", sh.rows(), d.inner()),
+      mixer_rstd(d.mixer_norms() ? View2<S>("ash::mamba::mixer_rstd", sh.rows(), 3) : View2<S>()),
       scan(sh, d.inner(), d.state, store) {}
 
 template <class S>
@@ -123,9 +130,16 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
           });
   }
   const auto& sc = act.scan;
+  const bool norms = d.mixer_norms();
+  require(!norms || index_t(act.mixer_rstd.extent(0)) == M, "mamba_layer_forward: activations of another architecture");
   impl::gemm<S>(exec, "N", "T", S(1), sc.yhat, p.x_dt, S(0), act.dlow);
+  if (norms) impl::rms_norm_weightless(act.dlow, column(act.mixer_rstd, 0), d.mixer_rms_eps, exec);
   impl::gemm<S>(exec, "N", "T", S(1), act.dlow, p.dt_proj, S(0), sc.delta);
   selective_scan_inputs(p.x_B, p.x_C, p.A_log, p.dt_bias, sc, exec);
+  if (norms) {
+    impl::rms_norm_weightless(sc.beta, column(act.mixer_rstd, 1), d.mixer_rms_eps, exec);
+    impl::rms_norm_weightless(sc.gamma, column(act.mixer_rstd, 2), d.mixer_rms_eps, exec);
+  }
   if (upto == MambaUpTo::scan_inputs) return;
   selective_scan_forward(p.D, s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   {
@@ -256,6 +270,11 @@ void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const Se
   const auto& sg = cot.scan;
   impl::gemm<S>(exec, "T", "N", S(1), sg.gz, act.dlow, S(1), grad.dt_proj);
   impl::gemm<S>(exec, "N", "N", S(1), sg.gz, p.dt_proj, S(0), cot.gdlow);
+  if (d.mixer_norms()) {  // FalconMamba: through the norms to x_proj's outputs
+    impl::rms_norm_weightless_backward(act.dlow, column(act.mixer_rstd, 0), cot.gdlow, exec);
+    impl::rms_norm_weightless_backward(sc.beta, column(act.mixer_rstd, 1), sg.gbeta, exec);
+    impl::rms_norm_weightless_backward(sc.gamma, column(act.mixer_rstd, 2), sg.ggamma, exec);
+  }
   impl::gemm<S>(exec, "T", "N", S(1), cot.gdlow, sc.yhat, S(1), grad.x_dt);
   impl::gemm<S>(exec, "T", "N", S(1), sg.gbeta, sc.yhat, S(1), grad.x_B);
   impl::gemm<S>(exec, "T", "N", S(1), sg.ggamma, sc.yhat, S(1), grad.x_C);

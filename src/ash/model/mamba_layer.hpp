@@ -10,6 +10,9 @@
 //           before the sequence or before the document that holds t reads 0
 //   u = SiLU(c)                                             the scan input (act.scan.yhat)
 //   δ = u W_xΔ^T [M, R],  β = u W_xB^T,  γ = u W_xC^T       x_proj's row blocks
+//   FalconMamba (model.arch = "falcon_mamba"): δ, β and γ each replaced by
+//   v · r(v), r(v) = 1 / sqrt(mean(v²) + model.mixer_rms_eps), the weightless
+//   RMSNorms of transformers' FalconMambaMixer (in S; transformers rounds to float32)
 //   Δ = softplus(δ W_dt^T + b_dt)                          [M, E]
 //   s = the scan core: h^t = A^t h^{t-1} + Δ u β, s = Σ_n γ h + D ⊙ u
 //   o = s ⊙ SiLU(z),  y_out = y + o W_out^T
@@ -29,6 +32,9 @@ struct MambaActivations {
   View2<S> dlow;  // δ, Δ's low-rank input [M, R]
   View2<S> s;     // the scan's output [M, E]
   View2<S> o;     // s ⊙ SiLU(z) [M, E]
+  // FalconMamba's r(δ), r(β), r(γ) per token [M, 3] (extent 0 for a Mamba):
+  // dlow, scan.beta and scan.gamma hold the normalised values.
+  View2<S> mixer_rstd;
   LayerActivations<S> scan;
   MambaActivations(const SeqShape& sh, const ModelDims& d, typename LayerActivations<S>::Store store);
   MambaActivations() = default;
@@ -47,6 +53,7 @@ MambaActivations<S> first_rows(const MambaActivations<S>& a, index_t rows) {
   o.dlow = first_rows(a.dlow, rows);
   o.s = first_rows(a.s, rows);
   o.o = first_rows(a.o, rows);
+  o.mixer_rstd = a.mixer_rstd.extent(0) ? first_rows(a.mixer_rstd, rows) : a.mixer_rstd;
   o.scan = first_rows(a.scan, rows);
   return o;
 }
@@ -149,7 +156,8 @@ void mamba_mixer_backward(const MambaLayerParams<S>& p, const ModelDims& d, cons
 
 // mamba_mixer_backward after the scan core: given the scan's cotangents of
 // every row in cot.scan (gz, gyhat = ∂L/∂u through the scan, gbeta, ggamma;
-// E3 forms them wave by wave), dt_proj's, x_proj's, the conv's, in_proj's and
+// E3 forms them wave by wave; a FalconMamba's norms turn gbeta and ggamma
+// into the cotangents of x_proj's outputs in place), dt_proj's, x_proj's, the conv's, in_proj's and
 // the norm's gradients added to grad, and g += the VJP into y_in.
 template <class S>
 void mamba_mixer_backward_dense(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s,
