@@ -67,9 +67,10 @@ EngineOptions carry_options(index_t token_block = 0, index_t m = 1, Storage stor
 // first token (row 1: its state is dropped) and on its third (row 0: the first
 // two tokens read the carried state, within the conv's reach for Kc = 4).
 TEST(MambaCarry, TwoWindowsEqualOneLongWindow) {
-  for (const std::int64_t Kc : {2, 4}) {
-    SCOPED_TRACE("Kc " + std::to_string(Kc));
-    const auto d = mamba_tiny_dims(2, false, Kc);
+  for (const auto& [Kc, arch] :
+       {std::pair<std::int64_t, Arch>{2, Arch::mamba}, {4, Arch::mamba}, {4, Arch::falcon_mamba}}) {
+    SCOPED_TRACE("Kc " + std::to_string(Kc) + ", " + arch_name(arch));
+    const auto d = mamba_tiny_dims(2, false, Kc, 2, arch);
     const auto ps = fd_model(d, 101 + Kc);
     const index_t B = 2, T = 11;
     const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 102), {T + 2, 2 * T + T});
@@ -161,35 +162,38 @@ TEST(MambaCarry, EvalStreamEqualsOneLongWindow) {
 // state a constant: central differences (Richardson) of the carried forward loss.
 // With the conv part of the state zeroed the gradient is another one.
 TEST(MambaCarry, GradientMatchesFiniteDifferences) {
-  const auto d = mamba_tiny_dims(2, false, 3);
-  const auto ps = fd_model(d, 121);
-  const index_t B = 2, T = 9;
-  const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 122), {2 * T + T + 1});
-  const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T);
-  auto h0 = carried_state(d, B);
-  forward_loss(ps, x1, 1024, h0, x1, 0);  // the state after the first window
-  const auto loss_of = [&](const ParamSet<double>& q) {
+  for (const Arch arch : {Arch::mamba, Arch::falcon_mamba}) {
+    SCOPED_TRACE(arch_name(arch));
+    const auto d = mamba_tiny_dims(2, false, 3, 2, arch);
+    const auto ps = fd_model(d, 121);
+    const index_t B = 2, T = 9;
+    const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 122), {2 * T + T + 1});
+    const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T);
+    auto h0 = carried_state(d, B);
+    forward_loss(ps, x1, 1024, h0, x1, 0);  // the state after the first window
+    const auto loss_of = [&](const ParamSet<double>& q) {
+      auto st = copy_of(h0);
+      return forward_loss(q, x2, 1024, st, x2, 0);
+    };
+    const auto f1 = finite_difference(ps, loss_of, 1e-3), f2 = finite_difference(ps, loss_of, 5e-4);
+    std::vector<double> fd(f1.size());
+    for (std::size_t i = 0; i < fd.size(); ++i) fd[i] = (4 * f2[i] - f1[i]) / 3;
     auto st = copy_of(h0);
-    return forward_loss(q, x2, 1024, st, x2, 0);
-  };
-  const auto f1 = finite_difference(ps, loss_of, 1e-3), f2 = finite_difference(ps, loss_of, 5e-4);
-  std::vector<double> fd(f1.size());
-  for (std::size_t i = 0; i < fd.size(); ++i) fd[i] = (4 * f2[i] - f1[i]) / 3;
-  auto st = copy_of(h0);
-  auto eng = make_engine<double>(carry_options());
-  eng->set_carried_state(&st);
-  ParamSet<double> grad(d);
-  const double loss = eng->compute(ps, x2, grad);
-  EXPECT_NEAR(loss, loss_of(ps), 1e-13 * loss);
-  const auto g = to_host(grad);
-  for (const auto& t : grad.tensors()) EXPECT_LE(rel_l2(g, fd, t.offset, t.size()), 1e-5) << t.name;
-  auto noconv = copy_of(h0);
-  zero_conv_part(noconv, d);
-  auto eng0 = make_engine<double>(carry_options());
-  eng0->set_carried_state(&noconv);
-  ParamSet<double> g0(d);
-  eng0->compute(ps, x2, g0);
-  EXPECT_GT(rel_l2(to_host(g0), g), 1e-4) << "the conv state changes nothing: the check would be vacuous";
+    auto eng = make_engine<double>(carry_options());
+    eng->set_carried_state(&st);
+    ParamSet<double> grad(d);
+    const double loss = eng->compute(ps, x2, grad);
+    EXPECT_NEAR(loss, loss_of(ps), 1e-13 * loss);
+    const auto g = to_host(grad);
+    for (const auto& t : grad.tensors()) EXPECT_LE(rel_l2(g, fd, t.offset, t.size()), 1e-5) << t.name;
+    auto noconv = copy_of(h0);
+    zero_conv_part(noconv, d);
+    auto eng0 = make_engine<double>(carry_options());
+    eng0->set_carried_state(&noconv);
+    ParamSet<double> g0(d);
+    eng0->compute(ps, x2, g0);
+    EXPECT_GT(rel_l2(to_host(g0), g), 1e-4) << "the conv state changes nothing: the check would be vacuous";
+  }
 }
 
 // The memory levers with a carried state: token blocks (shorter and longer than
@@ -197,45 +201,48 @@ TEST(MambaCarry, GradientMatchesFiniteDifferences) {
 // carried run's loss, gradient and end state (1e-12 in double; bf16 within its
 // rounding, test_low_memory.cpp's tolerances).
 TEST(MambaCarry, LeversEqualTheWholeWindowCarriedRun) {
-  const auto d = mamba_tiny_dims(3, true, 4);
-  const auto ps = fd_model(d, 131);
-  const index_t B = 2, T = 13;
-  const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 132), {T + 2, 2 * T + 5});
-  const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T);
-  auto h0 = carried_state(d, B);
-  forward_loss(ps, x1, 1024, h0, x1, 0);
-  const auto run = [&](const EngineOptions& o, double* loss, std::vector<View2<double>>* end) {
-    auto st = copy_of(h0);
-    auto eng = make_engine<double>(o);
-    eng->set_carried_state(&st);
-    ParamSet<double> g(d);
-    *loss = eng->compute(ps, x2, g);
-    *end = st;
-    return to_host(g);
-  };
-  double lw = 0;
-  std::vector<View2<double>> sw;
-  const auto gw = run(carry_options(), &lw, &sw);
-  for (const index_t tb : {1, 2, 3, 5})
-    for (int m = 1; m <= 4; m += 3) {
-      const std::string what = "token_block " + std::to_string(tb) + ", m " + std::to_string(m);
-      double l = 0;
-      std::vector<View2<double>> s;
-      const auto g = run(carry_options(tb, m), &l, &s);
-      EXPECT_NEAR(l, lw, 1e-13 * lw) << what;
-      expect_close(g, gw, d, 1e-12, what);
-      EXPECT_LE(state_diff(s, sw).first, 1e-12 * state_diff(s, sw).second) << what;
+  for (const Arch arch : {Arch::mamba, Arch::falcon_mamba}) {
+    SCOPED_TRACE(arch_name(arch));
+    const auto d = mamba_tiny_dims(3, true, 4, 2, arch);
+    const auto ps = fd_model(d, 131);
+    const index_t B = 2, T = 13;
+    const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 132), {T + 2, 2 * T + 5});
+    const TokenView x1 = token_block(x, 0, T), x2 = token_block(x, T, T);
+    auto h0 = carried_state(d, B);
+    forward_loss(ps, x1, 1024, h0, x1, 0);
+    const auto run = [&](const EngineOptions& o, double* loss, std::vector<View2<double>>* end) {
+      auto st = copy_of(h0);
+      auto eng = make_engine<double>(o);
+      eng->set_carried_state(&st);
+      ParamSet<double> g(d);
+      *loss = eng->compute(ps, x2, g);
+      *end = st;
+      return to_host(g);
+    };
+    double lw = 0;
+    std::vector<View2<double>> sw;
+    const auto gw = run(carry_options(), &lw, &sw);
+    for (const index_t tb : {1, 2, 3, 5})
+      for (int m = 1; m <= 4; m += 3) {
+        const std::string what = "token_block " + std::to_string(tb) + ", m " + std::to_string(m);
+        double l = 0;
+        std::vector<View2<double>> s;
+        const auto g = run(carry_options(tb, m), &l, &s);
+        EXPECT_NEAR(l, lw, 1e-13 * lw) << what;
+        expect_close(g, gw, d, 1e-12, what);
+        EXPECT_LE(state_diff(s, sw).first, 1e-12 * state_diff(s, sw).second) << what;
+      }
+    double lb = 0;
+    std::vector<View2<double>> sb;
+    const auto gb = run(carry_options(4, 2, Storage::bf16), &lb, &sb);
+    EXPECT_NE(gb, gw);  // the storage is really rounded
+    for (const auto& t : param_layout(d)) {
+      EXPECT_GE(cosine(gb, gw, t.offset, t.size()), 0.999) << t.name;
+      EXPECT_LE(rel_l2(gb, gw, t.offset, t.size()), 2e-2) << t.name;
     }
-  double lb = 0;
-  std::vector<View2<double>> sb;
-  const auto gb = run(carry_options(4, 2, Storage::bf16), &lb, &sb);
-  EXPECT_NE(gb, gw);  // the storage is really rounded
-  for (const auto& t : param_layout(d)) {
-    EXPECT_GE(cosine(gb, gw, t.offset, t.size()), 0.999) << t.name;
-    EXPECT_LE(rel_l2(gb, gw, t.offset, t.size()), 2e-2) << t.name;
+    EXPECT_NEAR(lb, lw, 1e-2 * lw);
+    EXPECT_LE(state_diff(sb, sw).first, 1e-12 * state_diff(sb, sw).second) << "the forward runs in double";
   }
-  EXPECT_NEAR(lb, lw, 1e-2 * lw);
-  EXPECT_LE(state_diff(sb, sw).first, 1e-12 * state_diff(sb, sw).second) << "the forward runs in double";
 }
 
 }  // namespace ash::test

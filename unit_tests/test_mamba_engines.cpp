@@ -1,7 +1,7 @@
-// The engines on a Mamba: E3 against E1, the block-wise engine (token blocks, layer
-// checkpoints, 16-bit storage) against the whole window, the detached modes against
-// each other and E2's window against a brute-force window sum, float against double
-// in those modes, and the refusals.
+// The engines on a Mamba and a FalconMamba (the same kind's members with the mixer's norms): E3 against E1, the
+// block-wise engine (token blocks, layer checkpoints, 16-bit storage) against the whole window, the detached modes
+// against each other and E2's window against a brute-force window sum, float against double in those modes, and the
+// refusals.
 #include <algorithm>
 
 #include "test_helpers.hpp"
@@ -17,20 +17,23 @@ struct E3Case {
   index_t batch, T;
   std::int64_t Kc;
   bool docs;
+  Arch arch = Arch::mamba;
 };
 
 void PrintTo(const E3Case& c, std::ostream* os) {
-  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "");
+  *os << arch_name(c.arch) << " K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc
+      << (c.docs ? " docs" : "");
 }
 
 class MambaE3 : public ::testing::TestWithParam<E3Case> {};
 
 TEST_P(MambaE3, EqualsBackprop) {
   const auto c = GetParam();
-  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 1, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 1, c.Kc, 2, c.arch);
   auto ps = fd_model(d, 60 + c.K);
   auto x = random_tokens(c.batch, c.T, d.vocab, 70 + c.K);
-  if (c.docs) x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{2, 6, c.T + 4} : std::vector<index_t>{3, 4, 8});
+  if (c.docs)
+    x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{2, 6, c.T + 4} : std::vector<index_t>{3, 4, 8});
   double l1 = 0;
   const auto e1 = grad_of(EngineOptions{}, ps, x, &l1);
   for (const bool chunked_h : {false, true})
@@ -51,11 +54,12 @@ TEST_P(MambaE3, EqualsBackprop) {
 INSTANTIATE_TEST_SUITE_P(Cases, MambaE3,
                          ::testing::Values(E3Case{1, 1, 9, 4, false}, E3Case{2, 2, 11, 3, true},
                                            E3Case{3, 2, 7, 2, false}, E3Case{2, 1, 13, 4, true},
-                                           E3Case{3, 1, 9, 3, true}),
+                                           E3Case{3, 1, 9, 3, true}, E3Case{2, 2, 11, 3, true, Arch::falcon_mamba}),
                          [](const ::testing::TestParamInfo<E3Case>& i) {  // a stable name (not the struct's bytes)
                            const E3Case& c = i.param;
-                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
-                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                           return (c.arch == Arch::mamba ? "" : arch_name(c.arch) + "_") + "K" + std::to_string(c.K) +
+                                  "_B" + std::to_string(c.batch) + "_T" + std::to_string(c.T) + "_Kc" +
+                                  std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
 // The block-wise engine on a Mamba (grad.token_block, docs/design.md §8): token
@@ -70,23 +74,26 @@ struct BlockCase {
   index_t batch, T;
   std::int64_t Kc;
   bool docs;
+  Arch arch = Arch::mamba;
 };
 
 void PrintTo(const BlockCase& c, std::ostream* os) {
-  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "");
+  *os << arch_name(c.arch) << " K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc
+      << (c.docs ? " docs" : "");
 }
 
 class MambaBlockwise : public ::testing::TestWithParam<BlockCase> {};
 
 TEST_P(MambaBlockwise, EqualsWholeWindow) {
   const auto c = GetParam();
-  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 0, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 0, c.Kc, 2, c.arch);
   auto ps = fd_model(d, 80 + c.K);
   auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
   // Starts on block boundaries and inside a block's first Kc−1 tokens for the block lengths below.
   if (c.docs)
-    x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
-                                    : std::vector<index_t>{2, 5, 9});
+    x = with_document_starts(
+        x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
+                        : std::vector<index_t>{2, 5, 9});
   for (const bool detach : {false, true})
     for (const index_t chunk : {1, 2}) {
       EngineOptions whole = engine_options("adjoint-exact", 0, detach);
@@ -117,11 +124,13 @@ TEST_P(MambaBlockwise, EqualsWholeWindow) {
 INSTANTIATE_TEST_SUITE_P(Cases, MambaBlockwise,
                          ::testing::Values(BlockCase{2, 2, 13, 4, true}, BlockCase{1, 1, 11, 3, false},
                                            BlockCase{2, 1, 9, 2, true}, BlockCase{3, 2, 7, 3, true},
-                                           BlockCase{1, 2, 11, 4, false}),
+                                           BlockCase{1, 2, 11, 4, false},
+                                           BlockCase{2, 2, 13, 4, true, Arch::falcon_mamba}),
                          [](const ::testing::TestParamInfo<BlockCase>& i) {
                            const BlockCase& c = i.param;
-                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
-                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                           return (c.arch == Arch::mamba ? "" : arch_name(c.arch) + "_") + "K" + std::to_string(c.K) +
+                                  "_B" + std::to_string(c.batch) + "_T" + std::to_string(c.T) + "_Kc" +
+                                  std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
 // 16-bit storage of a Mamba's kept layer inputs (run.storage, with token blocks and
@@ -225,12 +234,13 @@ class MambaWindow : public ::testing::TestWithParam<WindowCase> {};
 
 TEST_P(MambaWindow, DetachedAndWindowedModesAgree) {
   const auto c = GetParam();
-  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 0, c.Kc);
+  const auto d = mamba_tiny_dims(c.K, c.K % 2 == 0, c.Kc, 2, c.arch);
   auto ps = fd_model(d, 80 + c.K);  // Δ ~ O(1): the state reaches across T̄ tokens
   auto x = random_tokens(c.batch, c.T, d.vocab, 90 + c.K);
   // documents of 1..7 tokens, one with targets past every T̄ below (else the window is
   // the whole document: a window's last token has no target, so its ∂L/∂s is 0)
-  if (c.docs) x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{1, c.T + 4} : std::vector<index_t>{3, 4});
+  if (c.docs)
+    x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{1, c.T + 4} : std::vector<index_t>{3, 4});
   double l0 = 0;
   const auto e2 = grad_of(engine_options("adjoint"), ps, x, &l0);
   const auto check = [&](const EngineOptions& o, const std::vector<double>& ref, const std::string& what) {
@@ -260,19 +270,22 @@ TEST_P(MambaWindow, DetachedAndWindowedModesAgree) {
                                  std::to_string(wave) + (chunked_h ? ", chunked h)" : ")");
         check(o, bf, what);
         o.truncate = 0;  // detached, exact μ
-        check(o, e2, "E3 detached (chunk " + std::to_string(chunk) + ", wave " + std::to_string(wave) +
-                         (chunked_h ? ", chunked h)" : ")"));
+        check(o, e2,
+              "E3 detached (chunk " + std::to_string(chunk) + ", wave " + std::to_string(wave) +
+                  (chunked_h ? ", chunked h)" : ")"));
       }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MambaWindow,
                          ::testing::Values(WindowCase{1, 2, 9, 4, false}, WindowCase{2, 1, 11, 3, true},
-                                           WindowCase{3, 2, 7, 2, true}),
+                                           WindowCase{3, 2, 7, 2, true},
+                                           WindowCase{2, 1, 11, 3, true, Arch::falcon_mamba}),
                          [](const ::testing::TestParamInfo<WindowCase>& i) {
                            const WindowCase& c = i.param;
-                           return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
-                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                           return (c.arch == Arch::mamba ? "" : arch_name(c.arch) + "_") + "K" + std::to_string(c.K) +
+                                  "_B" + std::to_string(c.batch) + "_T" + std::to_string(c.T) + "_Kc" +
+                                  std::to_string(c.Kc) + (c.docs ? "_docs" : "");
                          });
 
 template <class S>
@@ -282,16 +295,18 @@ TYPED_TEST_SUITE(MambaTyped, Scalars);
 // float against double in the new modes (E2 truncated, E3 detached and windowed).
 TYPED_TEST(MambaTyped, DetachedModesAgreeWithDouble) {
   using S = TypeParam;
-  const auto d = mamba_tiny_dims(2, true);
-  auto ref = random_model<double>(d, 15);
-  const auto x = random_tokens(2, 17, d.vocab, 16);
-  for (const auto& o : {engine_options("adjoint"), engine_options("adjoint", 5), engine_options("adjoint-exact", 0, true),
-                        engine_options("adjoint-exact", 5, true)}) {
-    double lref = 0, l = 0;
-    const auto b = grad_of(o, ref, x, &lref);
-    const auto a = grad_of(o, cast_model<S>(ref), x, &l);
-    EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
-    expect_close(a, b, d, Tol<S>::grad_vs_double, method_name(o.method));
+  for (const Arch arch : {Arch::mamba, Arch::falcon_mamba}) {
+    const auto d = mamba_tiny_dims(2, true, 3, 2, arch);
+    auto ref = random_model<double>(d, 15);
+    const auto x = random_tokens(2, 17, d.vocab, 16);
+    for (const auto& o : {engine_options("adjoint"), engine_options("adjoint", 5),
+                          engine_options("adjoint-exact", 0, true), engine_options("adjoint-exact", 5, true)}) {
+      double lref = 0, l = 0;
+      const auto b = grad_of(o, ref, x, &lref);
+      const auto a = grad_of(o, cast_model<S>(ref), x, &l);
+      EXPECT_NEAR(l, lref, Tol<S>::forward * lref);
+      expect_close(a, b, d, Tol<S>::grad_vs_double, arch_name(arch) + ", " + method_name(o.method));
+    }
   }
 }
 

@@ -39,9 +39,11 @@ TEST(Mamba, GeneratorStepMatchesFullForward) {
   struct Case {
     std::int64_t Kc;
     bool tied, docs;
+    Arch arch = Arch::mamba;
   };
-  for (const auto c : {Case{4, true, false}, Case{4, false, true}, Case{3, true, true}, Case{1, false, true}}) {
-    const auto d = mamba_tiny_dims(2, c.tied, c.Kc);
+  for (const auto c : {Case{4, true, false}, Case{4, false, true}, Case{3, true, true}, Case{1, false, true},
+                       Case{4, false, true, Arch::falcon_mamba}}) {
+    const auto d = mamba_tiny_dims(2, c.tied, c.Kc, 2, c.arch);
     auto ps = random_model<double>(d, 11 + c.Kc);
     const index_t T = 23;
     const auto ids = random_token_ids(T, d.vocab, 12);
@@ -69,8 +71,8 @@ TEST(Mamba, GeneratorStepMatchesFullForward) {
       }
       ASSERT_EQ(t0, T);
       EXPECT_GT(scale, 0.1);
-      EXPECT_LE(worst, 1e-12 * scale) << "Kc " << c.Kc << (c.docs ? " with documents" : "") << ", "
-                                      << pieces.size() << " pieces";
+      EXPECT_LE(worst, 1e-12 * scale) << arch_name(c.arch) << ", Kc " << c.Kc << (c.docs ? " with documents" : "")
+                                      << ", " << pieces.size() << " pieces";
     }
   }
   // Greedy sampling feeds the argmax back: the same as the full forward over the

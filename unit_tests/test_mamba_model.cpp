@@ -92,18 +92,19 @@ TEST(Mamba, Configuration) {
   // E2 and E3's detached and windowed modes run, on data and layer ranks too, E3's
   // levers and the carried state in one process and on every layout, a window
   // on sequence ranks too: every setting builds (nothing is refused for a Mamba).
-  for (const std::string set : {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "run.storage=bf16",
-                                "run.storage=fp16", "grad.layer_checkpoint=2", "grad.token_block=8",
-                                "dist.layer_ranks=2", "dist.data_ranks=2", "data.carry_state=true", "dist.seq_ranks=2",
-                                "dist.seq_ranks=2 grad.detach_inputs=true run.storage=bf16 grad.token_block=8",
-                                "dist.seq_ranks=2 dist.layer_ranks=2 grad.layer_checkpoint=2",
-                                "dist.layer_ranks=2 data.sequential=true data.carry_state=true",
-                                "dist.data_ranks=2 data.sequential=true data.carry_state=true run.storage=bf16",
-                                "dist.seq_ranks=2 data.sequential=true data.carry_state=true grad.token_block=8",
-                                "dist.seq_ranks=2 grad.detach_inputs=true grad.truncate=4",
-                                "dist.seq_ranks=2 grad.detach_inputs=true grad.truncate=4 run.storage=bf16",
-                                "dist.seq_ranks=2 grad.detach_inputs=true grad.truncate=4 data.sequential=true "
-                                "data.carry_state=true"}) {
+  for (const std::string set :
+       {"grad.engine=adjoint", "grad.detach_inputs=true", "grad.truncate=4", "run.storage=bf16", "run.storage=fp16",
+        "grad.layer_checkpoint=2", "grad.token_block=8", "dist.layer_ranks=2", "dist.data_ranks=2",
+        "data.carry_state=true", "dist.seq_ranks=2",
+        "dist.seq_ranks=2 grad.detach_inputs=true run.storage=bf16 grad.token_block=8",
+        "dist.seq_ranks=2 dist.layer_ranks=2 grad.layer_checkpoint=2",
+        "dist.layer_ranks=2 data.sequential=true data.carry_state=true",
+        "dist.data_ranks=2 data.sequential=true data.carry_state=true run.storage=bf16",
+        "dist.seq_ranks=2 data.sequential=true data.carry_state=true grad.token_block=8",
+        "dist.seq_ranks=2 grad.detach_inputs=true grad.truncate=4",
+        "dist.seq_ranks=2 grad.detach_inputs=true grad.truncate=4 run.storage=bf16",
+        "dist.seq_ranks=2 grad.detach_inputs=true grad.truncate=4 data.sequential=true "
+        "data.carry_state=true"}) {
     Config c = m;
     std::istringstream words(set);
     for (std::string w; words >> w;) c.set(w);

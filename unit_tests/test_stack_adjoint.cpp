@@ -94,9 +94,9 @@ void expect_stack_matches_model(const ModelDims& d, index_t B, index_t T, const 
 TEST(StackAdjoint, EqualsTheWholeModelsGradientInEveryMode) {
   for (int K : {1, 3}) {
     const auto d = tiny_dims(K);
-    for (const auto& c : {Case{engine_options("adjoint-exact"), "exact"},
-                          Case{engine_options("adjoint-exact", 0, true), "detached"},
-                          Case{engine_options("adjoint-exact", 5, true), "detached, T-bar 5"}}) {
+    for (const auto& c :
+         {Case{engine_options("adjoint-exact"), "exact"}, Case{engine_options("adjoint-exact", 0, true), "detached"},
+          Case{engine_options("adjoint-exact", 5, true), "detached, T-bar 5"}}) {
       EngineOptions o = c.opts;
       o.chunk = 8;
       expect_stack_matches_model(d, 2, 37, o, o, 1e-12, c.what + " K=" + std::to_string(K));
@@ -204,6 +204,8 @@ TEST(StackAdjoint, ParamSetAndBlocksGiveTheSameBits) {
     const std::string what = o.blockwise_levers() ? "levers" : o.detach_inputs ? "T-bar 3" : "exact";
     expect_paramset_equals_blocks<SsmResNetKind>(tiny_dims(3), o, "ssm-resnet, " + what);
     expect_paramset_equals_blocks<MambaKind>(mamba_tiny_dims(3, true), o, "mamba, " + what);
+    expect_paramset_equals_blocks<FalconMambaKind>(mamba_tiny_dims(3, true, 3, 2, Arch::falcon_mamba), o,
+                                                   "falcon_mamba, " + what);
   }
 }
 
