@@ -63,7 +63,8 @@ void expect_gradients(const std::string& path, const ModelDims& d, const std::ve
 
 void expect_same_losses(const std::vector<double>& got, const std::vector<double>& ref, const std::string& what) {
   ASSERT_EQ(got.size(), ref.size()) << what;
-  for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(got[i], ref[i], 1e-12 * std::abs(ref[i])) << what << " step " << i + 1;
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(got[i], ref[i], 1e-12 * std::abs(ref[i])) << what << " step " << i + 1;
 }
 
 class DistributedCli : public ::testing::Test {
@@ -97,7 +98,10 @@ class DistributedCli : public ::testing::Test {
 TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
   const auto ckpt = tmp_path("m.h5"), one = tmp_path("one.h5"), two = tmp_path("two.h5");
   ASSERT_EQ(run("init --set model.width=8 --set model.state=4 --set model.layers=3 --set data.seq_len=40 "
-                "--set data.batch=2 --out " + ckpt).code, 0);
+                "--set data.batch=2 --out " +
+                ckpt)
+                .code,
+            0);
   const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint-exact --chunk 4 ";
   ASSERT_EQ(run(g + "--out " + one).code, 0);
   const auto r = mpirun(2, g + "--set dist.layer_ranks=2 --out " + two);
@@ -128,7 +132,8 @@ TEST_F(DistributedCli, GradMatchesOneProcessAndReportsEveryRank) {
     const bool window = extra.find("truncate") != std::string::npos;
     const auto ref = tmp_path("ref_x.h5"), got = tmp_path("got_x.h5");
     ASSERT_EQ(run(g + extra + "--out " + ref).code, 0);
-    const auto rx = mpirun(2, g + extra + (window ? "--set dist.seq_ranks=2" : "--set dist.layer_ranks=2") + " --out " + got);
+    const auto rx =
+        mpirun(2, g + extra + (window ? "--set dist.seq_ranks=2" : "--set dist.layer_ranks=2") + " --out " + got);
     ASSERT_EQ(rx.code, 0) << rx.out;
     double lr = 0;
     const auto want = to_host(load_gradients(ref, d, &lr));
@@ -156,12 +161,13 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
     int n_a, R_a, n_b, R_b;
   };
   for (const auto& h : {Hop{1, 1, 3, 3}, Hop{4, 2, 1, 1}, Hop{4, 4, 2, 2}, Hop{2, 2, 2, 2}}) {
-    const auto a = "a" + std::to_string(h.n_a) + std::to_string(h.R_a) + "_" + std::to_string(h.n_b) + std::to_string(h.R_b);
+    const auto a =
+        "a" + std::to_string(h.n_a) + std::to_string(h.R_a) + "_" + std::to_string(h.n_b) + std::to_string(h.R_b);
     const auto b = "b" + a.substr(1);
     const auto ra = mpirun(h.n_a, train + out_dir(a) + " --until 3 --set dist.layer_ranks=" + std::to_string(h.R_a));
     ASSERT_EQ(ra.code, 0) << ra.out;
-    const auto rb = mpirun(h.n_b, train + out_dir(b) + " --resume " + tmp_path(a) + "/checkpoint.h5 --set dist.layer_ranks=" +
-                                      std::to_string(h.R_b));
+    const auto rb = mpirun(h.n_b, train + out_dir(b) + " --resume " + tmp_path(a) +
+                                      "/checkpoint.h5 --set dist.layer_ranks=" + std::to_string(h.R_b));
     ASSERT_EQ(rb.code, 0) << rb.out;
     auto both = losses(tmp_path(a));
     for (double l : losses(tmp_path(b))) both.push_back(l);
@@ -177,8 +183,9 @@ TEST_F(DistributedCli, TrainingMatchesOneProcessAcrossLayoutsAndReshards) {
 // and untied embeddings, equals one process; training on 2 and 4 ranks gives one process's
 // losses and resumes across layouts, with levers too.
 TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
-  const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
-                           "--set data.seq_len=24 --set data.batch=4 ";
+  const std::string dims =
+      "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
+      "--set data.seq_len=24 --set data.batch=4 ";
   for (const bool tied : {true, false}) {
     const std::string tie = std::string("--set model.tie_embeddings=") + (tied ? "true " : "false ");
     const auto ckpt = tmp_path(tied ? "mt.h5" : "mu.h5");
@@ -186,11 +193,11 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
     const auto d = inspect_checkpoint(ckpt).dims;
     ASSERT_TRUE(d.mamba() && d.tie_embeddings == tied);
     const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --set data.batch=4 --chunk 4 ";
-    for (const std::string engine : {std::string("--engine backprop "), std::string("--engine adjoint "),
-                                     std::string("--engine adjoint --truncate 7 "),
-                                     std::string("--engine adjoint-exact "),
-                                     std::string("--engine adjoint-exact --detach-inputs "),
-                                     std::string("--engine adjoint-exact --detach-inputs --truncate 7 ")}) {
+    for (const std::string engine :
+         {std::string("--engine backprop "), std::string("--engine adjoint "),
+          std::string("--engine adjoint --truncate 7 "), std::string("--engine adjoint-exact "),
+          std::string("--engine adjoint-exact --detach-inputs "),
+          std::string("--engine adjoint-exact --detach-inputs --truncate 7 ")}) {
       const auto one = tmp_path("m_one.h5");
       ASSERT_EQ(run(g + engine + "--out " + one).code, 0) << engine;
       double l1 = 0;
@@ -205,7 +212,8 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
         const auto r = mpirun(n, g + engine + "--set dist.layer_ranks=" + std::to_string(R) + " --out " + got);
         ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
         EXPECT_NE(r.out.find("on " + std::to_string(R) + " layer rank(s) x " + std::to_string(D) + " data rank(s)"),
-                  std::string::npos) << r.out;
+                  std::string::npos)
+            << r.out;
         expect_gradients(got, d, a, l1, what);
       }
     }
@@ -249,8 +257,8 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
   }
   const auto ra = mpirun(2, mtrain + out_dir("mamba_a") + " --until 3 --set dist.layer_ranks=2");
   ASSERT_EQ(ra.code, 0) << ra.out;
-  const auto rb = mpirun(4, mtrain + out_dir("mamba_b") + " --resume " + tmp_path("mamba_a") +
-                                "/checkpoint.h5 --set dist.layer_ranks=2");
+  const auto rb = mpirun(
+      4, mtrain + out_dir("mamba_b") + " --resume " + tmp_path("mamba_a") + "/checkpoint.h5 --set dist.layer_ranks=2");
   ASSERT_EQ(rb.code, 0) << rb.out;
   auto both = losses(tmp_path("mamba_a"));
   for (double l : losses(tmp_path("mamba_b"))) both.push_back(l);
@@ -280,8 +288,9 @@ TEST_F(DistributedCli, MambaOnDataAndLayerRanksMatchesOneProcess) {
 // S = 2 and S = 2 x R = 2 gives one process's losses and norms and resumes
 // across layouts; a window T̄ (S = 2, 3, 4 in grad; S = 2 in train) too.
 TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
-  const std::string dims = "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
-                           "--set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
+  const std::string dims =
+      "--set model.arch=mamba --set model.width=8 --set model.state=4 --set model.layers=3 "
+      "--set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
   for (const bool tied : {true, false}) {
     const std::string tie = std::string("--set model.tie_embeddings=") + (tied ? "true " : "false ");
     const auto ckpt = tmp_path(tied ? "mst.h5" : "msu.h5");
@@ -300,8 +309,8 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
       struct Lay {
         int n, R, S, D;
       };
-      for (const auto& [n, R, S, D] : {Lay{2, 1, 2, 1}, Lay{3, 1, 3, 1}, Lay{4, 2, 2, 1}, Lay{4, 1, 4, 1},
-                                       Lay{4, 1, 2, 2}}) {
+      for (const auto& [n, R, S, D] :
+           {Lay{2, 1, 2, 1}, Lay{3, 1, 3, 1}, Lay{4, 2, 2, 1}, Lay{4, 1, 4, 1}, Lay{4, 1, 2, 2}}) {
         if (!tied && n != 4) continue;  // untied: the layouts of 4 ranks suffice
         const auto what = opts + (tied ? "tied" : "untied") + " n" + std::to_string(n) + " R" + std::to_string(R) +
                           " S" + std::to_string(S);
@@ -311,7 +320,8 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
         ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
         EXPECT_NE(r.out.find("on " + std::to_string(R) + " layer rank(s) x " + std::to_string(S) +
                              " sequence rank(s) x " + std::to_string(D) + " data rank(s)"),
-                  std::string::npos) << r.out;
+                  std::string::npos)
+            << r.out;
         expect_gradients(got, d, a, l1, what);
       }
     }
@@ -324,8 +334,8 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
     ASSERT_EQ(ref.size(), 6u);
     for (const auto& [n, R] : {std::pair{2, 1}, std::pair{4, 2}}) {
       const auto name = tag + "_n" + std::to_string(n) + "R" + std::to_string(R);
-      const auto r = mpirun(n, mtrain + out_dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" +
-                                   std::to_string(R));
+      const auto r =
+          mpirun(n, mtrain + out_dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" + std::to_string(R));
       ASSERT_EQ(r.code, 0) << r.out;
       expect_same_losses(losses(tmp_path(name)), ref, name);
       // The norm under the clip: a tied embedding's copy on the last layer rank counts once.
@@ -342,8 +352,9 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
     expect_same_losses(both, ref, tag + " S=2 then S=2 x R=2");
   }
   // A window T̄ on sequence ranks (halos of y, g and the conv) trains as one process does.
-  const std::string wtrain = train + " --set model.arch=mamba --set model.layers=3 --set grad.detach_inputs=true "
-                                     "--set grad.truncate=6";
+  const std::string wtrain = train +
+                             " --set model.arch=mamba --set model.layers=3 --set grad.detach_inputs=true "
+                             "--set grad.truncate=6";
   ASSERT_EQ(run(wtrain + out_dir("mamba_w1")).code, 0);
   const auto rs = mpirun(2, wtrain + " --set dist.seq_ranks=2" + out_dir("mamba_seq_w"));
   ASSERT_EQ(rs.code, 0) << rs.out;
@@ -357,8 +368,9 @@ TEST_F(DistributedCli, MambaOnSequenceRanksMatchesOneProcess) {
 // (gathered from the ranks' rows, read back by every rank) and continues one
 // process's losses.
 TEST_F(DistributedCli, MambaCarriedStateTrainsAndResumesAcrossLayouts) {
-  const std::string mamba = train + " --set model.arch=mamba --set model.layers=3 --set model.conv_kernel=4"
-                                    " --set data.sequential=true --set data.carry_state=true";
+  const std::string mamba = train +
+                            " --set model.arch=mamba --set model.layers=3 --set model.conv_kernel=4"
+                            " --set data.sequential=true --set data.carry_state=true";
   for (const std::string levers : {std::string(), std::string(" --set run.storage=bf16 --set grad.token_block=8")}) {
     const std::string mtrain = mamba + levers, tag = levers.empty() ? "mcarry" : "mcarry_lev";
     const auto ref = one_process_losses(mtrain, tag + "1");
@@ -390,6 +402,62 @@ TEST_F(DistributedCli, MambaCarriedStateTrainsAndResumesAcrossLayouts) {
   }
 }
 
+// A FalconMamba (the third layer kind: the Mamba kind's engines with the mixer's
+// norms) on every kind of layout: `ash grad` for E1, E2 truncated, E3 exact,
+// detached-windowed and with the levers on layer, data and sequence ranks
+// equals one process; training with a carried state on 2 sequence ranks and on
+// 2 layer x 2 sequence ranks gives one process's losses and norms.
+TEST_F(DistributedCli, FalconMambaOnLayerDataAndSequenceRanksMatchesOneProcess) {
+  const std::string dims =
+      "--set model.arch=falcon_mamba --set model.width=8 --set model.state=4 "
+      "--set model.layers=3 --set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
+  const auto ckpt = tmp_path("fm.h5");
+  ASSERT_EQ(run("init " + dims + "--out " + ckpt).code, 0);
+  const auto d = inspect_checkpoint(ckpt).dims;
+  ASSERT_TRUE(d.mixer_norms());
+  const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --set data.batch=4 --chunk 4 ";
+  struct Lay {
+    int n, R, S, D;
+  };
+  struct Case {
+    std::string opts;
+    std::vector<Lay> layouts;
+  };
+  const std::vector<Lay> all{Lay{2, 2, 1, 1}, Lay{2, 1, 1, 2}, Lay{2, 1, 2, 1}, Lay{4, 2, 2, 1}};
+  const std::vector<Lay> layer_data{Lay{2, 2, 1, 1}, Lay{4, 2, 1, 2}};
+  for (const auto& c :
+       {Case{"--engine backprop ", layer_data}, Case{"--engine adjoint --truncate 7 ", layer_data},
+        Case{"--engine adjoint-exact ", all}, Case{"--engine adjoint-exact --detach-inputs --truncate 5 ", all},
+        Case{"--engine adjoint-exact --set grad.token_block=5 --set grad.layer_checkpoint=2 ", all}}) {
+    const auto one = tmp_path("fm_one.h5");
+    ASSERT_EQ(run(g + c.opts + "--out " + one).code, 0) << c.opts;
+    double l1 = 0;
+    const auto a = to_host(load_gradients(one, d, &l1));
+    for (const auto& [n, R, S, D] : c.layouts) {
+      const auto what = c.opts + "n" + std::to_string(n) + " R" + std::to_string(R) + " S" + std::to_string(S);
+      const auto got = tmp_path("fm_got.h5");
+      const auto r = mpirun(n, g + c.opts + "--set dist.layer_ranks=" + std::to_string(R) +
+                                   " --set dist.seq_ranks=" + std::to_string(S) + " --out " + got);
+      ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
+      EXPECT_NE(r.out.find(std::to_string(D) + " data rank(s)"), std::string::npos) << r.out;
+      expect_gradients(got, d, a, l1, what);
+    }
+  }
+  const std::string ftrain = train +
+                             " --set model.arch=falcon_mamba --set model.layers=3 --set model.conv_kernel=4"
+                             " --set data.sequential=true --set data.carry_state=true";
+  const auto ref = one_process_losses(ftrain, "fcarry1");
+  ASSERT_EQ(ref.size(), 6u);
+  for (const auto& [n, R] : {std::pair{2, 1}, std::pair{4, 2}}) {
+    const auto name = "fcarry_n" + std::to_string(n) + "R" + std::to_string(R);
+    const auto r =
+        mpirun(n, ftrain + out_dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" + std::to_string(R));
+    ASSERT_EQ(r.code, 0) << r.out;
+    expect_same_losses(losses(tmp_path(name)), ref, name);
+    expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path("fcarry1")), name + " grad_norm");
+  }
+}
+
 // The memory levers under rank layouts (bf16 storage, layer checkpointing,
 // token blocks, a carried state): training equals one process, and a
 // checkpoint with a carried state resumes on another layout.
@@ -412,8 +480,8 @@ TEST_F(DistributedCli, MemoryLeversTrainAndResumeAcrossLayouts) {
   }
   // Stop after 3 steps on 2 layer ranks, resume on 2 data ranks: the carried state crosses layouts.
   ASSERT_EQ(mpirun(2, levers + out_dir("lev_a") + " --until 3 --set dist.layer_ranks=2").code, 0);
-  const auto rb = mpirun(2, levers + out_dir("lev_b") + " --resume " + tmp_path("lev_a") +
-                                "/checkpoint.h5 --set dist.layer_ranks=1");
+  const auto rb = mpirun(
+      2, levers + out_dir("lev_b") + " --resume " + tmp_path("lev_a") + "/checkpoint.h5 --set dist.layer_ranks=1");
   ASSERT_EQ(rb.code, 0) << rb.out;
   auto both = losses(tmp_path("lev_a"));
   for (double l : losses(tmp_path("lev_b"))) both.push_back(l);
@@ -423,8 +491,12 @@ TEST_F(DistributedCli, MemoryLeversTrainAndResumeAcrossLayouts) {
 TEST_F(DistributedCli, BadLayoutsAndAFailingRankEndEveryRankWithOneMessage) {
   const auto ckpt = tmp_path("m.h5");
   ASSERT_EQ(run("init --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=32 "
-                "--set data.batch=2 --out " + ckpt).code, 0);
-  const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint-exact --out " + tmp_path("g.h5");
+                "--set data.batch=2 --out " +
+                ckpt)
+                .code,
+            0);
+  const auto g =
+      "grad --checkpoint " + ckpt + " --tokens " + text + " --engine adjoint-exact --out " + tmp_path("g.h5");
   struct Case {
     int n;
     std::string args, env, needle;
@@ -462,12 +534,13 @@ TEST_F(DistributedCli, LockIsHeldByTheWholeRun) {
   const auto args = "train --set data.train=" + text +
                     " --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=24"
                     " --set optim.steps=100000000 --set run.log_every=100000000 --set run.ckpt_every=0"
-                    " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" + dir;
+                    " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" +
+                    dir;
   // `exec` keeps the shell's PID for the job, so $$ names it. Progress is read
   // from metrics.jsonl, not stdout (an unread pipe full of progress lines would
   // block the job); `timeout` bounds the run whatever happens.
-  const std::string cmd = "echo $$; exec timeout -k 10 240 " + mpiexec_line() + " -n 2 " +
-                          std::string(cli_path()) + " " + args + " 2>&1";
+  const std::string cmd =
+      "echo $$; exec timeout -k 10 240 " + mpiexec_line() + " -n 2 " + std::string(cli_path()) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[4096];
@@ -490,7 +563,6 @@ TEST_F(DistributedCli, LockIsHeldByTheWholeRun) {
   pclose(p);
 }
 
-
 // A batch system's warning before the time limit (Slurm's --signal=USR1@N
 // reaches every rank; here mpiexec forwards it): every rank finishes the same
 // step, rank 0 writes that step's checkpoint once, the job exits 138 and the
@@ -501,9 +573,10 @@ TEST_F(DistributedCli, Sigusr1StopsEveryRankAfterTheSameStepWithACheckpoint) {
   const auto args = "train --set data.train=" + text +
                     " --set model.width=8 --set model.state=4 --set model.layers=2 --set data.seq_len=24"
                     " --set optim.steps=100000000 --set run.log_every=100000000 --set run.ckpt_every=0"
-                    " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" + dir;
-  const std::string cmd = "echo $$; exec timeout -k 10 240 " + mpiexec_line() + " -n 2 " +
-                          std::string(cli_path()) + " " + args + " 2>&1";
+                    " --set run.eval_every=0 --set dist.layer_ranks=2 --set run.out_dir=" +
+                    dir;
+  const std::string cmd =
+      "echo $$; exec timeout -k 10 240 " + mpiexec_line() + " -n 2 " + std::string(cli_path()) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   char buf[4096];
@@ -530,8 +603,9 @@ TEST_F(DistributedCli, Sigusr1StopsEveryRankAfterTheSameStepWithACheckpoint) {
   CheckpointInfo info;
   ash::load_checkpoint<float>(dir + "/checkpoint.h5", &info);
   EXPECT_EQ(std::int64_t(steps_logged()), info.step) << "the checkpoint is the last step logged";
-  const auto resumed = mpirun(2, "train --resume " + dir + "/checkpoint.h5 --set dist.layer_ranks=2 --set optim.steps=" +
-                                     std::to_string(info.step + 2));
+  const auto resumed =
+      mpirun(2, "train --resume " + dir +
+                    "/checkpoint.h5 --set dist.layer_ranks=2 --set optim.steps=" + std::to_string(info.step + 2));
   EXPECT_EQ(resumed.code, 0) << resumed.out;
 }
 
