@@ -19,6 +19,7 @@ for f in sorted(glob.glob(a + "/*.grad")):
         elif x != y and not isinstance(x, (bytes, str)): print("DIFF", os.path.basename(f), n, x, y); bad += 1
 for f in sorted(glob.glob(a + "/*.txt")) + sorted(glob.glob(a + "/*.loss")):
     g = b + "/" + os.path.basename(f)
+    if not os.path.exists(g): print("MISSING", g); bad += 1; continue
     if open(f).read() != open(g).read(): print("TEXT DIFF", os.path.basename(f)); bad += 1
 print("compared", len(glob.glob(a + "/*.grad")), "gradient files;", bad, "differences")
 for arch in ("ssm", "mamba"):
