@@ -1,7 +1,7 @@
 // transformers' Mamba folders out and back in (app/hf_mamba, what export-hf and
 // import-hf run): the input picks a small MambaForCausalLM configuration (its
-// first 8 bytes: vocabulary, width, state, layers, expand, conv kernel, dt rank,
-// tied and the file's dtype) and the tensors' values (the rest, two bytes a
+// first 8 bytes: vocabulary, width, state, layers, expand, conv kernel, dt rank
+// and FalconMamba with its mixer_rms_eps, tied and the file's dtype) and the tensors' values (the rest, two bytes a
 // value, cycled). write_hf_mamba writes the folder and read_hf_mamba reads it
 // back: the same sizes, every value the written one rounded to the dtype, and a
 // second round trip of what was read gives the same bits. An ash::Error for
@@ -38,16 +38,20 @@ bool rounded_from(double got, double want, ash::TensorDtype dtype) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 8) return 0;
-  const nlohmann::json cfg = {{"model",
-                               {{"arch", "mamba"},
-                                {"vocab", 2 + data[0] % 17},
-                                {"width", 1 + data[1] % 9},
-                                {"state", 1 + data[2] % 5},
-                                {"layers", 1 + data[3] % 3},
-                                {"expand", 1 + data[4] % 3},
-                                {"conv_kernel", 1 + data[5] % 4},
-                                {"dt_rank", data[6] % 4},
-                                {"tie_embeddings", (data[7] & 1) != 0}}}};
+  nlohmann::json cfg = {{"model",
+                         {{"arch", "mamba"},
+                          {"vocab", 2 + data[0] % 17},
+                          {"width", 1 + data[1] % 9},
+                          {"state", 1 + data[2] % 5},
+                          {"layers", 1 + data[3] % 3},
+                          {"expand", 1 + data[4] % 3},
+                          {"conv_kernel", 1 + data[5] % 4},
+                          {"dt_rank", data[6] % 4},
+                          {"tie_embeddings", (data[7] & 1) != 0}}}};
+  if (data[6] & 4) {  // a FalconMamba: the same tensors, mixer_rms_eps in config.json
+    cfg["model"]["arch"] = "falcon_mamba";
+    cfg["model"]["mixer_rms_eps"] = (1 + (data[6] >> 3)) * 1e-7;
+  }
   const ash::TensorDtype dtypes[] = {ash::TensorDtype::f64, ash::TensorDtype::f32, ash::TensorDtype::bf16,
                                      ash::TensorDtype::f16};
   const ash::TensorDtype dtype = dtypes[(data[7] >> 1) % 4];
@@ -73,8 +77,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const ash::MambaDims e = ash::mamba_dims(a.config, "fuzz (read back)");
     if (e.width != d.width || e.state != d.state || e.layers != d.layers || e.vocab != d.vocab ||
         e.expand != d.expand || e.conv_kernel != d.conv_kernel || e.rank() != d.rank() ||
-        e.tie_embeddings != d.tie_embeddings)
+        e.tie_embeddings != d.tie_embeddings || e.falcon != d.falcon || e.mixer_rms_eps != d.mixer_rms_eps)
       finding("the configuration read back has other sizes");
+    // The keys themselves too (mamba_dims reads both sides, so one of its slips would cancel out).
+    const auto& m = a.config.at("model");
+    if (m.at("arch") != cfg["model"]["arch"] || m.contains("mixer_rms_eps") != cfg["model"].contains("mixer_rms_eps") ||
+        (m.contains("mixer_rms_eps") && m["mixer_rms_eps"] != cfg["model"]["mixer_rms_eps"]))
+      finding("model.arch or model.mixer_rms_eps read back differently");
     if (a.tensors.size() != tensors.size()) finding("another number of tensors read back");
     for (const auto& [name, t] : tensors) {
       const auto it = a.tensors.find(name);

@@ -424,7 +424,100 @@ TEST(HfMamba, ConfigMapping) {
   refused("num_hidden_layers", std::int64_t(1) << 40, "model.layers 1099511627776 is above");
   refused("hidden_size", std::int64_t(1) << 62, "sizes overflow");
   expect_error([] { (void)mamba_dims(nlohmann::json::parse(R"({"model": {"arch": "ssm-resnet"}})"), "cfg"); },
-               "model.arch \"ssm-resnet\" is not \"mamba\"");
+               "model.arch \"ssm-resnet\" is not \"mamba\" or \"falcon_mamba\"");
+}
+
+// FalconMambaConfig (transformers' FalconMambaForCausalLM): MambaConfig's keys and
+// mixer_rms_eps, read as model.arch = falcon_mamba and model.mixer_rms_eps and written back.
+TEST(HfMamba, FalconMambaConfig) {
+  auto hf = tiny_hf_config(false);
+  hf["model_type"] = "falcon_mamba";
+  hf["architectures"] = {"FalconMambaForCausalLM"};
+  hf["mixer_rms_eps"] = 1e-3;
+  hf["use_falcon_mambapy"] = false;  // FalconMambaConfig's old name of use_mambapy: its own key, not ignored
+  std::vector<std::string> ignored;
+  const auto c = hf_mamba_config_to_ash(hf, "config.json", &ignored);
+  EXPECT_EQ(c, nlohmann::json::parse(R"({"model": {"arch": "falcon_mamba", "width": 16, "state": 4, "layers": 2,
+      "vocab": 50, "expand": 2, "conv_kernel": 4, "dt_rank": 0, "tie_embeddings": false, "norm_eps": 1e-5,
+      "mixer_rms_eps": 1e-3}})"));
+  EXPECT_EQ(ignored, std::vector<std::string>{"some_new_key"});
+  const MambaDims d = mamba_dims(c, "test");
+  EXPECT_TRUE(d.falcon);
+  EXPECT_EQ(d.mixer_rms_eps, 1e-3);
+  const auto back = ash_config_to_hf_mamba(c, TensorDtype::f32);
+  EXPECT_EQ(back["model_type"], "falcon_mamba");
+  EXPECT_EQ(back["architectures"], nlohmann::json::array({"FalconMambaForCausalLM"}));
+  EXPECT_EQ(back["mixer_rms_eps"], 1e-3);
+  EXPECT_EQ(hf_mamba_config_to_ash(back, "back"), c);
+  // The same keys as a Mamba's config.json, and mixer_rms_eps.
+  auto mamba_back = ash_config_to_hf_mamba(hf_mamba_config_to_ash(tiny_hf_config(false), "m"), TensorDtype::f32);
+  EXPECT_FALSE(mamba_back.contains("mixer_rms_eps"));
+  mamba_back["mixer_rms_eps"] = 1e-3;
+  for (auto it = mamba_back.begin(); it != mamba_back.end(); ++it)
+    if (it.key() != "architectures" && it.key() != "model_type") EXPECT_EQ(back.at(it.key()), it.value()) << it.key();
+  EXPECT_EQ(back.size(), mamba_back.size());
+  // Defaults and the choice without model_type: by architectures.
+  auto bare = hf;
+  bare.erase("mixer_rms_eps");
+  bare.erase("model_type");
+  EXPECT_EQ(hf_mamba_config_to_ash(bare, "config.json")["model"]["mixer_rms_eps"], 1e-6);
+  bare.erase("architectures");  // neither: a Mamba, as before
+  EXPECT_EQ(hf_mamba_config_to_ash(bare, "config.json")["model"]["arch"], "mamba");
+  // A Mamba's config.json with mixer_rms_eps: not a MambaConfig key, listed as ignored and not read.
+  auto m = tiny_hf_config(true);
+  m["mixer_rms_eps"] = 1e-3;
+  ignored.clear();
+  EXPECT_FALSE(hf_mamba_config_to_ash(m, "config.json", &ignored)["model"].contains("mixer_rms_eps"));
+  EXPECT_EQ(ignored, (std::vector<std::string>{"mixer_rms_eps", "some_new_key"}));
+
+  auto refused = [&](const char* key, const nlohmann::json& value, const std::string& needle) {
+    SCOPED_TRACE(key);
+    auto h = hf;
+    if (value.is_null())
+      h.erase(key);
+    else
+      h[key] = value;
+    expect_error([&] { (void)hf_mamba_config_to_ash(h, "config.json"); }, needle);
+  };
+  refused("mixer_rms_eps", 0.0, "\"mixer_rms_eps\" is 0.0, not a positive number");
+  refused("mixer_rms_eps", "x", "\"mixer_rms_eps\" is \"x\"");
+  refused("architectures", nlohmann::json::array({"MambaForCausalLM"}),
+          "architectures [\"MambaForCausalLM\"] is not [\"FalconMambaForCausalLM\"] (model_type \"falcon_mamba\")");
+  refused("model_type", "mamba", "architectures [\"FalconMambaForCausalLM\"] is not [\"MambaForCausalLM\"]");
+  refused("model_type", "falcon_h1", "model_type \"falcon_h1\" is not \"mamba\" or \"falcon_mamba\"");
+  refused("use_bias", true, "use_bias = true");
+  refused("use_conv_bias", false, "use_conv_bias = false");
+  refused("hidden_act", "relu", "hidden_act \"relu\" is not supported");
+  refused("intermediate_size", 48, "intermediate_size 48 is not expand × hidden_size = 32");
+  refused("rms_norm", false, "rms_norm = false");
+  auto no_type = hf;
+  no_type.erase("model_type");
+  no_type["architectures"] = {"FalconMambaModel"};
+  expect_error([&] { (void)hf_mamba_config_to_ash(no_type, "config.json"); },
+               "architectures [\"FalconMambaModel\"] is not [\"MambaForCausalLM\"] or [\"FalconMambaForCausalLM\"]");
+  expect_error([] { (void)mamba_dims(nlohmann::json::parse(R"({"model": {"arch": "falcon_mamba", "width": 4,
+      "state": 2, "layers": 1, "vocab": 5, "mixer_rms_eps": -1}})"), "cfg"); },
+               "cfg: model: \"mixer_rms_eps\" is -1");
+
+  // A folder: written and read back with its configuration; the model's layout is the mapping's.
+  const auto tensors = tensors_for(c);
+  Config cfg;
+  cfg.merge(c, "config.json");
+  cfg.validate();
+  EXPECT_TRUE(cfg.model().mixer_norms());
+  EXPECT_EQ(cfg.model().mixer_rms_eps, 1e-3);
+  const auto layout = param_layout(cfg.model());
+  ASSERT_EQ(layout.size(), tensors.size());
+  for (const auto& t : layout) EXPECT_EQ(tensors.at(t.name).shape, t.shape) << t.name;
+  const std::string dir = tmp_path("hf_falcon");
+  fs::remove_all(dir);
+  write_hf_mamba(dir, cfg.json(), tensors, TensorDtype::f64);
+  const HfMambaModel r = read_hf_mamba(dir);
+  EXPECT_EQ(r.config, c);
+  for (const auto& x : tensors) EXPECT_EQ(r.tensors.at(x.first).values, x.second.values) << x.first;
+  auto extra = tensors;
+  extra["layers/000/b_layernorm"] = extra.at("layers/000/D");
+  expect_error([&] { write_hf_mamba(dir, c, extra); }, "writing FalconMamba folder");
 }
 
 TEST(HfMamba, LayerNames) {

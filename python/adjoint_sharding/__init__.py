@@ -223,8 +223,9 @@ def plan(config, workload="train", precision=None):
 
 
 def import_hf(hf_dir, out, precision="double"):
-    """`ash import-hf`: a Hugging Face MambaForCausalLM folder (config.json and model.safetensors,
-    or its index and shards) written as the checkpoint `out` in precision "float" or "double".
+    """`ash import-hf`: a Hugging Face MambaForCausalLM or FalconMambaForCausalLM folder (config.json
+    and model.safetensors, or its index and shards) written as the checkpoint `out` in precision
+    "float" or "double" (model.arch "mamba" or "falcon_mamba", with model.mixer_rms_eps).
     Returns a dict: config (the stored configuration), source_dtypes ("F32", ...), ignored
     (config.json keys transformers does not define) and parameters."""
     precision = _precision(precision) or "double"
@@ -234,8 +235,8 @@ def import_hf(hf_dir, out, precision="double"):
 
 
 def export_hf(checkpoint_path, hf_dir, dtype=None):
-    """`ash export-hf`: a model.arch = "mamba" checkpoint written as config.json and
-    model.safetensors in `hf_dir` (created when missing), which
-    transformers.MambaForCausalLM.from_pretrained(hf_dir) loads. dtype: "float" (F32) or
+    """`ash export-hf`: a model.arch = "mamba" (or "falcon_mamba") checkpoint written as
+    config.json and model.safetensors in `hf_dir` (created when missing), which
+    transformers.MambaForCausalLM.from_pretrained(hf_dir) (FalconMambaForCausalLM's) loads. dtype: "float" (F32) or
     "double" (F64); None writes the checkpoint's precision. Returns {dtype, parameters}."""
     return _core.export_hf(str(checkpoint_path), str(hf_dir), _precision(dtype))

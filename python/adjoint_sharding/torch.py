@@ -19,7 +19,8 @@ g = ∂L/∂yK. docs/python.md has the options and the memory this saves.
 wrap keeps the model's own parameters (read in place by the C++ pass, their
 gradients accumulated into .grad by autograd as usual); embedding, final norm
 and lm_head stay in PyTorch, and calls with a cache (generation) run
-transformers' own blocks.
+transformers' own blocks. A FalconMambaForCausalLM (or FalconMambaModel) wraps
+alike, its blocks the FalconMamba kind (the mixer norms on δ, B and C).
 """
 import json as _json
 
@@ -239,7 +240,8 @@ class SSMStack(_torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::StackAdjoint (Mamba kind).
+# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::StackAdjoint (Mamba kind), and
+# FalconMambaForCausalLM / FalconMambaModel by the FalconMamba kind (the same tensors).
 
 # One block's tensors in the order _core.mamba_stack_forward takes them (the
 # checkpoint's names): transformers' MambaBlock attribute paths.
@@ -256,18 +258,34 @@ def _attr(module, path):
     return module
 
 
-def _backbone(model):
-    """model.backbone of a MambaForCausalLM, or a MambaModel itself."""
+def _modeling():
+    """transformers' Mamba and FalconMamba modelling modules."""
     try:
+        from transformers.models.falcon_mamba import modeling_falcon_mamba as _fm
         from transformers.models.mamba import modeling_mamba as _mm
     except ImportError as e:  # pragma: no cover - transformers is what wrap is for
         raise Error(f"adjoint_sharding.torch.wrap needs transformers ({e})") from None
-    if isinstance(model, _mm.MambaForCausalLM):
+    return _mm, _fm
+
+
+def _backbone(model):
+    """model.backbone of a (Falcon)MambaForCausalLM, or a (Falcon)MambaModel itself."""
+    _mm, _fm = _modeling()
+    if isinstance(model, (_mm.MambaForCausalLM, _fm.FalconMambaForCausalLM)):
         return model.backbone
-    if isinstance(model, _mm.MambaModel):
+    if isinstance(model, (_mm.MambaModel, _fm.FalconMambaModel)):
         return model
-    raise Error(f"adjoint_sharding.torch.wrap takes a transformers MambaForCausalLM or MambaModel, "
-                f"got {type(model).__name__}")
+    raise Error(f"adjoint_sharding.torch.wrap takes a transformers MambaForCausalLM or MambaModel, or a "
+                f"FalconMambaForCausalLM or FalconMambaModel, got {type(model).__name__}")
+
+
+def _arch(backbone):
+    """Our model.arch of a backbone _backbone returned."""
+    return "falcon_mamba" if isinstance(backbone, _modeling()[1].FalconMambaModel) else "mamba"
+
+
+# A FalconMamba mixer's weightless RMSNorms (on δ, B and C), each with its own epsilon.
+_MIXER_NORMS = ("dt_layernorm", "b_layernorm", "c_layernorm")
 
 
 def _mamba_dims(backbone):
@@ -284,9 +302,11 @@ def _mamba_dims(backbone):
     D, E = int(cfg.hidden_size), int(cfg.intermediate_size)
     if E % D:
         raise Error(f"{where}: intermediate_size {E} is not a multiple of hidden_size {D}")
-    dims = {"width": D, "state": int(cfg.state_size), "layers": len(backbone.layers), "expand": E // D,
-            "conv_kernel": int(cfg.conv_kernel), "dt_rank": int(cfg.time_step_rank),
+    dims = {"arch": _arch(backbone), "width": D, "state": int(cfg.state_size), "layers": len(backbone.layers),
+            "expand": E // D, "conv_kernel": int(cfg.conv_kernel), "dt_rank": int(cfg.time_step_rank),
             "norm_eps": float(cfg.layer_norm_epsilon)}
+    if dims["arch"] == "falcon_mamba":
+        dims["mixer_rms_eps"] = float(cfg.mixer_rms_eps)
     _check_blocks(backbone, dims)
     return dims
 
@@ -314,6 +334,19 @@ def _check_blocks(backbone, dims):
         if tuple(m.conv1d.weight.shape) != (E, 1, dims["conv_kernel"]) or m.conv1d.padding != (dims["conv_kernel"] - 1,):
             raise Error(f"{where}: block {k}'s conv1d is not the depthwise causal conv of conv_kernel "
                         f"{dims['conv_kernel']}")
+        # The mixer norms the C++ block computes (a FalconMamba's, with its one epsilon) or not (a Mamba's):
+        # a mixer of the other kind, or a norm of another epsilon, would be computed as something else.
+        norms = [getattr(m, n, None) for n in _MIXER_NORMS]
+        if "mixer_rms_eps" not in dims:
+            if any(n is not None for n in norms):
+                raise Error(f"{where}: block {k}'s mixer has FalconMamba's mixer norms in a MambaModel")
+            continue
+        for name, norm in zip(_MIXER_NORMS, norms):
+            if norm is None:
+                raise Error(f"{where}: block {k}'s mixer has no {name} (a Mamba mixer in a FalconMambaModel)")
+            if float(norm.eps) != dims["mixer_rms_eps"]:
+                raise Error(f"{where}: block {k}'s mixer.{name} epsilon {norm.eps} is not mixer_rms_eps "
+                            f"{dims['mixer_rms_eps']}")
 
 
 def _stack_options(state):
@@ -403,7 +436,7 @@ def _run_blocks(backbone, y0):
 
 def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_cache=None, output_hidden_states=None,
                      return_dict=None, attention_mask=None, **kwargs):
-    """MambaModel.forward with the blocks in C++; transformers' own forward whenever a
+    """(Falcon)MambaModel.forward with the blocks in C++; transformers' own forward whenever a
     cache is passed or asked for, or every block's hidden states are."""
     original = type(self).forward.__get__(self)
     hidden_all = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -411,7 +444,8 @@ def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_c
         return original(input_ids=input_ids, inputs_embeds=inputs_embeds, cache=cache, use_cache=use_cache,
                         output_hidden_states=output_hidden_states, return_dict=return_dict,
                         attention_mask=attention_mask, **kwargs)
-    from transformers.models.mamba.modeling_mamba import MambaOutput
+    _mm, _fm = _modeling()
+    output = _fm.FalconMambaOutput if _arch(self) == "falcon_mamba" else _mm.MambaOutput
     return_dict = return_dict if return_dict is not None else self.config.return_dict
     if (input_ids is None) ^ (inputs_embeds is not None):
         raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -423,7 +457,7 @@ def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_c
     hidden_states = self.norm_f(_run_blocks(self, inputs_embeds))
     if not return_dict:
         return (hidden_states,)
-    return MambaOutput(last_hidden_state=hidden_states, cache=None, hidden_states=None)
+    return output(last_hidden_state=hidden_states, cache=None, hidden_states=None)
 
 
 class _WrappedForward:
@@ -443,6 +477,7 @@ class _WrappedForward:
 def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", layer_checkpoint=1, token_block=0):
     """Runs the blocks of a transformers MambaForCausalLM (or MambaModel) in C++:
     forward and E3 backward (ash::StackAdjoint of the Mamba kind), on the model's own parameters.
+    A FalconMambaForCausalLM (or FalconMambaModel) alike: the FalconMamba kind, its mixer_rms_eps.
 
     The model is changed in place (its backbone's forward) and returned; its
     parameters, state_dict, embedding, final norm, lm_head and loss are untouched,

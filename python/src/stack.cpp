@@ -3,7 +3,8 @@
 // copies, as views of the caller's buffer (numpy through the buffer protocol, torch
 // through DLPack; on the device the library was built for: host memory, or the GPU of
 // a CUDA build); the adjoint_sharding.torch SSMStack module calls these. The Mamba
-// stack (StackAdjoint of the Mamba kind, adjoint_sharding.torch.wrap) reads its
+// stack (StackAdjoint of the Mamba or the FalconMamba kind, by the options' arch;
+// adjoint_sharding.torch.wrap) reads its
 // blocks' parameters in place too, and writes their gradients into arrays the caller
 // allocated.
 #include <nanobind/nanobind.h>
@@ -29,8 +30,9 @@ namespace {
 
 template <class S>
 using SsmStack = ash::StackAdjoint<S, ash::SsmResNetKind>;
-template <class S>
-using MambaStack = ash::StackAdjoint<S, ash::MambaKind>;
+// K: ash::MambaKind or ash::FalconMambaKind (the same tensors; the latter's blocks norm δ, B and C).
+template <class S, class K>
+using MambaStack = ash::StackAdjoint<S, K>;
 
 struct StackOptions {
   std::int64_t vocab = 256, width = 0, state = 0, layers = 0;
@@ -178,10 +180,12 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> stack_layout(cons
   return out;
 }
 
-// A Mamba layer stack's sizes and E3 options (adjoint_sharding.torch.wrap).
+// A Mamba or FalconMamba layer stack's sizes and E3 options (adjoint_sharding.torch.wrap).
 struct MambaStackOptions {
+  std::string arch = "mamba";  // model.arch: "mamba" or "falcon_mamba"
   std::int64_t width = 0, state = 0, layers = 0, expand = 2, conv_kernel = 4, dt_rank = 0;
   double norm_eps = 1e-5;
+  double mixer_rms_eps = 1e-6;  // a FalconMamba's
   bool detach_inputs = false;
   std::int64_t truncate = 0, chunk = 64, layer_checkpoint = 1, token_block = 0;
   std::string storage = "float";
@@ -196,8 +200,10 @@ std::string exact_double(double v) {
 // The options as a configuration, checked as `ash grad` checks them; the
 // Mamba stack itself refuses what it does not run (StackAdjoint's constructor).
 std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaStackOptions& o, std::int64_t T) {
+  ash::require(o.arch == "mamba" || o.arch == "falcon_mamba",
+               "the stack's arch must be mamba or falcon_mamba (got '" + o.arch + "')");
   ash::Config cfg;
-  cfg.set("model.arch=mamba");
+  cfg.set("model.arch=" + o.arch);
   cfg.set("model.vocab=256");  // unused: the stack has no embedding or head
   cfg.set("model.width=" + std::to_string(o.width));
   cfg.set("model.state=" + std::to_string(o.state));
@@ -206,6 +212,7 @@ std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaSt
   cfg.set("model.conv_kernel=" + std::to_string(o.conv_kernel));
   cfg.set("model.dt_rank=" + std::to_string(o.dt_rank));
   cfg.set("model.norm_eps=" + exact_double(o.norm_eps));
+  if (o.arch == "falcon_mamba") cfg.set("model.mixer_rms_eps=" + exact_double(o.mixer_rms_eps));
   set_engine_keys(cfg, o, T);
   const auto st = cfg.settings();
   return {st.model, st.grad};
@@ -224,15 +231,15 @@ using AnyArray = nb::ndarray<S, nb::c_contig, DeviceTag>;
 // Views of the caller's arrays, without copies (a wrong dtype, layout or device
 // is refused, never converted: a converted copy of a gradient would be lost).
 // `arrays` keeps the arrays referenced for the call.
-template <class S>
-typename MambaStack<S>::Blocks mamba_blocks(const nb::list& blocks, const ash::ModelDims& d, const char* what,
-                                                   std::vector<AnyArray<S>>& arrays) {
+template <class S, class K>
+typename MambaStack<S, K>::Blocks mamba_blocks(const nb::list& blocks, const ash::ModelDims& d, const char* what,
+                                               std::vector<AnyArray<S>>& arrays) {
   ash::require(std::int64_t(blocks.size()) == d.layers, std::string(what) + " has " + std::to_string(blocks.size()) +
                                                             " blocks, expected K = " + std::to_string(d.layers));
   const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
   const std::vector<std::vector<std::int64_t>> shapes = {{D},     {2 * E, D}, {E, Kc}, {E}, {R + 2 * N, E},
                                                          {E, R},  {E},        {E, N},  {E}, {D, E}};
-  typename MambaStack<S>::Blocks out;
+  typename MambaStack<S, K>::Blocks out;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const nb::handle bk = blocks[k];
     const std::string where = std::string(what) + " of block " + std::to_string(k);
@@ -272,20 +279,29 @@ typename MambaStack<S>::Blocks mamba_blocks(const nb::list& blocks, const ash::M
     p.A_log = U2(ptr[7], E, N);
     p.D = U1(ptr[8], E);
     p.out_proj = U2(ptr[9], D, E);
-    out.push_back(p);
+    out.push_back(typename K::template Params<S>{p});
   }
   return out;
 }
 
-template <class S>
-void mamba_stack_forward(const nb::list& blocks, const MambaStackOptions& o, Tensor3<S> y0, Tensor3<S> yK) {
-  const auto [d, opts] = mamba_stack_settings(o, std::int64_t(y0.shape(1)));
+// f(K{}) for the stack's kind: a FalconMamba's or a Mamba's.
+template <class F>
+void with_mamba_kind(const ash::ModelDims& d, F&& f) {
+  if (d.mixer_norms())
+    f(ash::FalconMambaKind{});
+  else
+    f(ash::MambaKind{});
+}
+
+template <class S, class K>
+void mamba_stack_forward(const nb::list& blocks, const ash::ModelDims& d, const ash::EngineOptions& opts,
+                         Tensor3<S> y0, Tensor3<S> yK) {
   ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
                                                          ", expected the hidden size D = " + std::to_string(d.width));
   check_shape(yK, "yK", y0.shape(0), y0.shape(1), y0.shape(2));
   std::vector<AnyArray<S>> keep;
-  const auto ps = mamba_blocks<S>(blocks, d, "the parameters", keep);
-  const MambaStack<S> stack(d, opts);
+  const auto ps = mamba_blocks<S, K>(blocks, d, "the parameters", keep);
+  const MambaStack<S, K> stack(d, opts);
   const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
   nb::gil_scoped_release nogil;
   stack.forward(ps, s, rows_view(y0), rows_view(yK));
@@ -293,26 +309,42 @@ void mamba_stack_forward(const nb::list& blocks, const MambaStackOptions& o, Ten
 }
 
 template <class S>
-void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const MambaStackOptions& o, Tensor3<S> y0,
-                          Tensor3<S> g) {
+void mamba_stack_forward(const nb::list& blocks, const MambaStackOptions& o, Tensor3<S> y0, Tensor3<S> yK) {
   const auto [d, opts] = mamba_stack_settings(o, std::int64_t(y0.shape(1)));
+  with_mamba_kind(d, [&, &d = d, &opts = opts](auto kind) {
+    mamba_stack_forward<S, decltype(kind)>(blocks, d, opts, y0, yK);
+  });
+}
+
+template <class S, class K>
+void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const ash::ModelDims& d,
+                          const ash::EngineOptions& opts, Tensor3<S> y0, Tensor3<S> g) {
   ash::require(std::int64_t(y0.shape(2)) == d.width, "y0's last dimension is " + std::to_string(y0.shape(2)) +
                                                          ", expected the hidden size D = " + std::to_string(d.width));
   check_shape(g, "g", y0.shape(0), y0.shape(1), y0.shape(2));
   std::vector<AnyArray<S>> keep;
-  const auto ps = mamba_blocks<S>(blocks, d, "the parameters", keep);
-  const auto gs = mamba_blocks<S>(grads, d, "the gradient", keep);
-  const MambaStack<S> stack(d, opts);
+  const auto ps = mamba_blocks<S, K>(blocks, d, "the parameters", keep);
+  const auto gs = mamba_blocks<S, K>(grads, d, "the gradient", keep);
+  const MambaStack<S, K> stack(d, opts);
   const ash::SeqShape s{ash::index_t(y0.shape(0)), ash::index_t(y0.shape(1))};
   nb::gil_scoped_release nogil;
   stack.backward(ps, s, rows_view(y0), rows_view(g), gs);
   Kokkos::fence();
 }
 
+template <class S>
+void mamba_stack_backward(const nb::list& blocks, const nb::list& grads, const MambaStackOptions& o, Tensor3<S> y0,
+                          Tensor3<S> g) {
+  const auto [d, opts] = mamba_stack_settings(o, std::int64_t(y0.shape(1)));
+  with_mamba_kind(d, [&, &d = d, &opts = opts](auto kind) {
+    mamba_stack_backward<S, decltype(kind)>(blocks, grads, d, opts, y0, g);
+  });
+}
+
 // Constructing the stack checks the options (the refusals come before any tensor is touched).
 void mamba_stack_check(const MambaStackOptions& o) {
   const auto [d, opts] = mamba_stack_settings(o, 2);
-  const MambaStack<double> stack(d, opts);
+  with_mamba_kind(d, [&, &d = d, &opts = opts](auto kind) { const MambaStack<double, decltype(kind)> stack(d, opts); });
 }
 
 }  // namespace
@@ -357,6 +389,7 @@ void bind_stack(nb::module_& m) {
       "params"_a, "options"_a, "y0"_a, "g"_a, "cu_seqlens"_a = std::vector<std::int64_t>());
   nb::class_<MambaStackOptions>(m, "MambaStackOptions")
       .def(nb::init<>())
+      .def_rw("arch", &MambaStackOptions::arch)
       .def_rw("width", &MambaStackOptions::width)
       .def_rw("state", &MambaStackOptions::state)
       .def_rw("layers", &MambaStackOptions::layers)
@@ -364,6 +397,7 @@ void bind_stack(nb::module_& m) {
       .def_rw("conv_kernel", &MambaStackOptions::conv_kernel)
       .def_rw("dt_rank", &MambaStackOptions::dt_rank)
       .def_rw("norm_eps", &MambaStackOptions::norm_eps)
+      .def_rw("mixer_rms_eps", &MambaStackOptions::mixer_rms_eps)
       .def_rw("detach_inputs", &MambaStackOptions::detach_inputs)
       .def_rw("truncate", &MambaStackOptions::truncate)
       .def_rw("chunk", &MambaStackOptions::chunk)

@@ -189,7 +189,11 @@ def test_outputs_may_not_replace_inputs(tmp_path, ash_cli):
 
 def sharded(folder, model):
     """`model` saved as two shards and an index, as save_pretrained writes a large model."""
-    saved(model, folder, torch.float32)
+    return shard(saved(model, folder, torch.float32))
+
+
+def shard(folder):
+    """folder's model.safetensors replaced by two shards and an index."""
     t = load_tensors(folder)
     (folder / "model.safetensors").unlink()
     names = sorted(t)

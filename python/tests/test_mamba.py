@@ -11,7 +11,9 @@ casts to float32 in places (A_log.float(), D.float(), dt_proj.bias.float(), B.fl
 the scan input .float(), MambaRMSNorm's .to(torch.float32), residual_in_fp32, the
 logits' .float()); inside these tests, and only there, `torch.Tensor.float` is the
 identity, MambaRMSNorm.forward keeps the input's dtype and residual_in_fp32 is off,
-so every number stays in float64. Nothing else of the model is changed.
+so every number stays in float64. Nothing else of the model is changed. The same
+holds for FalconMambaForCausalLM (test_falcon_mamba.py), whose FalconMambaRMSNorm is
+patched alike and whose weightless mixer norms cast by .float().
 """
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from conftest import run_cli
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from transformers.models.falcon_mamba import modeling_falcon_mamba  # noqa: E402
 from transformers.models.mamba import modeling_mamba  # noqa: E402
 
 RTOL = 1e-10
@@ -35,16 +38,21 @@ def float64_slow_path(monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: self)
     monkeypatch.setattr(modeling_mamba.MambaRMSNorm, "forward", rms_norm_f64)
+    monkeypatch.setattr(modeling_falcon_mamba.FalconMambaRMSNorm, "forward", rms_norm_f64)
     torch.manual_seed(0)
 
 
-def hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed):
-    cfg = transformers.MambaConfig(vocab_size=V, hidden_size=D, state_size=N, num_hidden_layers=K, expand=expand,
-                                   conv_kernel=Kc, time_step_rank=R, tie_word_embeddings=tied,
-                                   layer_norm_epsilon=eps, residual_in_fp32=False, use_cache=False,
-                                   use_mambapy=False)
+def hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed, mixer_eps=None):
+    """A MambaForCausalLM, or with mixer_eps a FalconMambaForCausalLM (its mixer_rms_eps)."""
+    kw = dict(vocab_size=V, hidden_size=D, state_size=N, num_hidden_layers=K, expand=expand, conv_kernel=Kc,
+              time_step_rank=R, tie_word_embeddings=tied, layer_norm_epsilon=eps, residual_in_fp32=False,
+              use_cache=False, use_mambapy=False)
+    if mixer_eps is None:
+        cls, cfg = transformers.MambaForCausalLM, transformers.MambaConfig(**kw)
+    else:
+        cls, cfg = transformers.FalconMambaForCausalLM, transformers.FalconMambaConfig(mixer_rms_eps=mixer_eps, **kw)
     torch.manual_seed(seed)
-    model = transformers.MambaForCausalLM(cfg).to(torch.float64).eval()
+    model = cls(cfg).to(torch.float64).eval()
     # Every parameter moved off its special value (D = 1, norms = 1, zero conv bias).
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -62,6 +70,7 @@ def detached_mixer_inputs(monkeypatch):
         return hidden_states + self.mixer(self.norm(hidden_states.detach()), *args, **kwargs)
 
     monkeypatch.setattr(modeling_mamba.MambaBlock, "forward", block_forward)
+    monkeypatch.setattr(modeling_falcon_mamba.FalconMambaBlock, "forward", block_forward)
 
 
 def to_ash(model, K, tied):
@@ -114,10 +123,14 @@ def to_ash_grads(g, K, tied):
     return {k: v.detach().numpy() for k, v in out.items()}
 
 
-def ash_config(V, D, N, K, expand, Kc, R, tied, eps):
-    return {"model": {"arch": "mamba", "vocab": V, "width": D, "state": N, "layers": K, "expand": expand,
-                      "conv_kernel": Kc, "dt_rank": R, "tie_embeddings": tied, "norm_eps": eps},
-            "grad": {"engine": "backprop", "chunk": 3}}
+def ash_config(V, D, N, K, expand, Kc, R, tied, eps, mixer_eps=None):
+    """hf_model's configuration in our keys (with mixer_eps: model.arch = falcon_mamba)."""
+    cfg = {"model": {"arch": "mamba", "vocab": V, "width": D, "state": N, "layers": K, "expand": expand,
+                     "conv_kernel": Kc, "dt_rank": R, "tie_embeddings": tied, "norm_eps": eps},
+           "grad": {"engine": "backprop", "chunk": 3}}
+    if mixer_eps is not None:
+        cfg["model"].update(arch="falcon_mamba", mixer_rms_eps=mixer_eps)
+    return cfg
 
 
 def assert_close(loss, grads, ref_loss, ref_grads):
@@ -261,8 +274,14 @@ def test_documents_match_per_document_runs(tmp_path, float64_slow_path):
     and the conv see nothing before a start)."""
     V, D, N, K, expand, Kc, R, tied, eps = 9, 4, 3, 2, 2, 4, 2, True, 1e-5
     model = hf_model(V, D, N, K, expand, Kc, R, tied, eps, seed=3)
+    assert_documents_match(tmp_path, model, ash_config(V, D, N, K, expand, Kc, R, tied, eps))
+
+
+def assert_documents_match(tmp_path, model, cfg):
+    """test_documents_match_per_document_runs for transformers' `model` and our configuration `cfg` of it."""
+    V, K, tied = cfg["model"]["vocab"], cfg["model"]["layers"], cfg["model"]["tie_embeddings"]
     path = tmp_path / "m.h5"
-    ash.save(path, to_ash(model, K, tied), ash_config(V, D, N, K, expand, Kc, R, tied, eps), "double")
+    ash.save(path, to_ash(model, K, tied), cfg, "double")
     rng = np.random.default_rng(5)
     body = [x for x in rng.integers(0, V, 40) if x != 3]
     docs = [body[0:5] + [3], body[5:7] + [3], body[7:16]]  # lengths 6, 3, 9: one shorter than Kc

@@ -105,8 +105,8 @@ HfExport export_hf(const std::string& checkpoint, const std::string& dir, const 
   }
   const CheckpointInfo head = read ? read(checkpoint) : inspect_checkpoint(checkpoint);
   require(head.dims.mamba(), "'" + checkpoint + "' is a model.arch = " + arch_name(head.dims.arch) +
-                                 " checkpoint: export-hf writes only a model.arch = mamba model (as a Hugging Face "
-                                 "MambaForCausalLM folder)");
+                                 " checkpoint: export-hf writes only a model.arch = mamba or falcon_mamba model (as a "
+                                 "Hugging Face MambaForCausalLM or FalconMambaForCausalLM folder)");
   require_complete(checkpoint, head);
   HfExport r;
   r.dims = head.dims;

@@ -1,8 +1,8 @@
 #pragma once
 // `ash import-hf` / `ash export-hf` and Python's import_hf / export_hf as one
 // library call each (the use-case floor, docs/architecture.md; issue 34): a
-// Hugging Face MambaForCausalLM folder (app/hf_mamba) to a checkpoint of ours
-// and back, through the one checkpoint writer and reader.
+// Hugging Face MambaForCausalLM or FalconMambaForCausalLM folder (app/hf_mamba)
+// to a checkpoint of ours and back, through the one checkpoint writer and reader.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,8 +20,9 @@ struct HfImport {
   std::int64_t parameters = 0;
 };
 
-// ash import-hf: reads the MambaForCausalLM folder `dir` (open_hf_mamba: every
-// tensor checked before anything is written) and writes the checkpoint `out`
+// ash import-hf: reads the MambaForCausalLM (or FalconMambaForCausalLM) folder
+// `dir` (open_hf_mamba: every tensor checked before anything is written) and
+// writes the checkpoint `out`
 // (format 3, step 0; its configuration the defaults with the folder's model.*
 // keys and run.precision = precision) in `precision` ("float" or "double":
 // F64 tensors rounded to float for "float", every other dtype exact), through
@@ -41,9 +42,9 @@ struct HfExport {
   std::int64_t parameters = 0;
 };
 
-// ash export-hf: the checkpoint `checkpoint` (a Mamba: anything else is an
-// ash::Error saying so) as a folder MambaForCausalLM.from_pretrained(dir) loads
-// (write_hf_mamba: config.json and model.safetensors, the folder replaced as one
+// ash export-hf: the checkpoint `checkpoint` (a Mamba or a FalconMamba: anything
+// else is an ash::Error saying so) as a folder MambaForCausalLM.from_pretrained(dir)
+// (FalconMambaForCausalLM's) loads (write_hf_mamba: config.json and model.safetensors, the folder replaced as one
 // step, io::AtomicFolder; created when missing). dtype "float" (F32) or
 // "double" (F64); "" writes the checkpoint's precision. Neither file may be the
 // checkpoint itself. read: how the header is read (the tool warns on old

@@ -43,8 +43,8 @@ bool bool_key(const nlohmann::json& j, const char* key, bool fallback, const std
   return j.at(key).get<bool>();
 }
 
-double eps_key(const nlohmann::json& j, const char* key, const std::string& origin) {
-  if (!j.contains(key)) return 1e-5;
+double eps_key(const nlohmann::json& j, const char* key, const std::string& origin, double fallback = 1e-5) {
+  if (!j.contains(key)) return fallback;
   const auto& v = j.at(key);
   require(v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0,
           origin + ": \"" + key + "\" is " + dumped(v) + ", not a positive number");
@@ -65,6 +65,39 @@ const std::set<std::string>& known_hf_keys() {
   return k;
 }
 
+// FalconMambaConfig's own keys: mixer_rms_eps (read) and use_falcon_mambapy (its
+// constructor's old name of use_mambapy, a fallback strategy of transformers').
+const std::set<std::string>& falcon_hf_keys() {
+  static const std::set<std::string> k = {"mixer_rms_eps", "use_falcon_mambapy"};
+  return k;
+}
+
+// Whether config.json describes a FalconMamba: by model_type, or without one by
+// architectures; either, when present, must name a Mamba or a FalconMamba, and
+// the two must agree.
+bool falcon_config(const nlohmann::json& hf, const std::string& origin) {
+  const auto mamba = nlohmann::json::array({"MambaForCausalLM"}),
+             falcon = nlohmann::json::array({"FalconMambaForCausalLM"});
+  bool is_falcon = false;
+  if (hf.contains("model_type")) {
+    require(hf["model_type"] == "mamba" || hf["model_type"] == "falcon_mamba",
+            origin + ": model_type " + dumped(hf["model_type"]) +
+                " is not \"mamba\" or \"falcon_mamba\" (only transformers' MambaForCausalLM and "
+                "FalconMambaForCausalLM are read)");
+    is_falcon = hf["model_type"] == "falcon_mamba";
+  } else if (hf.contains("architectures")) {
+    is_falcon = hf["architectures"] == falcon;
+  }
+  if (hf.contains("architectures") && hf.contains("model_type")) {
+    const auto& want = is_falcon ? falcon : mamba;
+    require(hf["architectures"] == want, origin + ": architectures " + dumped(hf["architectures"]) + " is not " +
+                                             dumped(want) + " (model_type " + dumped(hf["model_type"]) + ")");
+  } else if (hf.contains("architectures")) {
+    require(is_falcon || hf["architectures"] == mamba, origin + ": architectures " + dumped(hf["architectures"]) +
+                                                           " is not " + dumped(mamba) + " or " + dumped(falcon));
+  }
+  return is_falcon;
+}
 std::string layer_prefix(std::int64_t k) {  // as model/params.cpp names a layer's group
   char buf[32];
   std::snprintf(buf, sizeof buf, "layers/%03lld/", static_cast<long long>(k));
@@ -129,12 +162,7 @@ std::string tied_head_differs(const std::string& where) {
 nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::string& origin,
                                       std::vector<std::string>* ignored) {
   require(hf.is_object(), origin + " is not a JSON object");
-  if (hf.contains("model_type"))
-    require(hf["model_type"] == "mamba", origin + ": model_type " + dumped(hf["model_type"]) +
-                                             " is not \"mamba\" (only transformers' MambaForCausalLM is read)");
-  if (hf.contains("architectures"))
-    require(hf["architectures"] == nlohmann::json::array({"MambaForCausalLM"}),
-            origin + ": architectures " + dumped(hf["architectures"]) + " is not [\"MambaForCausalLM\"]");
+  const bool falcon = falcon_config(hf, origin);
   // What we do not implement, refused by name rather than read as something else.
   require(!bool_key(hf, "use_bias", false, origin), origin + ": use_bias = true (biases of in_proj and out_proj) is not supported");
   require(bool_key(hf, "use_conv_bias", true, origin), origin + ": use_conv_bias = false is not supported (the conv1d has a bias)");
@@ -144,7 +172,7 @@ nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::strin
     require(hf["hidden_act"] == "silu", origin + ": hidden_act " + dumped(hf["hidden_act"]) + " is not supported (only \"silu\")");
 
   nlohmann::json m;
-  m["arch"] = "mamba";
+  m["arch"] = falcon ? "falcon_mamba" : "mamba";
   m["width"] = positive_int(hf, "hidden_size", 0, origin);
   m["state"] = positive_int(hf, "state_size", 0, origin);
   m["layers"] = positive_int(hf, "num_hidden_layers", 0, origin);
@@ -157,6 +185,7 @@ nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::strin
     m["dt_rank"] = positive_int(hf, "time_step_rank", 0, origin);
   m["tie_embeddings"] = bool_key(hf, "tie_word_embeddings", true, origin);
   m["norm_eps"] = eps_key(hf, "layer_norm_epsilon", origin);
+  if (falcon) m["mixer_rms_eps"] = eps_key(hf, "mixer_rms_eps", origin, MambaDims().mixer_rms_eps);
   nlohmann::json out;
   out["model"] = m;
   const MambaDims d = mamba_dims(out, origin);  // sizes and products checked
@@ -167,7 +196,8 @@ nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::strin
   }
   if (ignored)
     for (auto it = hf.begin(); it != hf.end(); ++it)
-      if (!known_hf_keys().count(it.key())) ignored->push_back(it.key());
+      if (!known_hf_keys().count(it.key()) && !(falcon && falcon_hf_keys().count(it.key())))
+        ignored->push_back(it.key());
   return out;
 }
 
@@ -177,8 +207,11 @@ MambaDims mamba_dims(const nlohmann::json& ash_config, const std::string& origin
   const auto& m = ash_config["model"];
   const std::string o = origin + ": model";
   if (m.contains("arch"))
-    require(m["arch"] == "mamba", origin + ": model.arch " + dumped(m["arch"]) + " is not \"mamba\"");
+    require(m["arch"] == "mamba" || m["arch"] == "falcon_mamba",
+            origin + ": model.arch " + dumped(m["arch"]) + " is not \"mamba\" or \"falcon_mamba\"");
   MambaDims d;
+  d.falcon = m.contains("arch") && m["arch"] == "falcon_mamba";
+  if (d.falcon) d.mixer_rms_eps = eps_key(m, "mixer_rms_eps", o, d.mixer_rms_eps);
   d.width = positive_int(m, "width", 0, o);
   d.state = positive_int(m, "state", 0, o);
   d.layers = positive_int(m, "layers", 0, o);
@@ -204,8 +237,9 @@ MambaDims mamba_dims(const nlohmann::json& ash_config, const std::string& origin
 nlohmann::json ash_config_to_hf_mamba(const nlohmann::json& ash_config, TensorDtype dtype) {
   const MambaDims d = mamba_dims(ash_config, "configuration");
   nlohmann::json j;  // an object's keys are sorted: json.dumps(sort_keys=True) as transformers writes
-  j["architectures"] = {"MambaForCausalLM"};
-  j["model_type"] = "mamba";
+  j["architectures"] = {d.hf_class()};
+  j["model_type"] = d.arch();
+  if (d.falcon) j["mixer_rms_eps"] = d.mixer_rms_eps;
   j["hidden_size"] = d.width;
   j["state_size"] = d.state;
   j["num_hidden_layers"] = d.layers;
@@ -273,7 +307,7 @@ HfMambaFolder open_hf_mamba(const std::string& dir) {
                                       &out.ignored);
   const MambaDims d = mamba_dims(out.config, corigin);
   out.set = SafetensorsSet::folder(dir);
-  out.where = "Mamba folder '" + dir + "'";
+  out.where = std::string(d.falcon ? "FalconMamba" : "Mamba") + " folder '" + dir + "'";
   const SafetensorsSet& set = out.set;
   const std::string& where = out.where;
 
@@ -296,7 +330,8 @@ HfMambaFolder open_hf_mamba(const std::string& dir) {
       out.tied_copy = true;
       continue;
     }
-    throw Error(where + ": unexpected tensor '" + name + "' (not part of the MambaForCausalLM config.json describes)");
+    throw Error(where + ": unexpected tensor '" + name + "' (not part of the " + d.hf_class() +
+                " config.json describes)");
   }
   return out;
 }
@@ -342,7 +377,7 @@ HfMambaModel read_hf_mamba(const std::string& dir) {
 void write_hf_mamba(const std::string& dir, const nlohmann::json& ash_config, const HfTensors& tensors,
                     TensorDtype dtype) {
   const MambaDims d = mamba_dims(ash_config, "configuration");
-  const std::string where = "writing Mamba folder '" + dir + "'";
+  const std::string where = std::string("writing ") + (d.falcon ? "FalconMamba" : "Mamba") + " folder '" + dir + "'";
   std::vector<TensorToWrite> list;
   for_each_name(d, [&](const HfName& n) {
     const auto it = tensors.find(n.ash);
