@@ -12,6 +12,7 @@ set(ASH_LIBRARY_SOURCES
   ash/model/params.cpp
   ash/model/ssm_layer.cpp
   ash/model/mamba_layer.cpp
+  ash/model/mamba2_layer.cpp
   ash/model/embedding.cpp
   ash/model/head.cpp
   ash/model/forward.cpp

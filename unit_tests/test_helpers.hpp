@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,72 @@ inline ModelDims mamba_tiny_dims(int K, bool tied, std::int64_t Kc = 3, std::int
   d.norm_eps = 1e-4;
   return d;
 }
+
+// A tiny Mamba-2 (V = 11, D = 4, N = 3, E = 8 in H = 4 heads of 2, n_groups 1,
+// C = 14 conv channels): K blocks, conv kernel Kc, tied or untied embeddings.
+inline ModelDims mamba2_tiny_dims(int K, bool tied, std::int64_t Kc = 3) {
+  ModelDims d = tiny_dims(K, 11, 4, 3);
+  d.arch = Arch::mamba2;
+  d.expand = 2;
+  d.conv_kernel = Kc;
+  d.head_dim = 2;
+  d.tie_embeddings = tied;
+  d.norm_eps = 1e-4;
+  return d;
+}
+
+// A Mamba's carried state (data.carry_state, docs/design.md §8): one
+// [B·carry_rows, carry_cols] view per layer, zero; a deep copy; max |a − b| and max |b|.
+inline std::vector<View2<double>> carried_state(const ModelDims& d, index_t B) {
+  std::vector<View2<double>> st;
+  for (int k = 0; k < d.layers; ++k) st.emplace_back("carried", B * d.carry_rows(), d.carry_cols());
+  return st;
+}
+
+inline std::vector<View2<double>> copy_of(const std::vector<View2<double>>& src) {
+  std::vector<View2<double>> c;
+  for (const auto& v : src) {
+    c.emplace_back("carried_copy", v.extent(0), v.extent(1));
+    Kokkos::deep_copy(c.back(), v);
+  }
+  return c;
+}
+
+// max |a - b| over every layer's state, and max |b|.
+inline std::pair<double, double> state_diff(const std::vector<View2<double>>& a, const std::vector<View2<double>>& b) {
+  double diff = 0, ref = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a[k]);
+    auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b[k]);
+    for (std::size_t i = 0; i < ha.extent(0); ++i)
+      for (std::size_t j = 0; j < ha.extent(1); ++j) {
+        diff = std::max(diff, std::fabs(ha(i, j) - hb(i, j)));
+        ref = std::max(ref, std::fabs(hb(i, j)));
+      }
+  }
+  return {diff, ref};
+}
+
+// A Mamba's logits [T, V] of every position of one window by the full forward (no state).
+inline std::vector<std::vector<double>> full_logits(const ParamSet<double>& ps, const TokenView& x) {
+  const auto& d = ps.dims();
+  const SeqShape s = SeqShape::of(x);
+  View2<double> y("y", s.rows(), d.width), y_next("y_next", s.rows(), d.width);
+  embedding_forward(ps.global().embedding, x, y);
+  const MambaActivations<double> act(s, d, LayerActivations<double>::projections_only);
+  for (int k = 0; k < d.layers; ++k) {
+    with_mamba_block(ps, k, [&](const auto& p) { mamba_layer_forward(p, d, s, y, act, y_next); });
+    std::swap(y, y_next);
+  }
+  View2<double> logits("logits", s.rows(), d.vocab);
+  head_logits(ps.global(), y, logits);
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
+  std::vector<std::vector<double>> out(s.rows());
+  for (index_t m = 0; m < s.rows(); ++m)
+    for (index_t v = 0; v < d.vocab; ++v) out[m].push_back(h(m, v));
+  return out;
+}
+
 
 // x with document starts at the given flat offsets (set_document_starts).
 inline TokenView with_document_starts(const TokenView& x, const std::vector<index_t>& starts) {
@@ -185,6 +252,18 @@ inline Config config_for(const ModelDims& d) {
     c.set(std::string("model.tie_embeddings=") + (d.tie_embeddings ? "true" : "false"));
     c.set("model.norm_eps=" + std::to_string(d.norm_eps));
     if (d.mixer_norms()) c.set("model.mixer_rms_eps=" + std::to_string(d.mixer_rms_eps));
+    if (d.mamba2()) {
+      for (const std::string k : {"head_dim=" + std::to_string(d.head_dim), "heads=" + std::to_string(d.heads),
+                                  "n_groups=" + std::to_string(d.n_groups)})
+        c.set("model." + k);
+      std::ostringstream lo, hi;  // exactly (std::to_string rounds to 6 digits)
+      lo.precision(17);
+      hi.precision(17);
+      lo << d.time_step_limit_min;
+      hi << d.time_step_limit_max;
+      c.set("model.time_step_limit_min=" + lo.str());
+      c.set("model.time_step_limit_max=" + hi.str());
+    }
   }
   return c;
 }

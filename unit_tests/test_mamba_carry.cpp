@@ -11,36 +11,6 @@ namespace ash::test {
 // row b·E + e the conv's last Kc−1 inputs x, then h.
 namespace {
 
-std::vector<View2<double>> carried_state(const ModelDims& d, index_t B) {
-  std::vector<View2<double>> st;
-  for (int k = 0; k < d.layers; ++k) st.emplace_back("carried", B * d.carry_rows(), d.carry_cols());
-  return st;
-}
-
-std::vector<View2<double>> copy_of(const std::vector<View2<double>>& src) {
-  std::vector<View2<double>> c;
-  for (const auto& v : src) {
-    c.emplace_back("carried_copy", v.extent(0), v.extent(1));
-    Kokkos::deep_copy(c.back(), v);
-  }
-  return c;
-}
-
-// max |a - b| over every layer's state, and max |b|.
-std::pair<double, double> state_diff(const std::vector<View2<double>>& a, const std::vector<View2<double>>& b) {
-  double diff = 0, ref = 0;
-  for (std::size_t k = 0; k < a.size(); ++k) {
-    auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a[k]);
-    auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b[k]);
-    for (std::size_t i = 0; i < ha.extent(0); ++i)
-      for (std::size_t j = 0; j < ha.extent(1); ++j) {
-        diff = std::max(diff, std::fabs(ha(i, j) - hb(i, j)));
-        ref = std::max(ref, std::fabs(hb(i, j)));
-      }
-  }
-  return {diff, ref};
-}
-
 // The conv part (columns 0..Kc−2) of every layer's carried state set to zero.
 void zero_conv_part(const std::vector<View2<double>>& st, const ModelDims& d) {
   for (const auto& v : st)

@@ -5,29 +5,6 @@
 
 namespace ash::test {
 
-namespace {
-
-// Logits [T, V] of every position of one window by the full forward (no state).
-std::vector<std::vector<double>> full_logits(const ParamSet<double>& ps, const TokenView& x) {
-  const auto& d = ps.dims();
-  const SeqShape s = SeqShape::of(x);
-  View2<double> y("y", s.rows(), d.width), y_next("y_next", s.rows(), d.width);
-  embedding_forward(ps.global().embedding, x, y);
-  const MambaActivations<double> act(s, d, LayerActivations<double>::projections_only);
-  for (int k = 0; k < d.layers; ++k) {
-    mamba_layer_forward(ps.mamba_layer(k), d, s, y, act, y_next);
-    std::swap(y, y_next);
-  }
-  View2<double> logits("logits", s.rows(), d.vocab);
-  head_logits(ps.global(), y, logits);
-  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
-  std::vector<std::vector<double>> out(s.rows());
-  for (index_t m = 0; m < s.rows(); ++m)
-    for (index_t v = 0; v < d.vocab; ++v) out[m].push_back(h(m, v));
-  return out;
-}
-
-}  // namespace
 
 // Recurrent generation (docs/design.md §1, "The recurrent step"): the Generator's
 // logits after each token equal the full forward's at that position, fed one token

@@ -59,7 +59,7 @@ TEST(Mamba, Configuration) {
                         "model.norm_eps=1e-6"}) {
     Config c;
     c.set(k);
-    expect_error([&] { c.validate(); }, "apply to model.arch=mamba or falcon_mamba only");
+    expect_error([&] { c.validate(); }, "apply to model.arch=mamba, falcon_mamba or mamba2 only");
   }
   // FalconMamba's key: stored for a FalconMamba only, refused for the others, > 0.
   EXPECT_FALSE(m.stored_json()["model"].contains("mixer_rms_eps"));  // a Mamba's files are as before
@@ -83,7 +83,7 @@ TEST(Mamba, Configuration) {
   }
   Config bad;
   bad.set("model.arch=transformer");
-  expect_error([&] { bad.validate(); }, "model.arch must be ssm-resnet, mamba or falcon_mamba");
+  expect_error([&] { bad.validate(); }, "model.arch must be ssm-resnet, mamba, falcon_mamba or mamba2");
   for (const char* k : {"model.expand=0", "model.conv_kernel=0", "model.dt_rank=-1", "model.norm_eps=0"}) {
     Config c = m;
     c.set(k);

@@ -125,6 +125,9 @@ TEST(MemoryPlan, KindSpecsAreWhatTheKindsAllocate) {
   const ModelDims falcon = mamba_tiny_dims(2, false, 4, 3, Arch::falcon_mamba);  // the mixer norms' r counted
   expect_kind_specs<FalconMambaKind, double>(falcon);
   expect_kind_specs<FalconMambaKind, float>(falcon);
+  const ModelDims m2 = mamba2_tiny_dims(2, false, 4);  // the conv over x, B and C; the gated norm's r
+  expect_kind_specs<Mamba2Kind, double>(m2);
+  expect_kind_specs<Mamba2Kind, float>(m2);
   EXPECT_GT(FalconMambaKind::acts_spec(falcon, 30, false, 8).bytes(),
             MambaKind::acts_spec(falcon, 30, false, 8).bytes() - 1);
   EXPECT_EQ(MambaKind::acts_spec(falcon, 30, false, 8).bytes() -

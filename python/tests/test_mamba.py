@@ -417,5 +417,5 @@ def test_levers_need_adjoint_exact(tmp_path, kw):
 
 
 def test_ssm_resnet_refuses_mamba_keys():
-    with pytest.raises(ash.Error, match="model.arch=mamba or falcon_mamba only"):
+    with pytest.raises(ash.Error, match="model.arch=mamba, falcon_mamba or mamba2 only"):
         ash.init({"model": {"expand": 3}})

@@ -19,7 +19,8 @@ nlohmann::json Config::defaults() {
   return nlohmann::json::parse(R"({
     "model": {"vocab": 256, "width": 64, "state": 16, "layers": 2, "seed": 1234, "arch": "ssm-resnet",
               "expand": 2, "conv_kernel": 4, "dt_rank": 0, "tie_embeddings": true, "norm_eps": 1e-5,
-              "mixer_rms_eps": 1e-6},
+              "mixer_rms_eps": 1e-6, "head_dim": 64, "heads": 0, "n_groups": 1, "time_step_limit_min": 0.0,
+              "time_step_limit_max": 0.0},
     "data":  {"train": "", "valid_fraction": 0.05, "seq_len": 256, "batch": 4, "sequential": false,
               "carry_state": false, "separator": "", "pack": false},
     "grad":  {"engine": "backprop", "truncate": 0, "detach_inputs": false, "chunk": 64, "wave": 0, "head_chunk": 0,
@@ -293,6 +294,11 @@ ModelDims Config::model() const {
   d.tie_embeddings = get<bool>("model.tie_embeddings");
   d.norm_eps = get<double>("model.norm_eps");
   d.mixer_rms_eps = get<double>("model.mixer_rms_eps");
+  d.head_dim = get<std::int64_t>("model.head_dim");
+  d.heads = get<std::int64_t>("model.heads");
+  d.n_groups = get<std::int64_t>("model.n_groups");
+  d.time_step_limit_min = get<double>("model.time_step_limit_min");
+  d.time_step_limit_max = get<double>("model.time_step_limit_max");
   return d;
 }
 
@@ -303,9 +309,10 @@ nlohmann::json Config::stored_json() const {
   // ssm-resnet.
   // Likewise a Mamba's leaves out the FalconMamba key (its files are as before that key).
   const ModelDims d = model();
-  if (d.mixer_norms()) return j_;
   nlohmann::json j = j_;
-  j["model"].erase("mixer_rms_eps");
+  if (!d.mixer_norms()) j["model"].erase("mixer_rms_eps");
+  if (!d.mamba2())
+    for (const char* k : mamba2_model_keys) j["model"].erase(k);
   if (d.mamba()) return j;
   for (const char* k : mamba_model_keys) j["model"].erase(k);
   j["model"].erase("arch");
@@ -313,14 +320,15 @@ nlohmann::json Config::stored_json() const {
 }
 
 std::string arch_name(Arch a) {
-  return a == Arch::mamba ? "mamba" : a == Arch::falcon_mamba ? "falcon_mamba" : "ssm-resnet";
+  return a == Arch::mamba ? "mamba" : a == Arch::falcon_mamba ? "falcon_mamba" : a == Arch::mamba2 ? "mamba2" : "ssm-resnet";
 }
 
 Arch parse_arch(const std::string& s) {
   if (s == "ssm-resnet") return Arch::ssm_resnet;
   if (s == "mamba") return Arch::mamba;
   if (s == "falcon_mamba") return Arch::falcon_mamba;
-  throw Error("model.arch must be ssm-resnet, mamba or falcon_mamba (got '" + s + "')");
+  if (s == "mamba2") return Arch::mamba2;
+  throw Error("model.arch must be ssm-resnet, mamba, falcon_mamba or mamba2 (got '" + s + "')");
 }
 
 std::string method_name(Method m) {

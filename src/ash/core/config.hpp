@@ -32,6 +32,9 @@ std::string separator_bytes(const std::string& utf8);
 
 // The model keys that only a Mamba has (an SSM-ResNet must leave them at their defaults).
 constexpr const char* mamba_model_keys[] = {"expand", "conv_kernel", "dt_rank", "tie_embeddings", "norm_eps"};
+// The model keys that only a Mamba-2 has (stored for a Mamba-2 only).
+constexpr const char* mamba2_model_keys[] = {"head_dim", "heads", "n_groups", "time_step_limit_min",
+                                             "time_step_limit_max"};
 
 class Config {
  public:
@@ -60,8 +63,9 @@ class Config {
   ModelDims model() const;
   const nlohmann::json& json() const { return j_; }
   // What a file stores (a checkpoint's /config): json(), less the Mamba-only
-  // model keys of an SSM-ResNet (model.arch and those of mamba_model_keys) and
-  // model.mixer_rms_eps of any model but a FalconMamba.
+  // model keys of an SSM-ResNet (model.arch and those of mamba_model_keys),
+  // model.mixer_rms_eps of any model but a FalconMamba and mamba2_model_keys of
+  // any but a Mamba-2.
   nlohmann::json stored_json() const;
   std::string dump() const { return j_.dump(2); }
 

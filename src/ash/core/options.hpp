@@ -13,9 +13,10 @@ namespace ash {
 // of transformers' MambaForCausalLM (pre-norm RMSNorm, in_proj, causal conv,
 // SiLU, low-rank Δ, the same selective scan, gate, out_proj, residual), or
 // FalconMambaForCausalLM's (the same block with weightless RMSNorms on x_proj's
-// δ, B and C outputs).
-enum class Arch { ssm_resnet, mamba, falcon_mamba };
-// "ssm-resnet", "mamba" or "falcon_mamba" (the config's spelling: transformers' model_type).
+// δ, B and C outputs), or Mamba2ForCausalLM's (the SSD block: in_proj to z, the
+// conv's x, B, C and a Δ per head, a scalar decay per head, a gated RMSNorm).
+enum class Arch { ssm_resnet, mamba, falcon_mamba, mamba2 };
+// "ssm-resnet", "mamba", "falcon_mamba" or "mamba2" (the config's spelling: transformers' model_type).
 std::string arch_name(Arch a);
 // The reverse; throws ash::Error naming model.arch for anything else.
 Arch parse_arch(const std::string& s);
@@ -33,12 +34,24 @@ struct ModelDims {
   std::int64_t dt_rank = 0;       // R, the rank of Δ's projection; 0: ceil(D / 16)
   bool tie_embeddings = true;     // the head is the embedding (no /params/head)
   double norm_eps = 1e-5;         // the RMSNorms' epsilon
-  // FalconMamba only (a Mamba and an SSM-ResNet keep the default):
+  // FalconMamba only (the others keep the default):
   double mixer_rms_eps = 1e-6;    // the weightless RMSNorms' epsilon (transformers' mixer_rms_eps)
-  // A Mamba-1 block (mamba or falcon_mamba): the same parameters, state and engines' forms.
-  bool mamba() const { return arch == Arch::mamba || arch == Arch::falcon_mamba; }
+  // Mamba-2 only (the others keep the defaults); E = expand·D = heads·head_dim:
+  std::int64_t head_dim = 64;     // P, the channels of a head
+  std::int64_t heads = 0;         // H; 0: E / head_dim
+  std::int64_t n_groups = 1;      // G, the groups of B and C (and of the gated norm)
+  double time_step_limit_min = 0;  // Δ clamped to [min, max] after softplus (transformers' time_step_limit)
+  double time_step_limit_max = 0;  // 0: no upper limit (transformers' inf)
+  // A Mamba block (mamba, falcon_mamba or mamba2): MambaActivations, MambaState,
+  // the conv's state and the scan over E channels; the engines' forms of MambaKind.
+  bool mamba() const { return arch == Arch::mamba || arch == Arch::falcon_mamba || arch == Arch::mamba2; }
   // The block normalises δ, B and C after x_proj (FalconMamba).
   bool mixer_norms() const { return arch == Arch::falcon_mamba; }
+  // The Mamba-2 (SSD) block.
+  bool mamba2() const { return arch == Arch::mamba2; }
+  std::int64_t head_count() const { return heads > 0 ? heads : inner() / head_dim; }  // H
+  // The conv's channels: x of a Mamba-1 block [E]; x, B and C of a Mamba-2 block [E + 2·G·N].
+  std::int64_t conv_dim() const { return mamba2() ? inner() + 2 * n_groups * state : inner(); }
   // The head is the embedding's matrix (a Mamba with model.tie_embeddings; an
   // SSM-ResNet always has its own /params/head): a layer pipeline's last rank
   // holds a copy of the embedding.
@@ -48,12 +61,15 @@ struct ModelDims {
   // One layer's carried state (data.carry_state, /train/carry_state, docs/design.md §8) is
   // [batch · carry_rows(), carry_cols()]: an SSM-ResNet's h, rows b·P + p, N columns; a
   // Mamba's MambaState side by side, rows b·E + e, the conv's Kc−1 inputs then h's N.
-  std::int64_t carry_rows() const { return mamba() ? inner() : width; }
+  // (A Mamba-2's rows are its conv's channels, E + 2·G·N: h fills the first E rows' N columns.)
+  std::int64_t carry_rows() const { return mamba() ? conv_dim() : width; }
   std::int64_t carry_cols() const { return mamba() ? conv_kernel - 1 + state : state; }
   bool operator==(const ModelDims& o) const {
     return vocab == o.vocab && width == o.width && state == o.state && layers == o.layers && arch == o.arch &&
            expand == o.expand && conv_kernel == o.conv_kernel && dt_rank == o.dt_rank &&
-           tie_embeddings == o.tie_embeddings && norm_eps == o.norm_eps && mixer_rms_eps == o.mixer_rms_eps;
+           tie_embeddings == o.tie_embeddings && norm_eps == o.norm_eps && mixer_rms_eps == o.mixer_rms_eps &&
+           head_dim == o.head_dim && heads == o.heads && n_groups == o.n_groups &&
+           time_step_limit_min == o.time_step_limit_min && time_step_limit_max == o.time_step_limit_max;
   }
 };
 

@@ -47,7 +47,30 @@ std::int64_t mamba_parameter_count(const ModelDims& d) {
 }
 }  // namespace
 
+namespace {
+// A Mamba-2 (params.cpp, param_layout): embedding [V,D], head [V,D] unless tied,
+// final_norm [D]; per block norm [D], in_proj [E+C+H, D], conv [C, Kc], conv_bias
+// [C], dt_bias, A_log, D [H], gated_norm [E], out_proj [D,E] (C = E + 2·G·N).
+std::int64_t mamba2_parameter_count(const ModelDims& d) {
+  const std::int64_t V = d.vocab, Dm = d.width, K = d.layers;
+  const auto E = checked_mul(d.expand, Dm, "model.expand x model.width");
+  const auto C = checked_add(E, checked_mul(2, checked_mul(d.n_groups, d.state, "groups x state"), "B and C"),
+                             "conv channels");
+  const auto H = d.head_count();
+  const auto rows = checked_add(checked_add(E, C, "in_proj rows"), H, "in_proj rows");
+  auto layer = checked_add(Dm, checked_mul(rows, Dm, "in_proj"), "parameters per layer");
+  layer = checked_add(layer, checked_mul(C, checked_add(d.conv_kernel, 1, "conv taps"), "conv"), "parameters per layer");
+  layer = checked_add(layer, checked_add(checked_mul(3, H, "head vectors"), E, "gated norm"), "parameters per layer");
+  layer = checked_add(layer, checked_mul(Dm, E, "out_proj"), "parameters per layer");
+  const auto layers = checked_mul(K, layer, "model.layers x parameters per layer");
+  const auto VD = checked_mul(V, Dm, "model.vocab x model.width");
+  const auto global = checked_add(checked_mul(d.tie_embeddings ? 1 : 2, VD, "vocab x width"), Dm, "parameters");
+  return checked_add(global, layers, "parameters");
+}
+}  // namespace
+
 std::int64_t checked_parameter_count(const ModelDims& d) {
+  if (d.mamba2()) return mamba2_parameter_count(d);
   if (d.mamba()) return mamba_parameter_count(d);
   const std::int64_t V = d.vocab, P = d.width, N = d.state, K = d.layers;
   // Same tensors as param_layout(): embedding, head [V,P], final_norm [P];
@@ -80,6 +103,32 @@ void check_model_dims(const ModelDims& d) {
               arch_name(d.arch));
   if (d.mixer_norms())
     require(d.mixer_rms_eps > 0 && std::isfinite(d.mixer_rms_eps), "model.mixer_rms_eps must be a finite number > 0");
+  {
+    const ModelDims def;
+    require(d.mamba2() || (d.head_dim == def.head_dim && d.heads == def.heads && d.n_groups == def.n_groups &&
+                           d.time_step_limit_min == def.time_step_limit_min &&
+                           d.time_step_limit_max == def.time_step_limit_max),
+            "model.head_dim, model.heads, model.n_groups and model.time_step_limit_min/max apply to "
+            "model.arch=mamba2 only; leave them at their defaults for model.arch=" + arch_name(d.arch));
+    require(!d.mamba2() || d.dt_rank == def.dt_rank,
+            "model.dt_rank applies to model.arch=mamba or falcon_mamba only (a Mamba-2 projects one Δ per head)");
+  }
+  if (d.mamba2()) {
+    require(d.head_dim >= 1, "model.head_dim must be >= 1 (got " + std::to_string(d.head_dim) + ")");
+    require(d.heads >= 0, "model.heads must be >= 1, or 0 for model.expand x model.width / model.head_dim (got " +
+                              std::to_string(d.heads) + ")");
+    const auto E = checked_mul(d.expand, d.width, "model.expand x model.width");
+    require(checked_mul(d.head_count(), d.head_dim, "model.heads x model.head_dim") == E,
+            "model.heads x model.head_dim must equal model.expand x model.width (" + std::to_string(E) +
+                "): the block's heads cover its inner width exactly");
+    require(d.n_groups >= 1, "model.n_groups must be >= 1 (got " + std::to_string(d.n_groups) + ")");
+    require(d.n_groups == 1, "model.n_groups = " + std::to_string(d.n_groups) +
+                                 " is not built: the scan core shares B and C across every head (n_groups = 1)");
+    require(std::isfinite(d.time_step_limit_min) && d.time_step_limit_min >= 0 &&
+                std::isfinite(d.time_step_limit_max) &&
+                (d.time_step_limit_max == 0 || d.time_step_limit_max > d.time_step_limit_min),
+            "model.time_step_limit_min must be >= 0 and model.time_step_limit_max 0 (no limit) or above it");
+  }
   if (!d.mamba()) {
     // The Mamba keys mean nothing here: a value other than the default is refused
     // rather than ignored (so a stored SSM-ResNet configuration never carries one).
@@ -87,7 +136,7 @@ void check_model_dims(const ModelDims& d) {
     require(d.expand == def.expand && d.conv_kernel == def.conv_kernel && d.dt_rank == def.dt_rank &&
                 d.tie_embeddings == def.tie_embeddings && d.norm_eps == def.norm_eps,
             "model.expand, model.conv_kernel, model.dt_rank, model.tie_embeddings and model.norm_eps apply to "
-            "model.arch=mamba or falcon_mamba only; leave them at their defaults for model.arch=ssm-resnet");
+            "model.arch=mamba, falcon_mamba or mamba2 only; leave them at their defaults for model.arch=ssm-resnet");
   } else {
     require(d.expand >= 1, "model.expand must be >= 1 (got " + std::to_string(d.expand) + ")");
     require(d.conv_kernel >= 1 && d.conv_kernel <= 1024,

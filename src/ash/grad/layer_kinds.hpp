@@ -12,14 +12,15 @@
 #include <utility>
 
 #include "ash/grad/falcon_mamba_kind.hpp"
+#include "ash/grad/mamba2_kind.hpp"
 #include "ash/grad/mamba_kind.hpp"
 #include "ash/grad/ssm_resnet_kind.hpp"
 
 namespace ash {
 
 // Every kind, for code generated per kind (a method's backward overloads, explicit instantiations).
-#define ASH_FOR_EACH_LAYER_KIND(M) M(SsmResNetKind) M(MambaKind) M(FalconMambaKind)
-using LayerKinds = std::tuple<SsmResNetKind, MambaKind, FalconMambaKind>;
+#define ASH_FOR_EACH_LAYER_KIND(M) M(SsmResNetKind) M(MambaKind) M(FalconMambaKind) M(Mamba2Kind)
+using LayerKinds = std::tuple<SsmResNetKind, MambaKind, FalconMambaKind, Mamba2Kind>;
 
 // f(K{}) for the kind of d (model.arch); returns what f returns.
 template <class F>
@@ -27,6 +28,7 @@ decltype(auto) with_layer_kind(const ModelDims& d, F&& f) {
   switch (d.arch) {
     case Arch::mamba: return std::forward<F>(f)(MambaKind{});
     case Arch::falcon_mamba: return std::forward<F>(f)(FalconMambaKind{});
+    case Arch::mamba2: return std::forward<F>(f)(Mamba2Kind{});
     case Arch::ssm_resnet: break;
   }
   return std::forward<F>(f)(SsmResNetKind{});

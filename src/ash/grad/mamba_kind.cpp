@@ -1,5 +1,7 @@
 #include "ash/grad/mamba_kind.hpp"
 
+#include "ash/grad/falcon_mamba_kind.hpp"
+
 #include "ash/core/error.hpp"
 #include "ash/grad/adjoint_exact.hpp"
 #include "ash/kernels/row_sums.hpp"
@@ -48,10 +50,11 @@ namespace {
 
 // E3 on a token block or a window's range + halo (own_T > 0: only the first
 // own_T tokens of each sequence contribute; the rest is a halo μ_T̄ reads).
-template <class S>
-void exact_block(AdjointExactLayer<S>& e3, const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& sb,
-                 const View2<S>& y_blk, const View2<S>& g_blk, const MambaState<S>& before, ExactCarry<S>* carry,
-                 const View2<S>& gconv, const MambaLayerParams<S>& grad, index_t own_T) {
+// P: the block's parameters (a Mamba-1 or a Mamba-2 block's, by overload).
+template <class S, class P>
+void exact_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& sb, const View2<S>& y_blk,
+                 const View2<S>& g_blk, const MambaState<S>& before, ExactCarry<S>* carry, const View2<S>& gconv,
+                 const P& grad, index_t own_T) {
   const ExecSpace& exec = e3.execution_space();
   auto& sc = e3.scratch().template get<MambaKind>();
   const index_t rows = sb.rows();
@@ -74,36 +77,36 @@ void exact_block(AdjointExactLayer<S>& e3, const MambaLayerParams<S>& p, const M
   mamba_gate_backward_first(p, act, g_blk, cot, exec);
   const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                     const View3<S>& A, const LayerCotangents<S>& wc) {
-    selective_scan_backward_rows(p.D, sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+    selective_scan_backward_rows(scan_core_D(p, act), sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 scan_param_grads(grad, cot), exec);
     impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
   };
   adjoint_exact_scan_waves(e3.options(), e3.scan_work(), sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry,
                            own_T);
   if (own_T > 0 && own_T < sb.T) {
     // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
-    const View2<S> halo_rows[] = {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma};
-    for (const View2<S>& v : halo_rows) impl::zero_halo_rows(v, sb.T, own_T, exec);
+    const View2<S> halo_rows[] = {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma, cot.go};
+    for (const View2<S>& v : halo_rows)
+      if (v.extent(0) > 0) impl::zero_halo_rows(v, sb.T, own_T, exec);
   }
-  mamba_gate_backward_second(act, g_blk, cot, grad, exec);
+  mamba_gate_backward_second(p, act, g_blk, cot, grad, exec);
   mamba_mixer_backward_block(p, d, sb, y_blk, act, cot, grad, e3.options().detach_inputs ? View2<S>() : g_blk,
                              before.conv, gconv, own_T, exec);
 }
 
 }  // namespace
 
-template <class S>
-void MambaKind::backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, const SeqShape& s,
+template <class S, class P>
+void MambaKind::backward_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& s,
                                const View2<S>& y, const View2<S>& g, const State<S>& before, bool, Carry<S>& carry,
-                               bool carries, const Params<S>& grad) {
+                               bool carries, const P& grad) {
   exact_block(e3, p, d, s, y, g, before, carries ? &carry.mu : nullptr, carry.gconv, grad, 0);
 }
 
-template <class S>
-void MambaKind::backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
-                                      const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
-                                      const State<S>& before, index_t own_T, Carry<S>& carry,
-                                      const Params<S>& grad) {
+template <class S, class P>
+void MambaKind::backward_window_range(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& s_ext,
+                                      const View2<S>& y_ext, const View2<S>& g_ext, const State<S>& before,
+                                      index_t own_T, Carry<S>& carry, const P& grad) {
   require(e3.options().detach_inputs, "adjoint-exact: a window (grad.truncate) needs grad.detach_inputs");
   require(own_T >= 1 && own_T <= s_ext.T, "adjoint-exact: a range's own tokens must lie in its extended block");
   exact_block<S>(e3, p, d, s_ext, y_ext, g_ext, before, nullptr, carry.gconv, grad, own_T);
@@ -111,10 +114,10 @@ void MambaKind::backward_window_range(AdjointExactLayer<S>& e3, const Params<S>&
 
 // E1 and E2: the gate's VJP gives ∂L/∂s, the scan's cotangent; the method's
 // μ over E channels; the mixer's VJPs (the block's input detached: g passes on).
-template <class S>
-void MambaKind::backward_window(const Params<S>& p, const ModelDims& d, ActivationStore<S>& store, int k,
-                                const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
-                                const Workspace<S>&, Scratch<S>& sc, const Params<S>& grad, const ExecSpace& exec) {
+template <class S, class P>
+void MambaKind::backward_window(const P& p, const ModelDims& d, ActivationStore<S>& store, int k, const View2<S>& g,
+                                bool detach, const FormMu<S>& form_mu, const View3<S>& mu, const Workspace<S>&,
+                                Scratch<S>& sc, const P& grad, const ExecSpace& exec) {
   const auto& s = store.shape();
   const auto& act = store.kept_mamba(k);
   const auto& cot = sc.cotangents(s.rows(), d, true);
@@ -125,26 +128,29 @@ void MambaKind::backward_window(const Params<S>& p, const ModelDims& d, Activati
 
 // E3 on a whole window (the fused per-chunk form is an SSM-ResNet layer's: the
 // scan runs the wave form); detached, the input VJP is skipped (g passes on).
-template <class S>
-void MambaKind::backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
-                               ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad) {
+template <class S, class P>
+void MambaKind::backward_exact(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, int k,
+                               ActivationStore<S>& store, const View2<S>& g, const P& grad) {
   const SeqShape& s = store.shape();
   const ExecSpace& exec = e3.execution_space();
   // The block's activations again only up to the scan's inputs: the waves
   // replay h^{t-1} and A^t, which give the scan's output s without a second
   // forward scan, and the gate's VJP is split around them (∂L/∂s needs no s).
-  const auto& act = store.mamba_activations(p, k, exec, MambaUpTo::scan_inputs);
+  // A gate that reads s (a Mamba-2's gated norm) takes the activations through
+  // the gate instead.
+  const bool reads_s = gate_reads_s(p);
+  const auto& act = store.mamba_activations(p, k, exec, reads_s ? MambaUpTo::gate : MambaUpTo::scan_inputs);
   const auto& cot = e3.scratch().template get<MambaKind>().cotangents(s.rows(), d, false);
   mamba_gate_backward_first(p, act, g, cot, exec);
   const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                     const View3<S>& A, const LayerCotangents<S>& wc) {
-    mamba_scan_output_rows(p.D, s, act, rb, hprev, A, exec);
-    selective_scan_backward_rows(p.D, s, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                 ScanParamGrads<S>{grad.A_log, grad.D, grad.dt_bias}, exec);
+    if (!reads_s) mamba_scan_output_rows(scan_core_D(p, act), s, act, rb, hprev, A, exec);
+    selective_scan_backward_rows(scan_core_D(p, act), s, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                 scan_param_grads(grad, cot), exec);
     impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
   };
   adjoint_exact_scan_waves(e3.options(), e3.scan_work(), s, act.scan, cot.gs, on_wave, exec);
-  mamba_gate_backward_second(act, g, cot, grad, exec);  // s complete: o, W_out's gradient, ∂L/∂z
+  mamba_gate_backward_second(p, act, g, cot, grad, exec);  // s complete: o, W_out's gradient, ∂L/∂z
   mamba_mixer_backward_dense(p, d, s, store.input(k), act, cot, grad, e3.options().detach_inputs ? View2<S>() : g,
                              exec);
 }
@@ -152,43 +158,58 @@ void MambaKind::backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, con
 // As MambaState's constructor (model/mamba_layer.cpp) allocates it.
 WorkspaceSpec MambaKind::state_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
   return WorkspaceSpec()
-      .add("ash::mamba::conv_state", elem, {Bt * d.inner(), d.conv_kernel - 1}, true)
+      .add("ash::mamba::conv_state", elem, {Bt * d.conv_dim(), d.conv_kernel - 1}, true)
       .add("ash::mamba::ssm_state", elem, {Bt * d.inner(), d.state}, true);
 }
 
 WorkspaceSpec MambaKind::block_states_spec(const ModelDims& d, index_t Bt, index_t blocks, std::size_t elem) {
   return WorkspaceSpec()
-      .add("ash::lowmem::mamba_conv_start", elem, {blocks, Bt * d.inner(), d.conv_kernel - 1}, true)
+      .add("ash::lowmem::mamba_conv_start", elem, {blocks, Bt * d.conv_dim(), d.conv_kernel - 1}, true)
       .add("ash::lowmem::mamba_ssm_start", elem, {blocks, Bt * d.inner(), d.state}, true);
 }
 
 // As MambaActivations' constructor allocates them: its own Views, then the scan's LayerActivations over E.
 WorkspaceSpec MambaKind::acts_spec(const ModelDims& d, index_t rows, bool h_and_A, std::size_t elem) {
-  const index_t E = d.inner();
+  const index_t E = d.inner(), C = d.conv_dim();
   WorkspaceSpec w;
-  w.add("ash::mamba::rstd", elem, {rows}, true).add("ash::mamba::yhat", elem, {rows, d.width}, true);
-  for (const char* l : {"ash::mamba::x", "ash::mamba::z", "ash::mamba::conv"}) w.add(l, elem, {rows, E}, true);
-  w.add("ash::mamba::dlow", elem, {rows, d.rank()}, true)
+  w.add("ash::mamba::rstd", elem, {rows}, true)
+      .add("ash::mamba::yhat", elem, {rows, d.width}, true)
+      .add("ash::mamba::x", elem, {rows, C}, true)
+      .add("ash::mamba::z", elem, {rows, E}, true)
+      .add("ash::mamba::conv", elem, {rows, C}, true)
+      .add("ash::mamba::dlow", elem, {rows, d.mamba2() ? d.head_count() : d.rank()}, true)
       .add("ash::mamba::scan_out", elem, {rows, E}, true)
       .add("ash::mamba::gated", elem, {rows, E}, true);
   if (d.mixer_norms()) w.add("ash::mamba::mixer_rstd", elem, {rows, 3}, true);  // a FalconMamba's
+  if (d.mamba2())  // the gated norm's r, D per channel
+    w.add("ash::mamba::mixer_rstd", elem, {rows, d.n_groups}, true).add("ash::mamba::d_channels", elem, {E}, true);
   return w.activations(rows, E, d.state, h_and_A, elem);
 }
 
 WorkspaceSpec MambaKind::carry_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
-  return WorkspaceSpec().add("ash::lowmem::mamba_conv_carry", elem, {Bt * d.inner(), d.conv_kernel - 1}, true);
+  return WorkspaceSpec().add("ash::lowmem::mamba_conv_carry", elem, {Bt * d.conv_dim(), d.conv_kernel - 1}, true);
 }
 
 // As MambaCotangents' constructor allocates them (the partial sums uninitialized), then the scan's over E.
 WorkspaceSpec MambaKind::cotangents_spec(const ModelDims& d, index_t rows, bool scan_partials, std::size_t elem) {
-  const index_t E = d.inner(), rb = impl::row_blocks(rows);
+  const index_t E = d.inner(), C = d.conv_dim(), rb = impl::row_blocks(rows);
   WorkspaceSpec w;
-  for (const char* l : {"ash::mamba::cot::gs", "ash::mamba::cot::gz", "ash::mamba::cot::gx"}) w.add(l, elem, {rows, E}, true);
-  w.add("ash::mamba::cot::gdlow", elem, {rows, d.rank()}, true)
+  w.add("ash::mamba::cot::gs", elem, {rows, E}, true)
+      .add("ash::mamba::cot::gz", elem, {rows, E}, true)
+      .add("ash::mamba::cot::gx", elem, {rows, C}, true)
+      .add("ash::mamba::cot::gdlow", elem, {rows, d.mamba2() ? d.head_count() : d.rank()}, true)
       .add("ash::mamba::cot::gyhat", elem, {rows, d.width}, true)
       .add("ash::mamba::cot::norm_part", elem, {rb, d.width}, false)
-      .add("ash::mamba::cot::conv_part", elem, {rb, E * (d.conv_kernel + 1)}, false);
-  return w.cotangents(rows, E, d.state, scan_partials, elem);
+      .add("ash::mamba::cot::conv_part", elem, {rb, C * (d.conv_kernel + 1)}, false);
+  w = w.cotangents(rows, E, d.state, scan_partials, elem);
+  if (d.mamba2())
+    w.add("ash::mamba::cot::go", elem, {rows, E}, true)
+        .add("ash::mamba::cot::gc", elem, {rows, C}, true)
+        .add("ash::mamba::cot::gate_part", elem, {rb, E}, false)
+        .add("ash::mamba::cot::ga_channels", elem, {E, d.state}, true)
+        .add("ash::mamba::cot::gd_channels", elem, {E}, true)
+        .add("ash::mamba::cot::gb_channels", elem, {E}, true);
+  return w;
 }
 
 PlanRows MambaKind::exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool,
@@ -205,21 +226,27 @@ PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d
           {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan_layer_shape(d, Bt, T, elem))}};
 }
 
-#define ASH_INSTANTIATE(S)                                                                                         \
-  template void MambaKind::backward_block<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,            \
-                                             const SeqShape&, const View2<S>&, const View2<S>&, const State<S>&,   \
-                                             bool, Carry<S>&, bool, const Params<S>&);                             \
-  template void MambaKind::backward_window_range<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&,     \
-                                                    const SeqShape&, const View2<S>&, const View2<S>&,             \
-                                                    const State<S>&, index_t, Carry<S>&, const Params<S>&);        \
-  template void MambaKind::backward_window<S>(const Params<S>&, const ModelDims&, ActivationStore<S>&, int,        \
-                                              const View2<S>&, bool, const FormMu<S>&, const View3<S>&,            \
-                                              const Workspace<S>&, Scratch<S>&, const Params<S>&,                  \
-                                              const ExecSpace&);                                                   \
-  template void MambaKind::backward_exact<S>(AdjointExactLayer<S>&, const Params<S>&, const ModelDims&, int,       \
-                                             ActivationStore<S>&, const View2<S>&, const Params<S>&);
+#define ASH_INSTANTIATE_P(S, P)                                                                                   \
+  template void MambaKind::backward_block<S, P<S>>(AdjointExactLayer<S>&, const P<S>&, const ModelDims&,          \
+                                                   const SeqShape&, const View2<S>&, const View2<S>&,             \
+                                                   const State<S>&, bool, Carry<S>&, bool, const P<S>&);          \
+  template void MambaKind::backward_window_range<S, P<S>>(AdjointExactLayer<S>&, const P<S>&, const ModelDims&,   \
+                                                          const SeqShape&, const View2<S>&, const View2<S>&,      \
+                                                          const State<S>&, index_t, Carry<S>&, const P<S>&);      \
+  template void MambaKind::backward_window<S, P<S>>(const P<S>&, const ModelDims&, ActivationStore<S>&, int,       \
+                                                    const View2<S>&, bool, const FormMu<S>&, const View3<S>&,     \
+                                                    const Workspace<S>&, Scratch<S>&, const P<S>&,                \
+                                                    const ExecSpace&);                                            \
+  template void MambaKind::backward_exact<S, P<S>>(AdjointExactLayer<S>&, const P<S>&, const ModelDims&, int,      \
+                                                   ActivationStore<S>&, const View2<S>&, const P<S>&);
+// The blocks' parameter types of the kinds built on MambaKind (FalconMambaKind, Mamba2Kind).
+#define ASH_INSTANTIATE(S)                    \
+  ASH_INSTANTIATE_P(S, MambaLayerParams)       \
+  ASH_INSTANTIATE_P(S, FalconMambaLayerParams) \
+  ASH_INSTANTIATE_P(S, Mamba2LayerParams)
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 #undef ASH_INSTANTIATE
+#undef ASH_INSTANTIATE_P
 
 }  // namespace ash

@@ -1,6 +1,9 @@
 #pragma once
 // The Mamba layer kind (model.arch = "mamba", docs/design.md §1, transformers'
-// MambaBlock; members as kind_interface.hpp lists them). Its recurrent state
+// MambaBlock; members as kind_interface.hpp lists them), and the members the
+// FalconMamba and Mamba-2 kinds take from it: those over a block's parameters
+// are templates over its parameter type P, calling the block's functions by
+// overload (model/mamba_layer.hpp, model/mamba2_layer.hpp). Its recurrent state
 // is MambaState (the conv's last Kc − 1 inputs and h over E channels); its
 // scan core runs over E channels with ∂L/∂s (from the gate's VJP) for g; a
 // token block's backward carries μ and A over E channels and ∂L/∂ the conv
@@ -49,12 +52,14 @@ struct MambaKind {
     MambaState<S> st;
     st.conv = make_view2<S>(w.buffers().at(0));
     st.ssm = make_view2<S>(w.buffers().at(1));
+    st.batch = Bt;
     return st;
   }
   template <class S>
   struct BlockStates {
-    View3<S> conv, ssm;  // [blocks, Bt·E, Kc−1], [blocks, Bt·E, N]
-    BlockStates(const ModelDims& d, index_t Bt, index_t blocks) {
+    View3<S> conv, ssm;  // [blocks, Bt·C, Kc−1], [blocks, Bt·E, N]
+    index_t batch = 0;
+    BlockStates(const ModelDims& d, index_t Bt, index_t blocks) : batch(Bt) {
       const WorkspaceSpec w = block_states_spec(d, Bt, blocks, sizeof(S));
       conv = make_view3<S>(w.buffers().at(0));
       ssm = make_view3<S>(w.buffers().at(1));
@@ -63,6 +68,7 @@ struct MambaKind {
       MambaState<S> st;
       st.conv = Kokkos::subview(conv, j, Kokkos::ALL(), Kokkos::ALL());
       st.ssm = Kokkos::subview(ssm, j, Kokkos::ALL(), Kokkos::ALL());
+      st.batch = batch;
       return st;
     }
   };
@@ -87,15 +93,15 @@ struct MambaKind {
   static BlockActs<S> make_block_acts(const SeqShape& s, const ModelDims& d) {
     return BlockActs<S>(s, d, LayerActivations<S>::projections_only);
   }
-  template <class S>
-  static void forward_block(const Params<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
+  template <class S, class P>
+  static void forward_block(const P& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
                             const BlockActs<S>& act, const View2<S>& yo, const State<S>& st, const ExecSpace& exec) {
     mamba_layer_forward(p, d, s, y, first_rows(act, s.rows()), yo, st, exec);
   }
 
   // A whole window's forward from a zero state (nothing kept but act).
-  template <class S>
-  static void forward_window(const Params<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
+  template <class S, class P>
+  static void forward_window(const P& p, const ModelDims& d, const SeqShape& s, const View2<S>& y,
                              const BlockActs<S>& act, const View2<S>& yo, const ExecSpace& exec) {
     mamba_layer_forward(p, d, s, y, act, yo, exec);
   }
@@ -113,10 +119,10 @@ struct MambaKind {
   // the forward started it from; zero_before unread: before is zero then), the
   // gate's VJP, the scan's waves with the μ/A carry over E channels (when
   // carries), the mixer's VJPs with the conv's carry.
-  template <class S>
-  static void backward_block(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, const SeqShape& s,
+  template <class S, class P>
+  static void backward_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& s,
                              const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
-                             Carry<S>& carry, bool carries, const Params<S>& grad);
+                             Carry<S>& carry, bool carries, const P& grad);
 
   // A sequence rank's pass (dist::SequenceBlockwise): the state's views in a
   // fixed order, what a range sends the next one: the conv's last Kc − 1
@@ -160,10 +166,10 @@ struct MambaKind {
   static void for_each_window_carry_view(Carry<S>& c, F&& f) {
     f(c.gconv);
   }
-  template <class S>
-  static void backward_window_range(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d,
+  template <class S, class P>
+  static void backward_window_range(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d,
                                     const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
-                                    const State<S>& before, index_t own_T, Carry<S>& carry, const Params<S>& grad);
+                                    const State<S>& before, index_t own_T, Carry<S>& carry, const P& grad);
 
   // What the kind keeps from layer (and token block) to layer of a pass: the
   // block's cotangents, a token block's activations and the state its forward
@@ -192,13 +198,13 @@ struct MambaKind {
     return LayerShape{s.batch, s.T, d.inner(), d.state, sizeof(S)};
   }
   static constexpr bool window_cotangents = false;  // the scan's are part of MambaCotangents
-  template <class S>
-  static void backward_window(const Params<S>& p, const ModelDims& d, ActivationStore<S>& store, int k,
+  template <class S, class P>
+  static void backward_window(const P& p, const ModelDims& d, ActivationStore<S>& store, int k,
                               const View2<S>& g, bool detach, const FormMu<S>& form_mu, const View3<S>& mu,
-                              const Workspace<S>& work, Scratch<S>& sc, const Params<S>& grad, const ExecSpace& exec);
-  template <class S>
-  static void backward_exact(AdjointExactLayer<S>& e3, const Params<S>& p, const ModelDims& d, int k,
-                             ActivationStore<S>& store, const View2<S>& g, const Params<S>& grad);
+                              const Workspace<S>& work, Scratch<S>& sc, const P& grad, const ExecSpace& exec);
+  template <class S, class P>
+  static void backward_exact(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, int k,
+                             ActivationStore<S>& store, const View2<S>& g, const P& grad);
 
   // A layer stack alone (grad/stack_adjoint.hpp): without a memory lever, E3
   // over the whole window block by block; with one, the block-wise engine,

@@ -32,15 +32,6 @@ const MambaActivations<S>& ActivationStore<S>::mamba_scratch() {
 }
 
 template <class S>
-const MambaActivations<S>& ActivationStore<S>::mamba_activations(const MambaLayerParams<S>& p, int k,
-                                                                 const ExecSpace& exec, MambaUpTo upto) {
-  if (keeps_acts()) return kept_mamba(k);
-  const auto& act = mamba_scratch();
-  mamba_layer_activations(p, d_, s_, input(k), act, upto, exec);
-  return act;
-}
-
-template <class S>
 const LayerActivations<S>& ActivationStore<S>::scratch() {
   if (!has_scratch_) {
     scratch_ = LayerActivations<S>(s_, d_, LayerActivations<S>::projections_only);
@@ -73,8 +64,10 @@ void forward_layers(const ParamSet<S>& params, ActivationStore<S>& store, const 
   const auto& s = store.shape();
   if (store.mamba()) {
     for (int k = store.k0(); k < store.k1(); ++k)
-      mamba_layer_forward(params.mamba_layer(k), params.dims(), s, store.input(k),
-                          store.keeps_acts() ? store.kept_mamba(k) : store.mamba_scratch(), store.input(k + 1), exec);
+      with_mamba_block(params, k, [&](const auto& p) {
+        mamba_layer_forward(p, params.dims(), s, store.input(k),
+                            store.keeps_acts() ? store.kept_mamba(k) : store.mamba_scratch(), store.input(k + 1), exec);
+      });
     return;
   }
   for (int k = store.k0(); k < store.k1(); ++k)
@@ -96,13 +89,15 @@ double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t 
     const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
     const MambaState<S> run = state ? MambaState<S>(s.batch, d) : MambaState<S>();
     for (int k = 0; k < d.layers; ++k) {
-      if (state) {  // the carried form: from the state, which then holds the state after x
-        mamba_state_from_carried((*state)[std::size_t(k)], run);
-        mamba_layer_forward(params.mamba_layer(k), d, s, y, act, y_next, run);
-        mamba_state_to_carried(run, (*state)[std::size_t(k)]);
-      } else {
-        mamba_layer_forward(params.mamba_layer(k), d, s, y, act, y_next);
-      }
+      with_mamba_block(params, k, [&](const auto& p) {
+        if (state) {  // the carried form: from the state, which then holds the state after x
+          mamba_state_from_carried((*state)[std::size_t(k)], run);
+          mamba_layer_forward(p, d, s, y, act, y_next, run);
+          mamba_state_to_carried(run, (*state)[std::size_t(k)]);
+        } else {
+          mamba_layer_forward(p, d, s, y, act, y_next);
+        }
+      });
       std::swap(y, y_next);
     }
     return head_loss<S>(params.global(), x_head, y, View2<S>(), nullptr, head_chunk, targets);
@@ -117,18 +112,25 @@ double forward_loss_impl(const ParamSet<S>& params, const TokenView& x, index_t 
 }  // namespace
 
 namespace {
-// One carried [Bt·E, Kc−1+N] view (the conv's columns, then h's) and a
-// MambaState: copied into the state, or out of it when to_carried.
+// One carried [Bt·C, Kc−1+N] view (the conv's columns, then h's in the rows of
+// the scan's E channels: all rows but a Mamba-2's B and C channels, whose h
+// columns are 0) and a MambaState: copied into the state, or out of it when to_carried.
 template <class S>
 void copy_carried(const View2<S>& carried, const MambaState<S>& st, bool to_carried, const ExecSpace& exec) {
   const View2<S> conv = st.conv, ssm = st.ssm;
   const index_t Kc1 = conv.extent(1), N = ssm.extent(1);
-  require(carried.extent(0) == conv.extent(0) && index_t(carried.extent(1)) == Kc1 + N,
-          "carried state: expected [batch·E, Kc-1+N] per Mamba layer");
+  require(st.batch > 0 && carried.extent(0) == conv.extent(0) && index_t(carried.extent(1)) == Kc1 + N,
+          "carried state: expected [batch·C, Kc-1+N] per Mamba layer");
+  const index_t C = conv.extent(0) / st.batch, E = ssm.extent(0) / st.batch;
   Kokkos::parallel_for(
       "ash::mamba::copy_carried", Range2(exec, {0, 0}, {index_t(carried.extent(0)), Kc1 + N}),
       KOKKOS_LAMBDA(const index_t r, const index_t c) {
-        S& part = c < Kc1 ? conv(r, c) : ssm(r, c - Kc1);
+        const index_t b = r / C, ch = r % C;
+        if (c >= Kc1 && ch >= E) {  // no h: the channel is not a scan channel
+          if (to_carried) carried(r, c) = S(0);
+          return;
+        }
+        S& part = c < Kc1 ? conv(r, c) : ssm(b * E + ch, c - Kc1);
         if (to_carried)
           carried(r, c) = part;
         else
@@ -152,7 +154,7 @@ void check_carried_state(const std::vector<View2<S>>& state, const ModelDims& d,
   const index_t R = batch * d.carry_rows(), C = d.carry_cols();
   require(index_t(state.size()) == layers, "carried state: expected one state per layer (" + std::to_string(layers) +
                                                "), got " + std::to_string(state.size()));
-  const std::string shape = d.mamba() ? "[batch·E, Kc-1+N] = [" : "[batch·P, N] = [";
+  const std::string shape = d.mamba2() ? "[batch·C, Kc-1+N] = [" : d.mamba() ? "[batch·E, Kc-1+N] = [" : "[batch·P, N] = [";
   for (const auto& h : state)
     require(index_t(h.extent(0)) == R && index_t(h.extent(1)) == C,
             "carried state: expected " + shape + std::to_string(R) + ", " + std::to_string(C) + "] per layer, got [" +

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "ash/model/head.hpp"
-#include "ash/model/mamba_layer.hpp"
+#include "ash/model/mamba2_layer.hpp"
 
 namespace ash {
 
@@ -46,8 +46,15 @@ class ActivationStore {
   // nothing is kept.
   bool mamba() const { return d_.mamba(); }
   const MambaActivations<S>& kept_mamba(int k) const { return mamba_acts_.at(k - k0_); }
-  const MambaActivations<S>& mamba_activations(const MambaLayerParams<S>& p, int k, const ExecSpace& exec = ExecSpace(),
-                                               MambaUpTo upto = MambaUpTo::gate);
+  // (P: a Mamba-1 or Mamba-2 block's parameters.)
+  template <class P>
+  const MambaActivations<S>& mamba_activations(const P& p, int k, const ExecSpace& exec = ExecSpace(),
+                                               MambaUpTo upto = MambaUpTo::gate) {
+    if (keeps_acts()) return kept_mamba(k);
+    const auto& act = mamba_scratch();
+    mamba_layer_activations(p, d_, s_, input(k), act, upto, exec);
+    return act;
+  }
   const MambaActivations<S>& mamba_scratch();
 
  private:

@@ -35,7 +35,9 @@ void Generator<S>::feed(const std::vector<std::uint32_t>& tokens, const std::vec
   if (d.mamba()) {
     const MambaActivations<S> act(s, d, LayerActivations<S>::projections_only);
     for (int k = 0; k < d.layers; ++k) {
-      mamba_layer_forward(params_.mamba_layer(k), d, s, y, act, y_next, mamba_state_[std::size_t(k)]);
+      with_mamba_block(params_, k, [&](const auto& p) {
+        mamba_layer_forward(p, d, s, y, act, y_next, mamba_state_[std::size_t(k)]);
+      });
       std::swap(y, y_next);
     }
   } else {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ash/model/head.hpp"
-#include "ash/model/mamba_layer.hpp"
+#include "ash/model/mamba2_layer.hpp"
 
 namespace ash {
 

@@ -5,25 +5,14 @@
 #include "ash/kernels/chunked_scan.hpp"
 #include "ash/kernels/rms_norm.hpp"
 #include "ash/kernels/row_sums.hpp"
+#include "ash/model/impl/causal_conv.hpp"
 
 namespace ash {
 
 namespace {
 
-// SiLU(v) = v σ(v) and its derivative σ(v) (1 + v (1 - σ(v))).
-template <class S>
-KOKKOS_INLINE_FUNCTION S sigmoid(S v) {
-  return S(1) / (S(1) + kmath::exp(-v));
-}
-template <class S>
-KOKKOS_INLINE_FUNCTION S silu(S v) {
-  return v * sigmoid(v);
-}
-template <class S>
-KOKKOS_INLINE_FUNCTION S silu_grad(S v) {
-  const S sg = sigmoid(v);
-  return sg * (S(1) + v * (S(1) - sg));
-}
+using impl::silu;
+using impl::silu_grad;
 
 // Column j of a FalconMamba's mixer_rstd (δ, β, γ).
 template <class S>
@@ -38,34 +27,57 @@ MambaActivations<S>::MambaActivations(const SeqShape& sh, const ModelDims& d,
                                       typename LayerActivations<S>::Store store)
     : rstd("ash::mamba::rstd", sh.rows()),
       yhat("ash::mamba::yhat", sh.rows(), d.width),
-      x("ash::mamba::x", sh.rows(), d.inner()),
+      x("ash::mamba::x", sh.rows(), d.conv_dim()),
       z("ash::mamba::z", sh.rows(), d.inner()),
-      c("ash::mamba::conv", sh.rows(), d.inner()),
-      dlow("ash::mamba::dlow", sh.rows(), d.rank()),
+      c("ash::mamba::conv", sh.rows(), d.conv_dim()),
+      dlow("ash::mamba::dlow", sh.rows(), d.mamba2() ? d.head_count() : d.rank()),
       s("ash::mamba::scan_out", sh.rows(), d.inner()),
       o("ash::mamba::gated", sh.rows(), d.inner()),
-      mixer_rstd(d.mixer_norms() ? View2<S>("ash::mamba::mixer_rstd", sh.rows(), 3) : View2<S>()),
+      mixer_rstd(d.mixer_norms() ? View2<S>("ash::mamba::mixer_rstd", sh.rows(), 3)
+                 : d.mamba2()    ? View2<S>("ash::mamba::mixer_rstd", sh.rows(), d.n_groups)
+                                 : View2<S>()),
+      d_channels(d.mamba2() ? View1<S>("ash::mamba::d_channels", d.inner()) : View1<S>()),
       scan(sh, d.inner(), d.state, store) {}
 
 template <class S>
 MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_partials)
     : gs("ash::mamba::cot::gs", rows, d.inner()),
       gz("ash::mamba::cot::gz", rows, d.inner()),
-      gx("ash::mamba::cot::gx", rows, d.inner()),
-      gdlow("ash::mamba::cot::gdlow", rows, d.rank()),
+      gx("ash::mamba::cot::gx", rows, d.conv_dim()),
+      gdlow("ash::mamba::cot::gdlow", rows, d.mamba2() ? d.head_count() : d.rank()),
       gyhat("ash::mamba::cot::gyhat", rows, d.width),
       norm_part(Kokkos::view_alloc(std::string("ash::mamba::cot::norm_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), d.width),
       conv_part(Kokkos::view_alloc(std::string("ash::mamba::cot::conv_part"), Kokkos::WithoutInitializing),
-                impl::row_blocks(rows), d.inner() * (d.conv_kernel + 1)),
-      scan(rows, d.inner(), d.state, scan_partials) {}
+                impl::row_blocks(rows), d.conv_dim() * (d.conv_kernel + 1)),
+      scan(rows, d.inner(), d.state, scan_partials) {
+  if (!d.mamba2()) return;
+  go = View2<S>("ash::mamba::cot::go", rows, d.inner());
+  gc = View2<S>("ash::mamba::cot::gc", rows, d.conv_dim());
+  gate_part = View2<S>(Kokkos::view_alloc(std::string("ash::mamba::cot::gate_part"), Kokkos::WithoutInitializing),
+                       impl::row_blocks(rows), d.inner());
+  ga_channels = View2<S>("ash::mamba::cot::ga_channels", d.inner(), d.state);
+  gd_channels = View1<S>("ash::mamba::cot::gd_channels", d.inner());
+  gb_channels = View1<S>("ash::mamba::cot::gb_channels", d.inner());
+}
 
 template <class S>
 MambaState<S>::MambaState(index_t batch, const ModelDims& d)
-    : conv("ash::mamba::conv_state", batch * d.inner(), d.conv_kernel - 1),
-      ssm("ash::mamba::ssm_state", batch * d.inner(), d.state) {}
+    : conv("ash::mamba::conv_state", batch * d.conv_dim(), d.conv_kernel - 1),
+      ssm("ash::mamba::ssm_state", batch * d.inner(), d.state),
+      batch(batch) {}
 
 namespace {
+
+// The conv's output c and the scan's input u = SiLU(c), as one kernel writes them.
+template <class S>
+struct ConvOut {
+  View2<S> c, u;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t m, const index_t e, const S acc) const {
+    c(m, e) = acc;
+    u(m, e) = silu(acc);
+  }
+};
 
 // mamba_layer_forward, with a carried state or (null) without; without y_out
 // (extent 0) it stops after the gate, or before the scan: mamba_layer_activations.
@@ -76,59 +88,16 @@ void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqSha
   const index_t M = y_in.extent(0), E = d.inner(), T = s.T, Kc = d.conv_kernel;
   require(M == s.rows() && index_t(act.x.extent(0)) == M, "mamba_layer_forward: activations of another size");
   const bool carry = state != nullptr;
-  require(!carry || (index_t(state->conv.extent(0)) == s.batch * E && index_t(state->conv.extent(1)) == Kc - 1 &&
+  require(!carry || (index_t(state->conv.extent(0)) == s.batch * d.conv_dim() && index_t(state->conv.extent(1)) == Kc - 1 &&
                      index_t(state->ssm.extent(0)) == s.batch * E && index_t(state->ssm.extent(1)) == d.state),
           "mamba_layer_forward: a carried state of another size");
   impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec, d.norm_eps);
   impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_x, S(0), act.x);
   impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_z, S(0), act.z);
-  // The causal depthwise conv, then SiLU: u is the scan's input. Taps walk
-  // back from the token itself and stop after a document's first token (the
-  // conv sees nothing before a start, as mamba-ssm's seq_idx) or the window's;
-  // with a carried state, the taps before the window's first token read it.
-  {
-    auto x = act.x;
-    auto c = act.c;
-    auto u = act.scan.yhat;
-    auto w = p.conv_weight;
-    auto bias = p.conv_bias;
-    const View2<S> cs = carry ? state->conv : View2<S>();
-    const DocStarts docs = s.docs;
-    Kokkos::parallel_for(
-        "ash::mamba::conv_forward", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
-          const index_t b = m / T, t = m % T;
-          S acc = bias(e);
-          for (index_t k = 0; k < Kc; ++k) {
-            if (k > t) {  // before the window: the state's column of the token k - t before it
-              if (!carry) break;
-              acc += w(e, Kc - 1 - k) * cs(b * E + e, Kc - 1 - (k - t));
-              continue;
-            }
-            acc += w(e, Kc - 1 - k) * x(m - k, e);
-            if (docs.at(b, t - k)) break;
-          }
-          c(m, e) = acc;
-          u(m, e) = silu(acc);
-        });
-    // The conv state after the window: x of its last Kc-1 tokens (older ones from
-    // the state, ascending so a column is read before it is overwritten), 0 for a
-    // token before the last document start.
-    if (carry && Kc > 1)
-      Kokkos::parallel_for(
-          "ash::mamba::conv_state", Range(exec, 0, s.batch * E), KOKKOS_LAMBDA(const index_t i) {
-            const index_t b = i / E, e = i % E, first = T - (Kc - 1);  // the token of column 0
-            index_t start = -Kc;  // the last start after column 0's token (none: before every column)
-            for (index_t t = T - 1; t > first && t >= 0; --t)
-              if (docs.at(b, t)) {
-                start = t;
-                break;
-              }
-            for (index_t j = 0; j < Kc - 1; ++j) {
-              const index_t t = first + j;
-              cs(i, j) = t < start ? S(0) : t >= 0 ? x(b * T + t, e) : cs(i, j + T);
-            }
-          });
-  }
+  // The causal depthwise conv, then SiLU: u is the scan's input.
+  impl::causal_conv_forward(s, act.x, p.conv_weight, p.conv_bias, carry ? state->conv : View2<S>(),
+                            ConvOut<S>{act.c, act.scan.yhat}, exec);
+  if (carry) impl::causal_conv_state(s, act.x, state->conv, exec);
   const auto& sc = act.scan;
   const bool norms = d.mixer_norms();
   require(!norms || index_t(act.mixer_rstd.extent(0)) == M, "mamba_layer_forward: activations of another architecture");
@@ -262,7 +231,7 @@ void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const Se
                       const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, index_t own,
                       const ExecSpace& exec) {
   const bool block = gcs.extent(0) > 0;
-  require(!block || (index_t(cb.extent(0)) == s.batch * d.inner() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
+  require(!block || (index_t(cb.extent(0)) == s.batch * d.conv_dim() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
                      cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
           "mamba_mixer_backward_block: conv states of another size");
   const index_t M = s.rows(), E = d.inner(), T = s.T, Bt = s.batch, Kc = d.conv_kernel;
@@ -287,102 +256,9 @@ void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const Se
   Kokkos::parallel_for(
       "ash::mamba::silu_backward", Range2(exec, {0, 0}, {M, E}),
       KOKKOS_LAMBDA(const index_t m, const index_t e) { gc(m, e) = gu(m, e) * silu_grad(c(m, e)); });
-  // The conv's VJPs: into x (each token feeds the next Kc - 1 outputs of its
-  // document; in a token block, also across the block's ends), and into w_conv
-  // and b_conv (below).
-  const DocStarts docs = s.docs;
-  auto w = p.conv_weight;
-  auto x = act.x;
-  auto gx = cot.gx;
-  Kokkos::parallel_for(
-      "ash::mamba::conv_backward_x", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
-        const index_t b = m / T, t = m % T;
-        S acc = 0;
-        for (index_t k = 0; k < Kc && t + k < T; ++k) {
-          if (k > 0 && docs.at(b, t + k)) break;
-          acc += w(e, Kc - 1 - k) * gc(m + k, e);
-        }
-        gx(m, e) = acc;
-      });
-  // Across the block's start: the later blocks' cotangent of the conv state
-  // after this block goes to the x rows it holds (older columns, of a block
-  // shorter than Kc−1, pass on to the state before), and the taps of the
-  // block's first tokens into the state before it add theirs.
-  if (block && Kc > 1)
-    Kokkos::parallel_for(
-        "ash::mamba::conv_backward_carry", Range(exec, 0, Bt * E), KOKKOS_LAMBDA(const index_t i) {
-          const index_t b = i / E, e = i % E, first = own - (Kc - 1);  // the token of the state after's column 0
-          index_t start = -Kc;  // the last start after column 0's token, as the forward's conv_state
-          for (index_t t = own - 1; t > first && t >= 0; --t)
-            if (docs.at(b, t)) {
-              start = t;
-              break;
-            }
-          for (index_t j = 0; j < Kc - 1; ++j) {  // first: every column that holds this block's x
-            const index_t t = first + j;
-            if (t >= 0 && t >= start) gx(b * T + t, e) += gcs(i, j);
-          }
-          index_t open = own;  // tokens [0, open) of the block read the state before (no start among them)
-          for (index_t t = 0; t < own; ++t)
-            if (docs.at(b, t)) {
-              open = t;
-              break;
-            }
-          for (index_t c = Kc - 2; c >= 0; --c) {  // descending: column c reads column c - own, not yet rewritten
-            S acc = 0;
-            if (c - own >= 0 && first + (c - own) >= start) acc += gcs(i, c - own);
-            for (index_t t = 0; t <= c && t < open; ++t) acc += w(e, c - t) * gc(b * T + t, e);
-            gcs(i, c) = acc;
-          }
-        });
-  // Into w_conv and b_conv in two levels (kernels/row_sums.hpp): one thread per
-  // (row block, channel) walks its rows in order and adds each tap into its
-  // partial sums (consecutive channels read adjacent memory, where one thread per
-  // (channel, tap) over the whole window read a new cache line per token), then
-  // each (channel, tap) adds its blocks in order: bitwise repeatable.
-  const index_t taps = Kc + 1, nblk = impl::row_blocks(M);  // tap Kc is the bias
-  auto part = cot.conv_part;
-  require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == E * taps,
-          "mamba_mixer_backward_dense: conv partial sums of another size");
-  Kokkos::parallel_for(
-      "ash::mamba::conv_backward_w", Range(exec, 0, nblk * E), KOKKOS_LAMBDA(const index_t i) {
-        const index_t blk = i / E, e = i % E, c0 = e * taps;
-        const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
-        for (index_t j = 0; j < taps; ++j) part(blk, c0 + j) = 0;
-        for (index_t m = blk * impl::reduce_rows; m < r1; ++m) {
-          const index_t b = m / T, t = m % T;
-          const S gcm = gc(m, e);
-          part(blk, c0 + Kc) += gcm;
-          // the forward's taps: back from the token, none before its document; in a
-          // token block, the taps before the block's first token read the conv state
-          // before it (unless a document starts in between)
-          index_t k = 0;
-          bool cut = false;
-          for (; k < Kc && k <= t; ++k) {
-            part(blk, c0 + Kc - 1 - k) += gcm * x(m - k, e);
-            if (docs.at(b, t - k)) {
-              cut = true;
-              break;
-            }
-          }
-          if (block && !cut)
-            for (; k < Kc; ++k) part(blk, c0 + Kc - 1 - k) += gcm * cb(b * E + e, Kc - 1 - (k - t));
-        }
-      });
-  auto gw = grad.conv_weight;
-  auto gb = grad.conv_bias;
-  Kokkos::parallel_for(
-      "ash::mamba::conv_backward_w_sum", impl::BlockSumPolicy(exec, E * taps, impl::block_sum_team),
-      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
-        const index_t c = team.league_rank(), e = c / taps, j = c % taps;
-        const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, c); });
-        Kokkos::single(Kokkos::PerTeam(team), [&]() {
-          if (j == Kc)
-            gb(e) += acc;
-          else
-            gw(e, j) += acc;
-        });
-      });
+  // The conv's VJPs into x, across a token block's ends, and into w_conv and b_conv.
+  impl::causal_conv_backward(s, p.conv_weight, act.x, gc, cot.gx, cb, gcs, own, cot.conv_part, grad.conv_weight,
+                             grad.conv_bias, exec);
   impl::gemm<S>(exec, "T", "N", S(1), cot.gx, act.yhat, S(1), grad.in_x);
   impl::gemm<S>(exec, "T", "N", S(1), cot.gz, act.yhat, S(1), grad.in_z);
   impl::gemm<S>(exec, "N", "N", S(1), cot.gx, p.in_x, S(0), cot.gyhat);

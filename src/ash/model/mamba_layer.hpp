@@ -22,19 +22,24 @@ namespace ash {
 
 // What the forward keeps of one Mamba block; the scan's part (Δ, u, β, γ, a,
 // and where asked h^{t-1} and A) is a LayerActivations over E channels.
+// A Mamba-2 block (mamba2_layer.hpp) keeps the same struct: its conv runs over
+// C = E + 2·G·N channels (x, B, C; d.conv_dim()), and the views' comments say
+// what each holds for it.
 template <class S>
 struct MambaActivations {
   View1<S> rstd;  // r [M]
   View2<S> yhat;  // ŷ [M, D]
-  View2<S> x;     // in_proj's x [M, E]
+  View2<S> x;     // in_proj's x [M, E]; a Mamba-2's x|B|C before the conv [M, C]
   View2<S> z;     // the gate before SiLU [M, E]
-  View2<S> c;     // the conv's output before SiLU [M, E]
-  View2<S> dlow;  // δ, Δ's low-rank input [M, R]
+  View2<S> c;     // the conv's output before SiLU [M, C]
+  View2<S> dlow;  // δ, Δ's low-rank input [M, R]; a Mamba-2's Δ before softplus and bias, per head [M, H]
   View2<S> s;     // the scan's output [M, E]
-  View2<S> o;     // s ⊙ SiLU(z) [M, E]
-  // FalconMamba's r(δ), r(β), r(γ) per token [M, 3] (extent 0 for a Mamba):
-  // dlow, scan.beta and scan.gamma hold the normalised values.
+  View2<S> o;     // s ⊙ SiLU(z) [M, E]; a Mamba-2's gated norm of it
+  // FalconMamba's r(δ), r(β), r(γ) per token [M, 3] (dlow, scan.beta and
+  // scan.gamma hold the normalised values); a Mamba-2's gated norm's r per
+  // group [M, G]; empty for a Mamba.
   View2<S> mixer_rstd;
+  View1<S> d_channels;  // a Mamba-2's D per scan channel [E] (empty for the others)
   LayerActivations<S> scan;
   MambaActivations(const SeqShape& sh, const ModelDims& d, typename LayerActivations<S>::Store store);
   MambaActivations() = default;
@@ -54,6 +59,7 @@ MambaActivations<S> first_rows(const MambaActivations<S>& a, index_t rows) {
   o.s = first_rows(a.s, rows);
   o.o = first_rows(a.o, rows);
   o.mixer_rstd = a.mixer_rstd.extent(0) ? first_rows(a.mixer_rstd, rows) : a.mixer_rstd;
+  o.d_channels = a.d_channels;
   o.scan = first_rows(a.scan, rows);
   return o;
 }
@@ -85,8 +91,9 @@ struct MambaState {
   // x of the Kc−1 tokens before the next one, oldest first (column Kc−2 is the
   // last token); a column whose token is before the last document start is 0,
   // so the conv of the next token sees nothing of an earlier document.
-  View2<S> conv;  // [Bt·E, Kc−1]
+  View2<S> conv;  // [Bt·C, Kc−1] (C = E; a Mamba-2's x|B|C: E + 2·G·N)
   View2<S> ssm;   // h after the last token [Bt·E, N]
+  index_t batch = 0;  // Bt
   MambaState(index_t batch, const ModelDims& d);
   MambaState() = default;
 };
@@ -106,11 +113,17 @@ template <class S>
 struct MambaCotangents {
   View2<S> gs;     // ∂L/∂s [M, E]; later ∂L/∂c
   View2<S> gz;     // ∂L/∂z [M, E]
-  View2<S> gx;     // ∂L/∂x [M, E]
-  View2<S> gdlow;  // ∂L/∂δ [M, R]
+  View2<S> gx;     // ∂L/∂x [M, C]
+  View2<S> gdlow;  // ∂L/∂δ [M, R]; a Mamba-2's ∂L/∂ its raw Δ per head [M, H]
   View2<S> gyhat;  // ∂L/∂ŷ [M, D]
   View2<S> norm_part;  // RMSNorm's weight-gradient partial sums [row_blocks(M), D]
-  View2<S> conv_part;  // the conv's weight and bias partial sums [row_blocks(M), E·(Kc+1)]
+  View2<S> conv_part;  // the conv's weight and bias partial sums [row_blocks(M), C·(Kc+1)]
+  // A Mamba-2's only (empty for the others): ∂L/∂o [M, E] (the gated norm's
+  // output), ∂L/∂c [M, C] (∂L/∂s has E columns), the gated norm's weight partial
+  // sums [row_blocks(M), E], and the scan core's per-channel A_log [E, N], D and
+  // bias [E] gradients, summed per head after the scan.
+  View2<S> go, gc, gate_part, ga_channels;
+  View1<S> gd_channels, gb_channels;
   LayerCotangents<S> scan;  // the scan core's, over E channels
   // scan_partials = false leaves the scan's row-block partial sums empty (E3
   // runs the scan's VJP per wave, into its own wave cotangents).
@@ -137,6 +150,28 @@ void mamba_gate_backward_first(const MambaLayerParams<S>& p, const MambaActivati
 template <class S>
 void mamba_gate_backward_second(const MambaActivations<S>& act, const View2<S>& g, const MambaCotangents<S>& cot,
                                 const MambaLayerParams<S>& grad, const ExecSpace& exec = ExecSpace());
+// The same second half with the block's parameters (the Mamba-2 block's form,
+// mamba2_layer.hpp, which the layer kinds call).
+template <class S>
+void mamba_gate_backward_second(const MambaLayerParams<S>&, const MambaActivations<S>& act, const View2<S>& g,
+                                const MambaCotangents<S>& cot, const MambaLayerParams<S>& grad,
+                                const ExecSpace& exec = ExecSpace()) {
+  mamba_gate_backward_second(act, g, cot, grad, exec);
+}
+// The gate's VJP needs no s: E3 forms s wave by wave (mamba_scan_output_rows).
+template <class S>
+constexpr bool gate_reads_s(const MambaLayerParams<S>&) {
+  return false;
+}
+// The scan core's D per channel and its parameter gradients: the block's own.
+template <class S>
+Unmanaged1<S> scan_core_D(const MambaLayerParams<S>& p, const MambaActivations<S>&) {
+  return p.D;
+}
+template <class S>
+ScanParamGrads<S> scan_param_grads(const MambaLayerParams<S>& grad, const MambaCotangents<S>&) {
+  return {grad.A_log, grad.D, grad.dt_bias};
+}
 // The scan's output s of the rows of one wave (row r of the wave's buffers is
 // window row rows(r)), from its h^{t-1} and A^t ([Bt·W, E, N], as E3 hands them
 // to the scan's VJP): s^t = D ⊙ u^t + Σ_n γ^t_n (A^t_n h^{t-1}_n + Δ^t u^t β^t_n),

@@ -46,6 +46,28 @@ std::vector<TensorInfo> param_layout(const ModelDims& d, const LayerRange& range
     off += t.size();
     out.push_back(t);
   };
+  if (d.mamba2()) {
+    // docs/file_format.md: transformers' tensors, row-major [out, in].
+    const std::int64_t E = d.inner(), C = d.conv_dim(), H = d.head_count(), Kc = d.conv_kernel;
+    if (range.embedding) add("embedding", {V, P}, true);
+    if (range.head) {
+      add("final_norm", {P});
+      if (!d.tie_embeddings) add("head", {V, P}, true);
+    }
+    for (int k = range.k0; k < range.k1; ++k) {
+      const auto pre = layer_prefix(k);
+      add(pre + "norm", {P});
+      add(pre + "in_proj", {E + C + H, P}, true);  // the matrices mamba-ssm decays (not A_log, D, dt_bias, norms)
+      add(pre + "conv_weight", {C, Kc}, true);
+      add(pre + "conv_bias", {C});
+      add(pre + "dt_bias", {H});
+      add(pre + "A_log", {H});
+      add(pre + "D", {H});
+      add(pre + "gated_norm", {E});
+      add(pre + "out_proj", {P, E}, true);
+    }
+    return out;
+  }
   if (d.mamba()) {
     // docs/file_format.md: transformers' tensors, row-major [out, in].
     const std::int64_t E = d.inner(), R = d.rank(), Kc = d.conv_kernel;
@@ -110,13 +132,20 @@ ParamSet<S>::ParamSet(const ModelDims& d, const LayerRange& range)
       global_.final_norm = v("final_norm");
       global_.head = d.tie_embeddings ? global_.embedding : m("head");
     }
-    const index_t E = d.inner(), R = d.rank(), N = d.state;
+    const index_t E = d.inner(), R = d.rank(), N = d.state, C = d.conv_dim(), H = d.head_count();
     for (int k = range.k0; k < range.k1; ++k) {
       const auto pre = layer_prefix(k);
       const auto rows = [&](const std::string& n, index_t r0, index_t r) {
         const auto& t = tensor(n);
         return Unmanaged2<S>(base + t.offset + r0 * t.shape[1], r, t.shape[1]);
       };
+      if (d.mamba2()) {
+        mamba2_layers_.push_back(Mamba2LayerParams<S>{
+            v(pre + "norm"), rows(pre + "in_proj", 0, E), rows(pre + "in_proj", E, C), rows(pre + "in_proj", E + C, H),
+            m(pre + "conv_weight"), v(pre + "conv_bias"), v(pre + "dt_bias"), v(pre + "A_log"), v(pre + "D"),
+            v(pre + "gated_norm"), m(pre + "out_proj")});
+        continue;
+      }
       mamba_layers_.push_back(MambaLayerParams<S>{
           v(pre + "norm"), rows(pre + "in_proj", 0, E), rows(pre + "in_proj", E, E), m(pre + "conv_weight"),
           v(pre + "conv_bias"), rows(pre + "x_proj", 0, R), rows(pre + "x_proj", R, N), rows(pre + "x_proj", R + N, N),
@@ -136,8 +165,18 @@ ParamSet<S>::ParamSet(const ModelDims& d, const LayerRange& range)
 }
 
 template <class S>
+Mamba2LayerParams<S> ParamSet<S>::mamba2_layer(int k) const {
+  require(dims_.mamba2(), "ParamSet: layer " + std::to_string(k) + " is a model.arch=" + arch_name(dims_.arch) +
+                              " layer, not a Mamba-2 block");
+  require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
+                              std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
+  return mamba2_layers_[k - range_.k0];
+}
+
+template <class S>
 MambaLayerParams<S> ParamSet<S>::mamba_layer(int k) const {
-  require(dims_.mamba(), "ParamSet: layer " + std::to_string(k) + " is an SSM-ResNet layer, not a Mamba block");
+  require(dims_.mamba() && !dims_.mamba2(), "ParamSet: layer " + std::to_string(k) + " is a model.arch=" +
+                                                arch_name(dims_.arch) + " layer, not a Mamba-1 block");
   require(range_.owns(k), "ParamSet: layer " + std::to_string(k) + " is not in this shard [" +
                               std::to_string(range_.k0) + ", " + std::to_string(range_.k1) + ")");
   return mamba_layers_[k - range_.k0];
@@ -210,6 +249,10 @@ void initialize_mamba_tensor(const ModelDims& d, const TensorInfo& t, S* p, Rng&
   const auto uniform = [&](double bound) {
     for (index_t i = 0; i < n; ++i) p[i] = S(rng.uniform(-bound, bound));
   };
+  if (d.mamba2() && leaf == "A_log") {  // one per head
+    for (index_t h = 0; h < n; ++h) p[h] = S(std::log(double(h + 1)));
+    return;
+  }
   if (leaf == "embedding" || leaf == "head" || leaf == "in_proj" || leaf == "x_proj") {
     for (index_t i = 0; i < n; ++i) p[i] = S(mamba_init_std * rng.normal());
   } else if (leaf == "conv_weight") {
@@ -229,7 +272,7 @@ void initialize_mamba_tensor(const ModelDims& d, const TensorInfo& t, S* p, Rng&
       for (index_t k = 0; k < t.shape[1]; ++k) p[e * t.shape[1] + k] = S(std::log(double(k + 1)));
   } else if (leaf == "conv_bias") {
     for (index_t i = 0; i < n; ++i) p[i] = S(0);
-  } else {  // norm, final_norm, D
+  } else {  // norm, final_norm, D, gated_norm
     for (index_t i = 0; i < n; ++i) p[i] = S(1);
   }
 }

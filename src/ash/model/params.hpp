@@ -54,6 +54,22 @@ struct MambaLayerParams {
   Unmanaged2<S> out_proj;     // W_out    [D, E]
 };
 
+// Views of one Mamba-2 block's parameters (model.arch = "mamba2", docs/design.md §1):
+// the tensors of transformers' Mamba2Block, in_proj's row blocks as separate views.
+// C = E + 2·G·N, the conv's channels (x, then B, then C); H heads of head_dim channels.
+template <class S>
+struct Mamba2LayerParams {
+  Unmanaged1<S> norm;          // w        [D]
+  Unmanaged2<S> in_z, in_xbc, in_dt;  // in_proj [E+C+H, D]: rows [0, E) the gate z, [E, E+C) x|B|C, then Δ per head
+  Unmanaged2<S> conv_weight;   // w_conv   [C, Kc]
+  Unmanaged1<S> conv_bias;     // b_conv   [C]
+  Unmanaged1<S> dt_bias;       // b_dt     [H]
+  Unmanaged1<S> A_log;         // Alog     [H]: a_h = −exp(Alog_h), every state of the head
+  Unmanaged1<S> D;             // D        [H]
+  Unmanaged1<S> gated_norm;    // w_g      [E]
+  Unmanaged2<S> out_proj;      // W_out    [D, E]
+};
+
 template <class S>
 struct GlobalParams {
   Unmanaged2<S> embedding;   // E  [V, P]
@@ -97,8 +113,10 @@ class ParamSet {
   Unmanaged1<S> flat(const TensorInfo& t) const { return Unmanaged1<S>(data_.data() + t.offset, t.size()); }
   // Layer k by its global index (must be in range()); an SSM-ResNet's.
   LayerParams<S> layer(int k) const;
-  // Layer k of a Mamba (model.arch = "mamba").
+  // Layer k of a Mamba-1 block (model.arch = "mamba" or "falcon_mamba").
   MambaLayerParams<S> mamba_layer(int k) const;
+  // Layer k of a Mamba-2 (model.arch = "mamba2").
+  Mamba2LayerParams<S> mamba2_layer(int k) const;
   // Embedding, final norm and head; the ones outside range() are empty Views.
   GlobalParams<S> global() const { return global_; }
 
@@ -114,6 +132,7 @@ class ParamSet {
   View1<S> data_;
   std::vector<LayerParams<S>> layers_;
   std::vector<MambaLayerParams<S>> mamba_layers_;
+  std::vector<Mamba2LayerParams<S>> mamba2_layers_;
   GlobalParams<S> global_;
 };
 
@@ -128,6 +147,10 @@ class ParamSet {
 //   conv_bias = 0; dt_proj ~ U(±1/sqrt(R)); Δ0 = max(exp(U(log 1e-3, log 1e-1)), 1e-4),
 //   dt_bias = softplus⁻¹(Δ0); A_log[e, n] = log(n + 1); D = 1; out_proj ~ U(±1/sqrt(E));
 //   norm = final_norm = 1.
+// A Mamba-2 as transformers' Mamba2PreTrainedModel._init_weights (Mamba2Config's
+// initializer_range 0.1, time_step_* as above): embedding, head, in_proj ~ N(0, 0.1²);
+//   conv_weight ~ U(±1/sqrt(Kc)); conv_bias = 0; dt_bias = softplus⁻¹(Δ0) per head;
+//   A_log[h] = log(h + 1); D = 1; out_proj ~ U(±1/sqrt(E)); norm = gated_norm = final_norm = 1.
 // Random numbers come from a 64-bit Mersenne twister with our own
 // uniform/normal transforms, so the values are the same on every platform.
 template <class S>

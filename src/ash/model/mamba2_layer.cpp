@@ -1,0 +1,378 @@
+#include "ash/model/mamba2_layer.hpp"
+
+#include "ash/core/error.hpp"
+#include "ash/kernels/blas.hpp"
+#include "ash/kernels/rms_norm.hpp"
+#include "ash/kernels/row_sums.hpp"
+#include "ash/model/impl/causal_conv.hpp"
+
+namespace ash {
+
+namespace {
+
+using impl::silu;
+using impl::silu_grad;
+using impl::softplus;
+
+// The conv's output c, and SiLU(c) routed to the scan's u, β and γ (channels
+// [0, E), [E, E+N), [E+N, E+2N)), as one kernel writes them.
+template <class S>
+struct ConvOut2 {
+  View2<S> c, u, beta, gamma;
+  index_t E, N;
+  KOKKOS_INLINE_FUNCTION void operator()(const index_t m, const index_t ch, const S acc) const {
+    c(m, ch) = acc;
+    const S v = silu(acc);
+    if (ch < E)
+      u(m, ch) = v;
+    else if (ch < E + N)
+      beta(m, ch - E) = v;
+    else
+      gamma(m, ch - E - N) = v;
+  }
+};
+
+// Δ after softplus and the limit (transformers' dt_limit: applied unless (0, ∞)).
+template <class S>
+KOKKOS_INLINE_FUNCTION S limited(S v, S lo, S hi) {
+  if (lo > S(0) && v < lo) return lo;
+  if (hi > S(0) && v > hi) return hi;
+  return v;
+}
+template <class S>
+KOKKOS_INLINE_FUNCTION bool clamped(S v, S lo, S hi) {
+  return (lo > S(0) && v < lo) || (hi > S(0) && v > hi);
+}
+
+// mamba_layer_forward with a carried state or (null) without; without y_out it
+// stops after the gated norm, or before the scan (mamba_layer_activations).
+template <class S>
+void forward_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                  const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>* state,
+                  const ExecSpace& exec, MambaUpTo upto = MambaUpTo::gate) {
+  const index_t M = y_in.extent(0), E = d.inner(), C = d.conv_dim(), N = d.state, P = d.head_dim, G = d.n_groups,
+                Kc = d.conv_kernel;
+  require(M == s.rows() && index_t(act.x.extent(0)) == M && index_t(act.x.extent(1)) == C &&
+              index_t(act.mixer_rstd.extent(1)) == G && index_t(act.d_channels.extent(0)) == E,
+          "mamba_layer_forward: Mamba-2 activations of another size");
+  const bool carry = state != nullptr;
+  require(!carry || (index_t(state->conv.extent(0)) == s.batch * C && index_t(state->conv.extent(1)) == Kc - 1 &&
+                     index_t(state->ssm.extent(0)) == s.batch * E && index_t(state->ssm.extent(1)) == N),
+          "mamba_layer_forward: a carried Mamba-2 state of another size");
+  impl::rms_norm_forward<S>(y_in, p.norm, act.rstd, act.yhat, exec, d.norm_eps);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_z, S(0), act.z);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_xbc, S(0), act.x);
+  impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_dt, S(0), act.dlow);
+  const auto& sc = act.scan;
+  impl::causal_conv_forward(s, act.x, p.conv_weight, p.conv_bias, carry ? state->conv : View2<S>(),
+                            ConvOut2<S>{act.c, sc.yhat, sc.beta, sc.gamma, E, N}, exec);
+  if (carry) impl::causal_conv_state(s, act.x, state->conv, exec);
+  // The scan core's per-channel parameters: a = −exp(Alog_h) for every state, D_h.
+  {
+    auto a = sc.a;
+    auto dch = act.d_channels;
+    auto alog = p.A_log;
+    auto D = p.D;
+    Kokkos::parallel_for(
+        "ash::mamba2::channel_params", Range2(exec, {0, 0}, {E, N}), KOKKOS_LAMBDA(const index_t e, const index_t n) {
+          a(e, n) = -kmath::exp(alog(e / P));
+          if (n == 0) dch(e) = D(e / P);
+        });
+  }
+  {
+    auto delta = sc.delta;
+    auto dt = act.dlow;
+    auto b = p.dt_bias;
+    const S lo = S(d.time_step_limit_min), hi = S(d.time_step_limit_max);
+    Kokkos::parallel_for(
+        "ash::mamba2::delta", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
+          const index_t h = e / P;
+          delta(m, e) = limited(softplus(dt(m, h) + b(h)), lo, hi);
+        });
+  }
+  if (upto == MambaUpTo::scan_inputs) return;
+  selective_scan_forward(scan_core_D(p, act), s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
+  // The gated norm, a team per (token, group): o = w_g ⊙ v r, v = s ⊙ SiLU(z).
+  {
+    auto so = act.s;
+    auto z = act.z;
+    auto o = act.o;
+    auto r = act.mixer_rstd;
+    auto w = p.gated_norm;
+    const index_t Eg = E / G;
+    const S eps = S(d.norm_eps);
+    Kokkos::parallel_for(
+        "ash::mamba2::gated_norm", impl::BlockSumPolicy(exec, M * G, impl::block_sum_team),
+        KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+          const index_t m = team.league_rank() / G, g0 = (team.league_rank() % G) * Eg;
+          const S ss = impl::team_block_sum<S>(team, Eg, [&](const index_t j) {
+            const S v = so(m, g0 + j) * silu(z(m, g0 + j));
+            return v * v;
+          });
+          const S rr = S(1) / kmath::sqrt(ss / S(Eg) + eps);
+          Kokkos::single(Kokkos::PerTeam(team), [&]() { r(m, g0 / Eg) = rr; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Eg), [&](const index_t j) {
+            const index_t e = g0 + j;
+            o(m, e) = w(e) * (so(m, e) * silu(z(m, e)) * rr);
+          });
+        });
+  }
+  if (y_out.extent(0) == 0) return;
+  Kokkos::deep_copy(exec, y_out, y_in);
+  impl::gemm<S>(exec, "N", "T", S(1), act.o, p.out_proj, S(1), y_out);
+}
+
+}  // namespace
+
+template <class S>
+void mamba_layer_forward(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, y_out, static_cast<const MambaState<S>*>(nullptr), exec);
+}
+
+template <class S>
+void mamba_layer_forward(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                         const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>& state,
+                         const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, y_out, &state, exec);
+}
+
+template <class S>
+void mamba_layer_activations(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y_in, const MambaActivations<S>& act, MambaUpTo upto,
+                             const ExecSpace& exec) {
+  forward_impl(p, d, s, y_in, act, View2<S>(), static_cast<const MambaState<S>*>(nullptr), exec, upto);
+}
+
+template <class S>
+void mamba_gate_backward_first(const Mamba2LayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                               const MambaCotangents<S>& cot, const ExecSpace& exec) {
+  const index_t M = act.z.extent(0), E = act.z.extent(1), G = act.mixer_rstd.extent(1), Eg = E / G;
+  require(cot.go.extent(0) == act.z.extent(0) && cot.ga_channels.extent(0) == act.z.extent(1),
+          "mamba_gate_backward_first: cotangents of another architecture");
+  Kokkos::deep_copy(exec, cot.ga_channels, S(0));
+  Kokkos::deep_copy(exec, cot.gd_channels, S(0));
+  Kokkos::deep_copy(exec, cot.gb_channels, S(0));
+  impl::gemm<S>(exec, "N", "N", S(1), g, p.out_proj, S(0), cot.go);  // ∂L/∂o
+  auto go = cot.go;
+  auto gs = cot.gs;
+  auto gz = cot.gz;
+  auto so = act.s;
+  auto z = act.z;
+  auto r = act.mixer_rstd;
+  auto w = p.gated_norm;
+  // ∂L/∂v = r (ĝ − v̂ mean(ĝ ⊙ v̂)) per group, ĝ = ∂L/∂o ⊙ w_g, v̂ = v r; then
+  // ∂L/∂s = ∂L/∂v ⊙ SiLU(z), ∂L/∂z = ∂L/∂v ⊙ s ⊙ SiLU'(z).
+  Kokkos::parallel_for(
+      "ash::mamba2::gated_norm_backward", impl::BlockSumPolicy(exec, M * G, impl::block_sum_team),
+      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+        const index_t m = team.league_rank() / G, g0 = (team.league_rank() % G) * Eg;
+        const S rr = r(m, g0 / Eg);
+        const S dot = impl::team_block_sum<S>(team, Eg,
+                                              [&](const index_t j) {
+                                                const index_t e = g0 + j;
+                                                return go(m, e) * w(e) * (so(m, e) * silu(z(m, e)) * rr);
+                                              }) /
+                      S(Eg);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Eg), [&](const index_t j) {
+          const index_t e = g0 + j;
+          const S sz = silu(z(m, e)), vh = so(m, e) * sz * rr;
+          const S gv = rr * (go(m, e) * w(e) - vh * dot);
+          gs(m, e) = gv * sz;
+          gz(m, e) = gv * so(m, e) * silu_grad(z(m, e));
+        });
+      });
+}
+
+template <class S>
+void mamba_gate_backward_second(const Mamba2LayerParams<S>&, const MambaActivations<S>& act, const View2<S>& g,
+                                const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
+                                const ExecSpace& exec) {
+  const index_t M = act.z.extent(0), E = act.z.extent(1), G = act.mixer_rstd.extent(1), Eg = E / G;
+  impl::gemm<S>(exec, "T", "N", S(1), g, act.o, S(1), grad.out_proj);
+  // w_g's gradient Σ_m ∂L/∂o ⊙ v̂ in two levels (kernels/row_sums.hpp): bitwise repeatable.
+  const index_t nblk = impl::row_blocks(M);
+  auto part = cot.gate_part;
+  require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == E,
+          "mamba_gate_backward_second: gated-norm partial sums of another size");
+  auto go = cot.go;
+  auto so = act.s;
+  auto z = act.z;
+  auto r = act.mixer_rstd;
+  Kokkos::parallel_for(
+      "ash::mamba2::gated_norm_w", Range(exec, 0, nblk * E), KOKKOS_LAMBDA(const index_t i) {
+        const index_t blk = i / E, e = i % E;
+        const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
+        S acc = 0;
+        for (index_t m = blk * impl::reduce_rows; m < r1; ++m)
+          acc += go(m, e) * (so(m, e) * silu(z(m, e)) * r(m, e / Eg));
+        part(blk, e) = acc;
+      });
+  auto gw = grad.gated_norm;
+  Kokkos::parallel_for(
+      "ash::mamba2::gated_norm_w_sum", impl::BlockSumPolicy(exec, E, impl::block_sum_team),
+      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+        const index_t e = team.league_rank();
+        const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, e); });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { gw(e) += acc; });
+      });
+}
+
+template <class S>
+void mamba_gate_backward(const Mamba2LayerParams<S>& p, const MambaActivations<S>& act, const View2<S>& g,
+                         const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad, const ExecSpace& exec) {
+  mamba_gate_backward_first(p, act, g, cot, exec);
+  mamba_gate_backward_second(p, act, g, cot, grad, exec);
+}
+
+template <class S>
+void mamba_mixer_backward(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                          const MambaActivations<S>& act, const View3<S>& mu, const MambaCotangents<S>& cot,
+                          const Mamba2LayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
+  selective_scan_backward_rows(scan_core_D(p, act), s, act.scan, cot.gs, BlockRows{s.T, s.T, 0}, mu, act.scan.hprev,
+                               act.scan.A, cot.scan, scan_param_grads(grad, cot), exec);
+  mamba_mixer_backward_dense(p, d, s, y_in, act, cot, grad, g, exec);
+}
+
+namespace {
+
+// mamba_mixer_backward_dense, on a token block when cb and gcs are given (as the Mamba-1 block's).
+template <class S>
+void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
+                      const MambaActivations<S>& act, const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
+                      const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, index_t own, const ExecSpace& exec) {
+  const bool block = gcs.extent(0) > 0;
+  require(!block || (index_t(cb.extent(0)) == s.batch * d.conv_dim() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
+                     cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
+          "mamba_mixer_backward_block: conv states of another size");
+  const index_t M = s.rows(), E = d.inner(), C = d.conv_dim(), N = d.state, P = d.head_dim, H = d.head_count();
+  const auto& sg = cot.scan;
+  // ∂L/∂δ per head: the scan's ∂L/∂(Δ before softplus) summed over the head's
+  // channels, zero where the limit clamps Δ.
+  {
+    auto gdt = cot.gdlow;
+    auto gz = sg.gz;
+    auto dt = act.dlow;
+    auto b = p.dt_bias;
+    const S lo = S(d.time_step_limit_min), hi = S(d.time_step_limit_max);
+    Kokkos::parallel_for(
+        "ash::mamba2::delta_backward", Range2(exec, {0, 0}, {M, H}), KOKKOS_LAMBDA(const index_t m, const index_t h) {
+          S acc = 0;
+          for (index_t q = 0; q < P; ++q) acc += gz(m, h * P + q);
+          gdt(m, h) = clamped(softplus(dt(m, h) + b(h)), lo, hi) ? S(0) : acc;
+        });
+  }
+  // dt_bias's gradient Σ_m ∂L/∂δ in two levels, in conv_part's first H columns
+  // (free until the conv's VJP: C·(Kc+1) ≥ E ≥ H).
+  {
+    const index_t nblk = impl::row_blocks(M);
+    auto part = cot.conv_part;
+    auto gdt = cot.gdlow;
+    Kokkos::parallel_for(
+        "ash::mamba2::dt_bias_backward", Range(exec, 0, nblk * H), KOKKOS_LAMBDA(const index_t i) {
+          const index_t blk = i / H, h = i % H;
+          const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
+          S acc = 0;
+          for (index_t m = blk * impl::reduce_rows; m < r1; ++m) acc += gdt(m, h);
+          part(blk, h) = acc;
+        });
+    auto gb = grad.dt_bias;
+    Kokkos::parallel_for(
+        "ash::mamba2::dt_bias_sum", impl::BlockSumPolicy(exec, H, impl::block_sum_team),
+        KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+          const index_t h = team.league_rank();
+          const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, h); });
+          Kokkos::single(Kokkos::PerTeam(team), [&]() { gb(h) += acc; });
+        });
+  }
+  // A_log and D per head: the scan core's per-channel sums, added over the head in order.
+  {
+    auto ga = cot.ga_channels;
+    auto gd = cot.gd_channels;
+    auto gA = grad.A_log;
+    auto gD = grad.D;
+    Kokkos::parallel_for(
+        "ash::mamba2::head_params_backward", Range(exec, 0, H), KOKKOS_LAMBDA(const index_t h) {
+          S acc_a = 0, acc_d = 0;
+          for (index_t q = 0; q < P; ++q) {
+            for (index_t n = 0; n < N; ++n) acc_a += ga(h * P + q, n);
+            acc_d += gd(h * P + q);
+          }
+          gA(h) += acc_a;
+          gD(h) += acc_d;
+        });
+  }
+  // ∂L/∂c through SiLU, from the scan's ∂L/∂u, ∂L/∂β and ∂L/∂γ.
+  {
+    auto gc = cot.gc;
+    auto c = act.c;
+    auto gu = sg.gyhat;
+    auto gbeta = sg.gbeta;
+    auto ggamma = sg.ggamma;
+    Kokkos::parallel_for(
+        "ash::mamba2::silu_backward", Range2(exec, {0, 0}, {M, C}), KOKKOS_LAMBDA(const index_t m, const index_t ch) {
+          const S gin = ch < E ? gu(m, ch) : ch < E + N ? gbeta(m, ch - E) : ggamma(m, ch - E - N);
+          gc(m, ch) = gin * silu_grad(c(m, ch));
+        });
+  }
+  impl::causal_conv_backward(s, p.conv_weight, act.x, cot.gc, cot.gx, cb, gcs, own, cot.conv_part, grad.conv_weight,
+                             grad.conv_bias, exec);
+  impl::gemm<S>(exec, "T", "N", S(1), cot.gz, act.yhat, S(1), grad.in_z);
+  impl::gemm<S>(exec, "T", "N", S(1), cot.gx, act.yhat, S(1), grad.in_xbc);
+  impl::gemm<S>(exec, "T", "N", S(1), cot.gdlow, act.yhat, S(1), grad.in_dt);
+  impl::gemm<S>(exec, "N", "N", S(1), cot.gz, p.in_z, S(0), cot.gyhat);
+  impl::gemm<S>(exec, "N", "N", S(1), cot.gx, p.in_xbc, S(1), cot.gyhat);
+  impl::gemm<S>(exec, "N", "N", S(1), cot.gdlow, p.in_dt, S(1), cot.gyhat);
+  impl::rms_norm_backward<S>(y_in, p.norm, act.rstd, cot.gyhat, grad.norm, g, true, cot.norm_part, exec);
+}
+
+}  // namespace
+
+template <class S>
+void mamba_mixer_backward_dense(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const Mamba2LayerParams<S>& grad, const View2<S>& g, const ExecSpace& exec) {
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, View2<S>(), View2<S>(), s.T, exec);
+}
+
+template <class S>
+void mamba_mixer_backward_block(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                const Mamba2LayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
+                                const View2<S>& gconv, index_t own_T, const ExecSpace& exec) {
+  require(gconv.extent(0) > 0 || d.conv_kernel == 1, "mamba_mixer_backward_block: needs the conv state's cotangent");
+  require(own_T >= 0 && own_T <= s.T, "mamba_mixer_backward_block: the own tokens must lie in the block");
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, conv_before, gconv, own_T > 0 ? own_T : s.T, exec);
+}
+
+#define ASH_INSTANTIATE(S)                                                                                            \
+  template void mamba_layer_forward<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,                \
+                                       const View2<S>&, const MambaActivations<S>&, const View2<S>&,                  \
+                                       const ExecSpace&);                                                             \
+  template void mamba_layer_forward<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,                \
+                                       const View2<S>&, const MambaActivations<S>&, const View2<S>&,                  \
+                                       const MambaState<S>&, const ExecSpace&);                                       \
+  template void mamba_layer_activations<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,            \
+                                           const View2<S>&, const MambaActivations<S>&, MambaUpTo, const ExecSpace&); \
+  template void mamba_gate_backward_first<S>(const Mamba2LayerParams<S>&, const MambaActivations<S>&,                 \
+                                             const View2<S>&, const MambaCotangents<S>&, const ExecSpace&);           \
+  template void mamba_gate_backward_second<S>(const Mamba2LayerParams<S>&, const MambaActivations<S>&,                \
+                                              const View2<S>&, const MambaCotangents<S>&,                             \
+                                              const Mamba2LayerParams<S>&, const ExecSpace&);                         \
+  template void mamba_gate_backward<S>(const Mamba2LayerParams<S>&, const MambaActivations<S>&, const View2<S>&,      \
+                                       const MambaCotangents<S>&, const Mamba2LayerParams<S>&, const ExecSpace&);     \
+  template void mamba_mixer_backward<S>(                                                                              \
+      const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&, const View2<S>&, const MambaActivations<S>&,    \
+      const View3<S>&, const MambaCotangents<S>&, const Mamba2LayerParams<S>&, const View2<S>&, const ExecSpace&);    \
+  template void mamba_mixer_backward_dense<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,         \
+                                              const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
+                                              const Mamba2LayerParams<S>&, const View2<S>&, const ExecSpace&);        \
+  template void mamba_mixer_backward_block<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,         \
+                                              const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
+                                              const Mamba2LayerParams<S>&, const View2<S>&, const View2<S>&,          \
+                                              const View2<S>&, index_t, const ExecSpace&);
+ASH_INSTANTIATE(float)
+ASH_INSTANTIATE(double)
+#undef ASH_INSTANTIATE
+
+}  // namespace ash
