@@ -90,6 +90,7 @@ class DistributedCli : public ::testing::Test {
     EXPECT_EQ(r.code, 0) << r.out;
     return losses(tmp_path(name));
   }
+  void expect_kind_on_every_layout(const std::string& arch, const std::string& tag);
   std::string text, train;
 };
 
@@ -402,19 +403,20 @@ TEST_F(DistributedCli, MambaCarriedStateTrainsAndResumesAcrossLayouts) {
   }
 }
 
-// A FalconMamba (the third layer kind: the Mamba kind's engines with the mixer's
-// norms) on every kind of layout: `ash grad` for E1, E2 truncated, E3 exact,
-// detached-windowed and with the levers on layer, data and sequence ranks
-// equals one process; training with a carried state on 2 sequence ranks and on
-// 2 layer x 2 sequence ranks gives one process's losses and norms.
-TEST_F(DistributedCli, FalconMambaOnLayerDataAndSequenceRanksMatchesOneProcess) {
-  const std::string dims =
-      "--set model.arch=falcon_mamba --set model.width=8 --set model.state=4 "
-      "--set model.layers=3 --set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
-  const auto ckpt = tmp_path("fm.h5");
+// A kind built on the Mamba kind's members (FalconMamba: the mixer's norms;
+// Mamba-2: the SSD block) on every kind of layout: `ash grad` for E1, E2
+// truncated, E3 exact, detached-windowed and with the levers on layer, data and
+// sequence ranks equals one process; training with a carried state on 2
+// sequence ranks and on 2 layer x 2 sequence ranks gives one process's losses
+// and norms. arch: the model's --set keys; tag: the files' prefix.
+void DistributedCli::expect_kind_on_every_layout(const std::string& arch, const std::string& tag) {
+  const std::string dims = arch +
+                           " --set model.width=8 --set model.state=4 --set model.layers=3 "
+                           "--set data.seq_len=24 --set data.batch=4 --set model.conv_kernel=4 ";
+  const auto ckpt = tmp_path(tag + ".h5");
   ASSERT_EQ(run("init " + dims + "--out " + ckpt).code, 0);
   const auto d = inspect_checkpoint(ckpt).dims;
-  ASSERT_TRUE(d.mixer_norms());
+  ASSERT_TRUE(d.mamba());
   const auto g = "grad --checkpoint " + ckpt + " --tokens " + text + " --set data.batch=4 --chunk 4 ";
   struct Lay {
     int n, R, S, D;
@@ -429,13 +431,14 @@ TEST_F(DistributedCli, FalconMambaOnLayerDataAndSequenceRanksMatchesOneProcess) 
        {Case{"--engine backprop ", layer_data}, Case{"--engine adjoint --truncate 7 ", layer_data},
         Case{"--engine adjoint-exact ", all}, Case{"--engine adjoint-exact --detach-inputs --truncate 5 ", all},
         Case{"--engine adjoint-exact --set grad.token_block=5 --set grad.layer_checkpoint=2 ", all}}) {
-    const auto one = tmp_path("fm_one.h5");
+    const auto one = tmp_path(tag + "_one.h5");
     ASSERT_EQ(run(g + c.opts + "--out " + one).code, 0) << c.opts;
     double l1 = 0;
     const auto a = to_host(load_gradients(one, d, &l1));
     for (const auto& [n, R, S, D] : c.layouts) {
-      const auto what = c.opts + "n" + std::to_string(n) + " R" + std::to_string(R) + " S" + std::to_string(S);
-      const auto got = tmp_path("fm_got.h5");
+      const auto what =
+          tag + " " + c.opts + "n" + std::to_string(n) + " R" + std::to_string(R) + " S" + std::to_string(S);
+      const auto got = tmp_path(tag + "_got.h5");
       const auto r = mpirun(n, g + c.opts + "--set dist.layer_ranks=" + std::to_string(R) +
                                    " --set dist.seq_ranks=" + std::to_string(S) + " --out " + got);
       ASSERT_EQ(r.code, 0) << what << "\n" << r.out;
@@ -443,19 +446,27 @@ TEST_F(DistributedCli, FalconMambaOnLayerDataAndSequenceRanksMatchesOneProcess) 
       expect_gradients(got, d, a, l1, what);
     }
   }
-  const std::string ftrain = train +
-                             " --set model.arch=falcon_mamba --set model.layers=3 --set model.conv_kernel=4"
+  const std::string ktrain = train + " " + arch +
+                             " --set model.layers=3 --set model.conv_kernel=4"
                              " --set data.sequential=true --set data.carry_state=true";
-  const auto ref = one_process_losses(ftrain, "fcarry1");
+  const auto ref = one_process_losses(ktrain, tag + "carry1");
   ASSERT_EQ(ref.size(), 6u);
   for (const auto& [n, R] : {std::pair{2, 1}, std::pair{4, 2}}) {
-    const auto name = "fcarry_n" + std::to_string(n) + "R" + std::to_string(R);
+    const auto name = tag + "carry_n" + std::to_string(n) + "R" + std::to_string(R);
     const auto r =
-        mpirun(n, ftrain + out_dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" + std::to_string(R));
+        mpirun(n, ktrain + out_dir(name) + " --set dist.seq_ranks=2 --set dist.layer_ranks=" + std::to_string(R));
     ASSERT_EQ(r.code, 0) << r.out;
     expect_same_losses(losses(tmp_path(name)), ref, name);
-    expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path("fcarry1")), name + " grad_norm");
+    expect_same_losses(grad_norms(tmp_path(name)), grad_norms(tmp_path(tag + "carry1")), name + " grad_norm");
   }
+}
+
+TEST_F(DistributedCli, FalconMambaOnLayerDataAndSequenceRanksMatchesOneProcess) {
+  expect_kind_on_every_layout("--set model.arch=falcon_mamba", "fm");
+}
+
+TEST_F(DistributedCli, Mamba2OnLayerDataAndSequenceRanksMatchesOneProcess) {
+  expect_kind_on_every_layout("--set model.arch=mamba2 --set model.head_dim=4", "m2");
 }
 
 // The memory levers under rank layouts (bf16 storage, layer checkpointing,

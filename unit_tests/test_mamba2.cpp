@@ -249,6 +249,35 @@ TEST(Mamba2, CarriedGradientMatchesFiniteDifferences) {
   for (const auto& t : grad.tensors()) EXPECT_LE(rel_l2(g, fd, t.offset, t.size()), 1e-5) << t.name;
 }
 
+// The layout (in_proj's row blocks, per-head vectors, tied or untied head) and a
+// checkpoint's round trip of every Mamba-2 key, a time-step limit included.
+TEST(Mamba2, LayoutAndCheckpointRoundTrip) {
+  for (const bool tied : {true, false}) {
+    ModelDims d = mamba2_tiny_dims(2, tied, 4);
+    d.time_step_limit_min = 0.01;
+    d.time_step_limit_max = 0.75;
+    auto ps = random_model<double>(d, 9);
+    EXPECT_EQ(ps.size(), checked_parameter_count(d));
+    EXPECT_EQ(ps.tensor("layers/001/in_proj").shape, (std::vector<std::int64_t>{8 + 14 + 4, 4}));
+    EXPECT_EQ(ps.tensor("layers/001/conv_weight").shape, (std::vector<std::int64_t>{14, 4}));
+    EXPECT_EQ(ps.tensor("layers/000/A_log").shape, (std::vector<std::int64_t>{4}));
+    EXPECT_EQ(ps.tensor("layers/000/gated_norm").shape, (std::vector<std::int64_t>{8}));
+    const auto l = ps.mamba2_layer(1);  // in_proj's rows: z, then x|B|C, then Δ per head
+    EXPECT_EQ(l.in_xbc.data(), l.in_z.data() + 8 * 4);
+    EXPECT_EQ(l.in_dt.data(), l.in_xbc.data() + 14 * 4);
+    expect_error([&] { (void)ps.mamba_layer(0); }, "not a Mamba-1 block");
+    const auto path = tmp_path(tied ? "m2tied.h5" : "m2untied.h5");
+    save_checkpoint(path, config_for(d), ps);
+    CheckpointInfo info;
+    const auto back = load_checkpoint<double>(path, &info);
+    EXPECT_TRUE(info.dims == d);
+    EXPECT_EQ(to_host(back), to_host(ps));
+    bool has_head = false;
+    for (const auto& ds : inspect_checkpoint(path, Verify::all).datasets) has_head = has_head || ds.path == "/params/head";
+    EXPECT_EQ(has_head, !tied);
+  }
+}
+
 template <class S>
 class Mamba2Typed : public ::testing::Test {};
 TYPED_TEST_SUITE(Mamba2Typed, Scalars);

@@ -332,6 +332,11 @@ void read_header(Reader& r) {
   info.dims.tie_embeddings = cd.tie_embeddings;
   info.dims.norm_eps = cd.norm_eps;
   info.dims.mixer_rms_eps = cd.mixer_rms_eps;
+  info.dims.head_dim = cd.head_dim;
+  info.dims.heads = cd.heads;
+  info.dims.n_groups = cd.n_groups;
+  info.dims.time_step_limit_min = cd.time_step_limit_min;
+  info.dims.time_step_limit_max = cd.time_step_limit_max;
   require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
   // Sizes from a file are checked before they size an allocation, as a
   // configuration's are. (The rest of the stored configuration is validated by
