@@ -65,12 +65,20 @@ ash::Config load_config(const Common& c) { return ash::train_config(nullptr, c.c
 // A Mamba's own sizes, one line (nothing for an SSM-ResNet, whose output is as before).
 std::string mamba_line(const ash::ModelDims& d) {
   if (!d.mamba()) return "";
-  char norms[64] = "";
-  if (d.mixer_norms()) std::snprintf(norms, sizeof norms, ", mixer_rms_eps %g", d.mixer_rms_eps);
-  char buf[240];
-  std::snprintf(buf, sizeof buf, "arch %s: D=%lld E=%lld conv_kernel=%lld dt_rank=%lld %s embeddings, norm_eps %g%s\n",
+  char extra[160] = "";  // what the architecture adds to a Mamba's sizes
+  if (d.mixer_norms()) std::snprintf(extra, sizeof extra, ", mixer_rms_eps %g", d.mixer_rms_eps);
+  if (d.mamba2()) {
+    char hi[32] = "inf";
+    if (d.time_step_limit_max > 0) std::snprintf(hi, sizeof hi, "%g", d.time_step_limit_max);
+    std::snprintf(extra, sizeof extra, ", %lld heads of %lld, n_groups %lld, time_step_limit [%g, %s]",
+                  (long long)d.head_count(), (long long)d.head_dim, (long long)d.n_groups, d.time_step_limit_min, hi);
+  }
+  char rank[48] = "";
+  if (!d.mamba2()) std::snprintf(rank, sizeof rank, " dt_rank=%lld", (long long)d.rank());
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "arch %s: D=%lld E=%lld conv_kernel=%lld%s %s embeddings, norm_eps %g%s\n",
                 ash::arch_name(d.arch).c_str(), (long long)d.width, (long long)d.inner(), (long long)d.conv_kernel,
-                (long long)d.rank(), d.tie_embeddings ? "tied" : "untied", d.norm_eps, norms);
+                rank, d.tie_embeddings ? "tied" : "untied", d.norm_eps, extra);
   return buf;
 }
 
