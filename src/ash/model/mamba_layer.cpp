@@ -85,7 +85,7 @@ template <class S>
 void forward_impl(const MambaLayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                   const MambaActivations<S>& act, const View2<S>& y_out, const MambaState<S>* state,
                   const ExecSpace& exec, MambaUpTo upto = MambaUpTo::gate) {
-  const index_t M = y_in.extent(0), E = d.inner(), T = s.T, Kc = d.conv_kernel;
+  const index_t M = y_in.extent(0), E = d.inner(), Kc = d.conv_kernel;
   require(M == s.rows() && index_t(act.x.extent(0)) == M, "mamba_layer_forward: activations of another size");
   const bool carry = state != nullptr;
   require(!carry || (index_t(state->conv.extent(0)) == s.batch * d.conv_dim() && index_t(state->conv.extent(1)) == Kc - 1 &&
@@ -234,7 +234,7 @@ void mixer_dense_impl(const MambaLayerParams<S>& p, const ModelDims& d, const Se
   require(!block || (index_t(cb.extent(0)) == s.batch * d.conv_dim() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
                      cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
           "mamba_mixer_backward_block: conv states of another size");
-  const index_t M = s.rows(), E = d.inner(), T = s.T, Bt = s.batch, Kc = d.conv_kernel;
+  const index_t M = s.rows(), E = d.inner();
   const auto& sc = act.scan;
   const auto& sg = cot.scan;
   impl::gemm<S>(exec, "T", "N", S(1), sg.gz, act.dlow, S(1), grad.dt_proj);
