@@ -4,6 +4,7 @@
 // token blocks (each below 2^31, the state carried between them). About 60 GB: it
 // runs where the default memory space has that much (an 80 GB GPU) and is skipped
 // elsewhere, saying so.
+#include "ash/kernels/rms_norm.hpp"
 #include "test_helpers.hpp"
 
 namespace ash::test {
@@ -87,6 +88,23 @@ TEST(IndexWidth, LayerForwardPast2To31ElementsEqualsItsTwoBlocks) {
                  << " memory (" << cap.what << ": " << format_bytes(cap.bytes) << "); runs on an 80 GB GPU";
   ASSERT_GT(T * P, (index_t(1) << 31));
   expect_two_blocks_equal_the_whole(d, T, (index_t(1) << 31) / P);  // the rows past 2^31 values
+}
+
+}  // namespace ash::test
+
+namespace ash::test {
+
+// A team league is an int (Kokkos): a kernel launched over more rows than that
+// is refused by name before it starts, not run over a wrapped count. The rows
+// here are never touched (views of no columns, or of no memory).
+TEST(IndexWidth, TeamLeaguesPast2To31AreRefused) {
+  const index_t big = index_t(1) << 31;
+  EXPECT_EQ(impl::league_size(big - 1), 0x7fffffff);
+  expect_error([&] { (void)impl::league_size(big); }, "team league of 2147483648 teams is past 2^31 - 1");
+  const View2<double> x("x", big, 0), yhat("yhat", big, 0);
+  const View1<double> w("w", 0);
+  const Unmanaged1<double> rstd(nullptr, big);
+  expect_error([&] { impl::rms_norm_forward<double>(x, w, rstd, yhat); }, "past 2^31 - 1");
 }
 
 }  // namespace ash::test

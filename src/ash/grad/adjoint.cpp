@@ -1,6 +1,7 @@
 #include "ash/grad/adjoint.hpp"
 
 #include "ash/core/error.hpp"
+#include "ash/kernels/row_sums.hpp"
 
 #include <type_traits>
 
@@ -26,7 +27,7 @@ void window_adjoint_device(const SeqShape& s, const LayerActivations<S>& act, co
   int vl = 1;  // lanes over the state index: a power of two up to N (and the backend's maximum)
   while (vl * 2 <= N && vl * 2 <= Team::vector_length_max()) vl *= 2;
   Kokkos::parallel_for(
-      "ash::e2::window_adjoint", Team(exec, int(s.rows()), Kokkos::AUTO, vl),
+      "ash::e2::window_adjoint", Team(exec, impl::league_size(s.rows()), Kokkos::AUTO, vl),
       KOKKOS_LAMBDA(const typename Team::member_type& team) {
         const index_t m_i = team.league_rank();
         const index_t b = m_i / T, i = m_i % T;
@@ -60,7 +61,7 @@ void window_adjoint_host(const SeqShape& s, const LayerActivations<S>& act, cons
   // The running products Π A of the item live in team scratch; the t loop is
   // outermost so every step reads contiguous rows A^t, g^t, γ^t.
   const int level = Scratch::shmem_size(PN) <= 32768 ? 0 : 1;
-  Team policy(exec, int(s.rows()), Kokkos::AUTO);
+  Team policy(exec, impl::league_size(s.rows()), Kokkos::AUTO);
   policy.set_scratch_size(level, Kokkos::PerTeam(Scratch::shmem_size(PN)));
   Kokkos::parallel_for(
       "ash::e2::window_adjoint", policy, KOKKOS_LAMBDA(const typename Team::member_type& team) {

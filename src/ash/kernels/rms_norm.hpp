@@ -21,7 +21,7 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, cons
   const index_t M = x.extent(0), P = x.extent(1);
   const S e = S(eps);
   Kokkos::parallel_for(
-      "ash::rms_norm_forward", BlockSumPolicy(exec, M, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
+      "ash::rms_norm_forward", block_sum_policy(exec, M), KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t m = team.league_rank();
         const S ss = team_block_sum<S>(team, P, [&](const index_t p) { return x(m, p) * x(m, p); });
         const S r = S(1) / kmath::sqrt(ss / S(P) + e);
@@ -56,7 +56,7 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
         part(blk, p) = acc;
       });
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_w_sum", BlockSumPolicy(exec, P, block_sum_team),
+      "ash::rms_norm_backward_w_sum", block_sum_policy(exec, P),
       KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t p = team.league_rank();
         const S acc = team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, p); });
@@ -65,7 +65,7 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
   if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);
   Kokkos::parallel_for(
-      "ash::rms_norm_backward_x", BlockSumPolicy(exec, Rn, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
+      "ash::rms_norm_backward_x", block_sum_policy(exec, Rn), KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t r = team.league_rank(), m = map(r);
         const S rs = rstd(m);
         const S dot = team_block_sum<S>(team, P, [&](const index_t p) { return gyhat(r, p) * w(p) * x(m, p) * rs; }) /
@@ -85,7 +85,7 @@ void rms_norm_weightless(const V& v, const R& rstd, double eps, const ExecSpace&
   const index_t M = v.extent(0), P = v.extent(1);
   const S e = S(eps);
   Kokkos::parallel_for(
-      "ash::rms_norm_weightless", BlockSumPolicy(exec, M, block_sum_team), KOKKOS_LAMBDA(const BlockSumMember& team) {
+      "ash::rms_norm_weightless", block_sum_policy(exec, M), KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t m = team.league_rank();
         const S ss = team_block_sum<S>(team, P, [&](const index_t p) { return v(m, p) * v(m, p); });
         const S r = S(1) / kmath::sqrt(ss / S(P) + e);
@@ -101,7 +101,7 @@ void rms_norm_weightless_backward(const V& vhat, const R& rstd, const G& g, cons
   using S = typename G::non_const_value_type;
   const index_t M = vhat.extent(0), P = vhat.extent(1);
   Kokkos::parallel_for(
-      "ash::rms_norm_weightless_backward", BlockSumPolicy(exec, M, block_sum_team),
+      "ash::rms_norm_weightless_backward", block_sum_policy(exec, M),
       KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t m = team.league_rank();
         const S r = rstd(m);

@@ -3,6 +3,7 @@
 // blocks of reduce_rows rows fill the device, then one team per output adds
 // its column of partial sums in a fixed order, so sums are bitwise repeatable
 // for a fixed build and team size. Used by every weight-gradient reduction.
+#include "ash/core/error.hpp"
 #include "ash/core/types.hpp"
 
 namespace ash::impl {
@@ -23,6 +24,17 @@ KOKKOS_INLINE_FUNCTION index_t row_blocks(index_t R) { return (R + reduce_rows -
 constexpr int block_sum_team = host_backend ? 1 : 64;
 using BlockSumPolicy = Kokkos::TeamPolicy<ExecSpace>;
 using BlockSumMember = BlockSumPolicy::member_type;
+// A team league is an int: n teams, refused past 2^31 − 1 (a league of rows that
+// long is past any device's memory today; splitting the launch is then due).
+inline int league_size(index_t n) {
+  ash::require(n >= 0 && n <= index_t(0x7fffffff), "a kernel's team league of " + std::to_string(n) +
+                                                      " teams is past 2^31 - 1 (Kokkos' int league size)");
+  return int(n);
+}
+// The block-sum policy of n teams of block_sum_team threads (league_size checked).
+inline BlockSumPolicy block_sum_policy(const ExecSpace& exec, index_t n) {
+  return BlockSumPolicy(exec, league_size(n), block_sum_team);
+}
 // Σ_{blk < nblk} part(blk) by the calling team.
 template <class S, class F>
 KOKKOS_INLINE_FUNCTION S team_block_sum(const BlockSumMember& team, index_t nblk, const F& part) {

@@ -102,7 +102,7 @@ void forward_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqSh
     const index_t Eg = E / G;
     const S eps = S(d.norm_eps);
     Kokkos::parallel_for(
-        "ash::mamba2::gated_norm", impl::BlockSumPolicy(exec, M * G, impl::block_sum_team),
+        "ash::mamba2::gated_norm", impl::block_sum_policy(exec, M * G),
         KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
           const index_t m = team.league_rank() / G, g0 = (team.league_rank() % G) * Eg;
           const S ss = impl::team_block_sum<S>(team, Eg, [&](const index_t j) {
@@ -164,7 +164,7 @@ void mamba_gate_backward_first(const Mamba2LayerParams<S>& p, const MambaActivat
   // ∂L/∂v = r (ĝ − v̂ mean(ĝ ⊙ v̂)) per group, ĝ = ∂L/∂o ⊙ w_g, v̂ = v r; then
   // ∂L/∂s = ∂L/∂v ⊙ SiLU(z), ∂L/∂z = ∂L/∂v ⊙ s ⊙ SiLU'(z).
   Kokkos::parallel_for(
-      "ash::mamba2::gated_norm_backward", impl::BlockSumPolicy(exec, M * G, impl::block_sum_team),
+      "ash::mamba2::gated_norm_backward", impl::block_sum_policy(exec, M * G),
       KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
         const index_t m = team.league_rank() / G, g0 = (team.league_rank() % G) * Eg;
         const S rr = r(m, g0 / Eg);
@@ -210,7 +210,7 @@ void mamba_gate_backward_second(const Mamba2LayerParams<S>&, const MambaActivati
       });
   auto gw = grad.gated_norm;
   Kokkos::parallel_for(
-      "ash::mamba2::gated_norm_w_sum", impl::BlockSumPolicy(exec, E, impl::block_sum_team),
+      "ash::mamba2::gated_norm_w_sum", impl::block_sum_policy(exec, E),
       KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
         const index_t e = team.league_rank();
         const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, e); });
@@ -278,7 +278,7 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
         });
     auto gb = grad.dt_bias;
     Kokkos::parallel_for(
-        "ash::mamba2::dt_bias_sum", impl::BlockSumPolicy(exec, H, impl::block_sum_team),
+        "ash::mamba2::dt_bias_sum", impl::block_sum_policy(exec, H),
         KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
           const index_t h = team.league_rank();
           const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, h); });

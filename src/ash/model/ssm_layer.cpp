@@ -350,7 +350,7 @@ void selective_scan_param_sums(const LayerActivations<S>& act, const ParamPartia
   auto d_part = parts.d;
   auto bd_part = parts.bd;
   Kokkos::parallel_for(
-      "ash::vjp_param_sums", impl::BlockSumPolicy(exec, P * N, impl::block_sum_team),
+      "ash::vjp_param_sums", impl::block_sum_policy(exec, P * N),
       KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
         const index_t i = team.league_rank(), q = i / N, n = i % N;
         const S al = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return alog_part(blk, q, n); });

@@ -164,7 +164,7 @@ void causal_conv_backward(const SeqShape& s, const W& w, const View2<S>& x, cons
         }
       });
   Kokkos::parallel_for(
-      "ash::mamba::conv_backward_w_sum", BlockSumPolicy(exec, E * taps, block_sum_team),
+      "ash::mamba::conv_backward_w_sum", block_sum_policy(exec, E * taps),
       KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t c = team.league_rank(), e = c / taps, j = c % taps;
         const S acc = team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, c); });
