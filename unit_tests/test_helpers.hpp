@@ -59,14 +59,15 @@ inline ModelDims mamba_tiny_dims(int K, bool tied, std::int64_t Kc = 3, std::int
   return d;
 }
 
-// A tiny Mamba-2 (V = 11, D = 4, N = 3, E = 8 in H = 4 heads of 2, n_groups 1,
-// C = 14 conv channels): K blocks, conv kernel Kc, tied or untied embeddings.
-inline ModelDims mamba2_tiny_dims(int K, bool tied, std::int64_t Kc = 3) {
+// A tiny Mamba-2 (V = 11, D = 4, N = 3, E = 8 in H = 4 heads of 2, n_groups G,
+// C = 8 + 6G conv channels): K blocks, conv kernel Kc, tied or untied embeddings.
+inline ModelDims mamba2_tiny_dims(int K, bool tied, std::int64_t Kc = 3, std::int64_t G = 1) {
   ModelDims d = tiny_dims(K, 11, 4, 3);
   d.arch = Arch::mamba2;
   d.expand = 2;
   d.conv_kernel = Kc;
   d.head_dim = 2;
+  d.n_groups = G;
   d.tie_embeddings = tied;
   d.norm_eps = 1e-4;
   return d;

@@ -30,11 +30,12 @@ struct FD2Case {
   bool tied, docs;
   std::int64_t Kc;
   double dt_max;  // model.time_step_limit_max (0: none)
+  std::int64_t groups = 1;
 };
 
 void PrintTo(const FD2Case& c, std::ostream* os) {
   *os << "K=" << c.K << (c.tied ? " tied" : " untied") << (c.docs ? " docs" : "") << " Kc=" << c.Kc
-      << " dt_max=" << c.dt_max;
+      << " dt_max=" << c.dt_max << " groups=" << c.groups;
 }
 
 class Mamba2FD : public ::testing::TestWithParam<FD2Case> {};
@@ -43,7 +44,7 @@ class Mamba2FD : public ::testing::TestWithParam<FD2Case> {};
 // gradients through Δ are ~1e-5 of the loss: the differences' resolution).
 TEST_P(Mamba2FD, EveryTensorMatchesCentralDifferences) {
   const auto c = GetParam();
-  ModelDims d = mamba2_tiny_dims(c.K, c.tied, c.Kc);
+  ModelDims d = mamba2_tiny_dims(c.K, c.tied, c.Kc, c.groups);
   d.time_step_limit_max = c.dt_max;
   auto ps = fd_model(d, 40 + c.K);
   auto x = random_tokens(2, 9, d.vocab, 50 + c.K);
@@ -68,11 +69,13 @@ TEST_P(Mamba2FD, EveryTensorMatchesCentralDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, Mamba2FD,
                          ::testing::Values(FD2Case{1, true, false, 4, 0}, FD2Case{2, false, true, 3, 0},
-                                           FD2Case{2, true, true, 2, 0.5}),
+                                           FD2Case{2, true, true, 2, 0.5}, FD2Case{2, false, true, 3, 0, 2},
+                                           FD2Case{1, true, false, 4, 0, 4}),
                          [](const ::testing::TestParamInfo<FD2Case>& i) {
                            const FD2Case& c = i.param;
                            return "K" + std::to_string(c.K) + (c.tied ? "_tied" : "") + (c.docs ? "_docs" : "") +
-                                  "_Kc" + std::to_string(c.Kc) + (c.dt_max > 0 ? "_clamped" : "");
+                                  "_Kc" + std::to_string(c.Kc) + (c.dt_max > 0 ? "_clamped" : "") +
+                                  (c.groups > 1 ? "_G" + std::to_string(c.groups) : "");
                          });
 
 // A limit on Δ: where softplus exceeds it, Δ is the limit and its gradient is 0
@@ -97,10 +100,12 @@ struct Engine2Case {
   index_t batch, T;
   std::int64_t Kc;
   bool docs;
+  std::int64_t groups = 1;
 };
 
 void PrintTo(const Engine2Case& c, std::ostream* os) {
-  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "");
+  *os << "K=" << c.K << " batch=" << c.batch << " T=" << c.T << " Kc=" << c.Kc << (c.docs ? " docs" : "")
+      << " groups=" << c.groups;
 }
 
 class Mamba2Engines : public ::testing::TestWithParam<Engine2Case> {};
@@ -111,7 +116,7 @@ class Mamba2Engines : public ::testing::TestWithParam<Engine2Case> {};
 // conv's reach, layer checkpoints, exact and detached) equals the whole window.
 TEST_P(Mamba2Engines, AgreeWithEachOther) {
   const auto c = GetParam();
-  const auto d = mamba2_tiny_dims(c.K, c.K % 2 == 1, c.Kc);
+  const auto d = mamba2_tiny_dims(c.K, c.K % 2 == 1, c.Kc, c.groups);
   auto ps = fd_model(d, 60 + c.K);
   auto x = random_tokens(c.batch, c.T, d.vocab, 70 + c.K);
   if (c.docs)
@@ -164,11 +169,12 @@ TEST_P(Mamba2Engines, AgreeWithEachOther) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, Mamba2Engines,
                          ::testing::Values(Engine2Case{1, 1, 9, 4, false}, Engine2Case{2, 2, 11, 3, true},
-                                           Engine2Case{3, 1, 7, 2, true}),
+                                           Engine2Case{3, 1, 7, 2, true}, Engine2Case{2, 2, 11, 3, true, 2}),
                          [](const ::testing::TestParamInfo<Engine2Case>& i) {
                            const Engine2Case& c = i.param;
                            return "K" + std::to_string(c.K) + "_B" + std::to_string(c.batch) + "_T" +
-                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "");
+                                  std::to_string(c.T) + "_Kc" + std::to_string(c.Kc) + (c.docs ? "_docs" : "") +
+                                  (c.groups > 1 ? "_G" + std::to_string(c.groups) : "");
                          });
 
 // Two windows with the state carried (the conv's x, B and C and each head's h)
@@ -176,7 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Mamba2Engines,
 // through the block-wise engine; the recurrent generator's logits after every
 // piece equal the full forward's.
 TEST(Mamba2, CarriedStateAndGeneratorEqualOneLongWindow) {
-  const auto d = mamba2_tiny_dims(2, false, 4);
+  const auto d = mamba2_tiny_dims(2, false, 4, 2);  // two groups of B and C
   const auto ps = fd_model(d, 101);
   const index_t B = 2, T = 11;
   const auto x = with_document_starts(random_tokens(B, 2 * T, d.vocab, 102), {T + 2, 2 * T + T});
@@ -273,7 +279,8 @@ TEST(Mamba2, LayoutAndCheckpointRoundTrip) {
     EXPECT_TRUE(info.dims == d);
     EXPECT_EQ(to_host(back), to_host(ps));
     bool has_head = false;
-    for (const auto& ds : inspect_checkpoint(path, Verify::all).datasets) has_head = has_head || ds.path == "/params/head";
+    for (const auto& ds : inspect_checkpoint(path, Verify::all).datasets)
+      has_head = has_head || ds.path == "/params/head";
     EXPECT_EQ(has_head, !tied);
   }
 }
@@ -296,7 +303,7 @@ TEST(Mamba2, ConfigurationsItDoesNotBuildAreRefused) {
     for (std::string w; words >> w;) b.set(w);
     expect_error([&] { b.validate(); }, what);
   };
-  refused("model.n_groups=2", "model.n_groups = 2 is not built");
+  refused("model.n_groups=3", "model.n_groups must be >= 1 and divide the heads (4; got 3)");
   refused("model.head_dim=3", "model.heads x model.head_dim must equal model.expand x model.width");
   refused("model.heads=3", "model.heads x model.head_dim must equal");
   refused("model.dt_rank=2", "model.dt_rank applies to model.arch=mamba or falcon_mamba only");

@@ -21,7 +21,7 @@ TEST(Mamba, PlanMatchesMeasuredPeak) {
         "grad.engine=adjoint-exact grad.token_block=96 run.storage=bf16 "
         "data.sequential=true data.carry_state=true"})
     for (const char* T : {"data.seq_len=512", "data.seq_len=200", "data.seq_len=300 model.arch=falcon_mamba",
-                        "data.seq_len=300 model.arch=mamba2 model.dt_rank=0 model.head_dim=8"}) {
+                        "data.seq_len=300 model.arch=mamba2 model.dt_rank=0 model.head_dim=8 model.n_groups=2"}) {
       Config c = config_for(mamba_tiny_dims(2, false, 4, 0));
       for (const std::string s : std::vector<std::string>{"model.vocab=64", "model.width=16", "model.state=8",
                                                           "data.batch=2", "grad.chunk=32", "grad.wave=64"})

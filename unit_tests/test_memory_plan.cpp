@@ -128,6 +128,7 @@ TEST(MemoryPlan, KindSpecsAreWhatTheKindsAllocate) {
   const ModelDims m2 = mamba2_tiny_dims(2, false, 4);  // the conv over x, B and C; the gated norm's r
   expect_kind_specs<Mamba2Kind, double>(m2);
   expect_kind_specs<Mamba2Kind, float>(m2);
+  expect_kind_specs<Mamba2Kind, double>(mamba2_tiny_dims(2, true, 3, 2));  // B and C in two groups
   EXPECT_GT(FalconMambaKind::acts_spec(falcon, 30, false, 8).bytes(),
             MambaKind::acts_spec(falcon, 30, false, 8).bytes() - 1);
   EXPECT_EQ(MambaKind::acts_spec(falcon, 30, false, 8).bytes() -

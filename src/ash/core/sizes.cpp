@@ -121,9 +121,9 @@ void check_model_dims(const ModelDims& d) {
     require(checked_mul(d.head_count(), d.head_dim, "model.heads x model.head_dim") == E,
             "model.heads x model.head_dim must equal model.expand x model.width (" + std::to_string(E) +
                 "): the block's heads cover its inner width exactly");
-    require(d.n_groups >= 1, "model.n_groups must be >= 1 (got " + std::to_string(d.n_groups) + ")");
-    require(d.n_groups == 1, "model.n_groups = " + std::to_string(d.n_groups) +
-                                 " is not built: the scan core shares B and C across every head (n_groups = 1)");
+    require(d.n_groups >= 1 && d.head_count() % d.n_groups == 0,
+            "model.n_groups must be >= 1 and divide the heads (" + std::to_string(d.head_count()) + "; got " +
+                std::to_string(d.n_groups) + ")");
     require(std::isfinite(d.time_step_limit_min) && d.time_step_limit_min >= 0 &&
                 std::isfinite(d.time_step_limit_max) &&
                 (d.time_step_limit_max == 0 || d.time_step_limit_max > d.time_step_limit_min),

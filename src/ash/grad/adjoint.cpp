@@ -20,7 +20,7 @@ namespace {
 template <class S>
 void window_adjoint_device(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
                     const View3<S>& mu, const ExecSpace& exec) {
-  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t T = s.T, P = act.yhat.extent(1), N = act.a.extent(1), GN = act.gamma.extent(1);
   auto A = act.A;
   auto gamma = act.gamma;
   using Team = Kokkos::TeamPolicy<ExecSpace>;
@@ -38,7 +38,7 @@ void window_adjoint_device(const SeqShape& s, const LayerActivations<S>& act, co
             for (index_t t = i; t <= t_end; ++t) {
               const index_t m_t = b * T + t;
               if (t > i) pr *= A(m_t, q, n);
-              acc += g(m_t, q) * gamma(m_t, n) * pr;  // v^{t,i} = g^t γ^t Π A
+              acc += g(m_t, q) * gamma(m_t, group_col(q, P, N, GN) + n) * pr;  // v^{t,i} = g^t γ^t Π A
             }
             mu(m_i, q, n) = acc;
           });
@@ -53,7 +53,7 @@ void window_adjoint_device(const SeqShape& s, const LayerActivations<S>& act, co
 template <class S>
 void window_adjoint_host(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& g, index_t Tbar,
                     const View3<S>& mu, const ExecSpace& exec) {
-  const index_t T = s.T, P = act.yhat.extent(1), N = act.beta.extent(1), PN = P * N;
+  const index_t T = s.T, P = act.yhat.extent(1), N = act.a.extent(1), GN = act.gamma.extent(1), PN = P * N;
   auto A = act.A;
   auto gamma = act.gamma;
   using Team = Kokkos::TeamPolicy<ExecSpace>;
@@ -77,7 +77,7 @@ void window_adjoint_host(const SeqShape& s, const LayerActivations<S>& act, cons
               const index_t pn = q * N + n;
               const S pr = t > i ? prod(pn) * A(m_t, q, n) : S(1);  // Π_{j=i+1..t} A^j
               prod(pn) = pr;
-              const S v = gq * gamma(m_t, n) * pr;  // v^{t,i} = g^t γ^t Π A
+              const S v = gq * gamma(m_t, group_col(q, P, N, GN) + n) * pr;  // v^{t,i} = g^t γ^t Π A
               mu(m_i, q, n) = t > i ? mu(m_i, q, n) + v : v;
             });
           });

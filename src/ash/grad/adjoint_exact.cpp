@@ -144,7 +144,8 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
     w.add(buf::wave_A, e, {Bt * Wbuf, P, N}, false);
     w.add(buf::wave_mu, e, {Bt * Wbuf, P, N}, false);
   }
-  w.cotangents(Bt * Wbuf, P, N, !fused, e);  // the fused form keeps its own partials
+  require(!fused || sh.groups == 1, "adjoint-exact: the fused form reads one group of B and C");
+  w.cotangents(Bt * Wbuf, P, N, !fused, e, sh.groups);  // the fused form keeps its own partials
   return w;
 }
 
@@ -257,7 +258,7 @@ void adjoint_exact_scan_waves(const EngineOptions& opts_in, Workspace<S>& work, 
   const Chunks chunks(C, T);
   const index_t W = e3_wave_length(opts, T, Bt * P * N);
   const bool chunked_h = opts.e3_chunked_h, window = opts.truncate > 0 && opts.truncate < T;
-  work.plan(adjoint_exact_workspace(opts, LayerShape{Bt, T, P, N, sizeof(S)}));
+  work.plan(adjoint_exact_workspace(opts, LayerShape{Bt, T, P, N, sizeof(S), index_t(act.beta.extent(1)) / N}));
   // The buffers and steps of run()'s wave form: a window reads no μ at chunk starts.
   const View3<S> Hb = chunked_h ? work.view3(buf::h_boundary) : View3<S>();
   const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);

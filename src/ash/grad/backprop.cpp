@@ -22,7 +22,7 @@ template <class S>
 void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2<S>& gy, const View3<S>& mu,
                   index_t chunk, const View3<S>& cin, const View3<S>& out, const View3<S>& prod,
                   const ExecSpace& exec) {
-  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.a.extent(1), GN = act.gamma.extent(1);
   const TokenBlocks ch = scan_chunks(chunk, T);
   const index_t nc = ch.n;
   auto A = act.A;
@@ -32,11 +32,11 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
     Kokkos::parallel_for(
         "ash::e1::chunk_local", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
           const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
-          const index_t t0 = ch.start(c), t1 = ch.end(c);
+          const index_t t0 = ch.start(c), t1 = ch.end(c), gn = group_col(q, P, N, GN) + n;
           S carry = 0, pr = 1;
           for (index_t t = t1 - 1; t >= t0; --t) {
             const index_t m = b * T + t;
-            carry = (gy(m, q) * gamma(m, n) + carry) * A(m, q, n);
+            carry = (gy(m, q) * gamma(m, gn) + carry) * A(m, q, n);
             pr *= A(m, q, n);
           }
           out(bc, q, n) = carry;
@@ -57,11 +57,11 @@ void reverse_scan(const SeqShape& s, const LayerActivations<S>& act, const View2
   Kokkos::parallel_for(
       "ash::e1::reverse_scan", Range(exec, 0, Bt * nc * P * N), KOKKOS_LAMBDA(const index_t i) {
         const index_t bc = i / (P * N), q = (i / N) % P, n = i % N, b = bc / nc, c = bc % nc;
-        const index_t t0 = ch.start(c), t1 = ch.end(c);
+        const index_t t0 = ch.start(c), t1 = ch.end(c), gn = group_col(q, P, N, GN) + n;
         S carry = cin(bc, q, n);
         for (index_t t = t1 - 1; t >= t0; --t) {
           const index_t m = b * T + t;
-          carry = gy(m, q) * gamma(m, n) + carry;
+          carry = gy(m, q) * gamma(m, gn) + carry;
           mu(m, q, n) = carry;
           carry *= A(m, q, n);  // becomes A^{t} μ^{t} for step t-1
         }

@@ -183,7 +183,7 @@ WorkspaceSpec MambaKind::acts_spec(const ModelDims& d, index_t rows, bool h_and_
   if (d.mixer_norms()) w.add("ash::mamba::mixer_rstd", elem, {rows, 3}, true);  // a FalconMamba's
   if (d.mamba2())  // the gated norm's r, D per channel
     w.add("ash::mamba::mixer_rstd", elem, {rows, d.n_groups}, true).add("ash::mamba::d_channels", elem, {E}, true);
-  return w.activations(rows, E, d.state, h_and_A, elem);
+  return w.activations(rows, E, d.state, h_and_A, elem, d.mamba2() ? d.n_groups : 1);
 }
 
 WorkspaceSpec MambaKind::carry_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
@@ -201,7 +201,7 @@ WorkspaceSpec MambaKind::cotangents_spec(const ModelDims& d, index_t rows, bool 
       .add("ash::mamba::cot::gyhat", elem, {rows, d.width}, true)
       .add("ash::mamba::cot::norm_part", elem, {rb, d.width}, false)
       .add("ash::mamba::cot::conv_part", elem, {rb, C * (d.conv_kernel + 1)}, false);
-  w = w.cotangents(rows, E, d.state, scan_partials, elem);
+  w = w.cotangents(rows, E, d.state, scan_partials, elem, d.mamba2() ? d.n_groups : 1);
   if (d.mamba2())
     w.add("ash::mamba::cot::go", elem, {rows, E}, true)
         .add("ash::mamba::cot::gc", elem, {rows, C}, true)

@@ -195,7 +195,7 @@ struct MambaKind {
   };
   template <class S>
   static LayerShape scan_shape(const SeqShape& s, const ModelDims& d) {
-    return LayerShape{s.batch, s.T, d.inner(), d.state, sizeof(S)};
+    return LayerShape{s.batch, s.T, d.inner(), d.state, sizeof(S), d.mamba2() ? d.n_groups : 1};
   }
   static constexpr bool window_cotangents = false;  // the scan's are part of MambaCotangents
   template <class S, class P>
@@ -216,7 +216,7 @@ struct MambaKind {
   // The allocations above are made from them or checked against them
   // (unit_tests/test_memory_plan.cpp); the memory planner sums them.
   static LayerShape scan_layer_shape(const ModelDims& d, index_t Bt, index_t T, std::size_t elem) {
-    return LayerShape{Bt, T, d.inner(), d.state, elem};
+    return LayerShape{Bt, T, d.inner(), d.state, elem, d.mamba2() ? d.n_groups : 1};
   }
   static WorkspaceSpec state_spec(const ModelDims& d, index_t Bt, std::size_t elem);  // MambaState
   static WorkspaceSpec block_states_spec(const ModelDims& d, index_t Bt, index_t blocks, std::size_t elem);

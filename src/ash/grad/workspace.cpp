@@ -31,13 +31,14 @@ WorkspaceSpec& WorkspaceSpec::add(const std::string& label, std::size_t elem, st
 
 // As LayerCotangents' constructor (model/ssm_layer.cpp) allocates them;
 // Workspace::plan checks the two agree.
-WorkspaceSpec& WorkspaceSpec::cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem) {
+WorkspaceSpec& WorkspaceSpec::cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem,
+                                         index_t groups) {
   const index_t rb = impl::row_blocks(rows);
   const std::size_t first = buffers_.size();
   add("ash::cot::gyhat", elem, {rows, P}, true);
   add("ash::cot::gz", elem, {rows, P}, true);
-  add("ash::cot::gbeta", elem, {rows, N}, true);
-  add("ash::cot::ggamma", elem, {rows, N}, true);
+  add("ash::cot::gbeta", elem, {rows, groups * N}, true);
+  add("ash::cot::ggamma", elem, {rows, groups * N}, true);
   add("ash::cot::yhat_rows", elem, {rows, P}, true);
   add("ash::cot::norm_part", elem, {rb, P}, false);
   if (row_partials) {
@@ -51,20 +52,21 @@ WorkspaceSpec& WorkspaceSpec::cotangents(index_t rows, index_t P, index_t N, boo
 
 // As LayerActivations' constructor (model/ssm_layer.cpp) allocates them with
 // Store::projections_only; Workspace::plan checks the two agree.
-WorkspaceSpec& WorkspaceSpec::projections(index_t rows, index_t P, index_t N, std::size_t elem) {
+WorkspaceSpec& WorkspaceSpec::projections(index_t rows, index_t P, index_t N, std::size_t elem, index_t groups) {
   const std::size_t first = buffers_.size();
   add("ash::act::rstd", elem, {rows}, true);
   add("ash::act::yhat", elem, {rows, P}, true);
   add("ash::act::delta", elem, {rows, P}, true);
-  add("ash::act::beta", elem, {rows, N}, true);
-  add("ash::act::gamma", elem, {rows, N}, true);
+  add("ash::act::beta", elem, {rows, groups * N}, true);
+  add("ash::act::gamma", elem, {rows, groups * N}, true);
   add("ash::act::a", elem, {P, N}, true);
   for (std::size_t i = first; i < buffers_.size(); ++i) buffers_[i].owner = BufferSpec::Owner::projections;
   return *this;
 }
 
-WorkspaceSpec& WorkspaceSpec::activations(index_t rows, index_t P, index_t N, bool h_and_A, std::size_t elem) {
-  projections(rows, P, N, elem);
+WorkspaceSpec& WorkspaceSpec::activations(index_t rows, index_t P, index_t N, bool h_and_A, std::size_t elem,
+                                          index_t groups) {
+  projections(rows, P, N, elem, groups);
   if (h_and_A) add("ash::act::hprev", elem, {rows, P, N}, true).add("ash::act::A", elem, {rows, P, N}, true);
   return *this;
 }
@@ -173,8 +175,8 @@ std::vector<BufferSpec> owned_by(const WorkspaceSpec& spec, BufferSpec::Owner ow
 }
 
 bool same(const std::vector<BufferSpec>& a, const std::vector<BufferSpec>& b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](const BufferSpec& x, const BufferSpec& y) { return x.same_shape(y); });
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                            [](const BufferSpec& x, const BufferSpec& y) { return x.same_shape(y); });
 }
 
 const BufferSpec& entry(const std::vector<BufferSpec>& v, const std::string& label) {
@@ -187,7 +189,8 @@ const BufferSpec& entry(const std::vector<BufferSpec>& v, const std::string& lab
 
 template <class S>
 void Workspace<S>::plan(const WorkspaceSpec& spec) {
-  const auto cot = owned_by(spec, BufferSpec::Owner::cotangents), proj = owned_by(spec, BufferSpec::Owner::projections);
+  const auto cot = owned_by(spec, BufferSpec::Owner::cotangents),
+             proj = owned_by(spec, BufferSpec::Owner::projections);
   // Free what the spec no longer holds in the same shape, then allocate what is missing.
   slots_.erase(std::remove_if(slots_.begin(), slots_.end(),
                               [&](const Slot& s) {
@@ -219,10 +222,10 @@ void Workspace<S>::plan(const WorkspaceSpec& spec) {
   // The model's structs allocate their own Views; they must be what the spec describes, no more, no less.
   if (!cot.empty() && !cot_) {
     const BufferSpec &gy = entry(cot, "ash::cot::gyhat"), &gb = entry(cot, "ash::cot::gbeta");
-    ModelDims d;
-    d.width = gy.extents.at(1);
-    d.state = gb.extents.at(1);
-    auto c = std::make_unique<LayerCotangents<S>>(gy.extents[0], d, spec.find("ash::cot::alog_part") != nullptr);
+    const BufferSpec* alog = spec.find("ash::cot::alog_part");
+    // N from the A_log partials [rb, P, N] when there are any; β's columns are groups·N.
+    const index_t N = alog ? alog->extents.at(2) : gb.extents.at(1), groups = gb.extents.at(1) / N;
+    auto c = std::make_unique<LayerCotangents<S>>(gy.extents[0], gy.extents.at(1), N, alog != nullptr, groups);
     std::size_t found = 0;
     const bool ok = matches(cot, c->gyhat, 2, found) && matches(cot, c->gz, 2, found) &&
                     matches(cot, c->gbeta, 2, found) && matches(cot, c->ggamma, 2, found) &&
@@ -235,11 +238,11 @@ void Workspace<S>::plan(const WorkspaceSpec& spec) {
     cot_spec_ = cot;
   }
   if (!proj.empty() && !proj_) {
-    const BufferSpec &yh = entry(proj, "ash::act::yhat"), &a = entry(proj, "ash::act::a");
-    ModelDims d;
-    d.width = a.extents.at(0);
-    d.state = a.extents.at(1);
-    auto p = std::make_unique<LayerActivations<S>>(SeqShape{yh.extents[0], 1}, d, LayerActivations<S>::projections_only);
+    const BufferSpec &yh = entry(proj, "ash::act::yhat"), &a = entry(proj, "ash::act::a"),
+                     &be = entry(proj, "ash::act::beta");
+    auto p = std::make_unique<LayerActivations<S>>(SeqShape{yh.extents[0], 1}, a.extents.at(0), a.extents.at(1),
+                                                   LayerActivations<S>::projections_only,
+                                                   be.extents.at(1) / a.extents.at(1));
     std::size_t found = 0;
     const bool ok = matches(proj, p->rstd, 1, found) && matches(proj, p->yhat, 2, found) &&
                     matches(proj, p->delta, 2, found) && matches(proj, p->beta, 2, found) &&

@@ -20,6 +20,7 @@ namespace ash {
 struct LayerShape {
   index_t batch = 0, T = 0, P = 0, N = 0;
   std::size_t scalar_bytes = 0;
+  index_t groups = 1;  // B and C in groups (a Mamba-2's n_groups): β, γ and their cotangents [rows, groups·N]
   index_t rows() const { return batch * T; }
 };
 // The shape of layer p's backward on s.
@@ -59,12 +60,14 @@ class WorkspaceSpec {
   WorkspaceSpec& add(const std::string& label, std::size_t elem, std::vector<index_t> extents, bool zeroed,
                      index_t copies = 1);
   // LayerCotangents(rows, {P, N}, row_partials): its buffers, as its constructor allocates them.
-  WorkspaceSpec& cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem);
+  WorkspaceSpec& cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem,
+                            index_t groups = 1);
   // LayerActivations of `rows` tokens, projections only (ŷ, r, Δ, β, γ and the decay rates a).
-  WorkspaceSpec& projections(index_t rows, index_t P, index_t N, std::size_t elem);
+  WorkspaceSpec& projections(index_t rows, index_t P, index_t N, std::size_t elem, index_t groups = 1);
   // LayerActivations of `rows` tokens: projections, with h_and_A also h^{t-1} and A [rows, P, N]
   // (Store::with_hprev_and_A, what E1 and E2 keep), as its constructor allocates them.
-  WorkspaceSpec& activations(index_t rows, index_t P, index_t N, bool h_and_A, std::size_t elem);
+  WorkspaceSpec& activations(index_t rows, index_t P, index_t N, bool h_and_A, std::size_t elem,
+                             index_t groups = 1);
   // `copies` StoredRows of rows x cols in a storage format of elem bytes.
   WorkspaceSpec& stored_rows(const std::string& label, std::size_t elem, index_t rows, index_t cols, index_t copies);
   // Team scratch Kokkos holds for a kernel (bytes in all).

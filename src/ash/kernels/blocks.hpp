@@ -9,6 +9,13 @@
 
 namespace ash {
 
+// B and C in groups (a Mamba-2's n_groups): the scan core's β and γ are [M, G·N]
+// and channel q of P reads group q / (P/G)'s N columns; the first of them. One
+// group (every other architecture): 0, so the indexing is exactly the plain one.
+KOKKOS_INLINE_FUNCTION index_t group_col(index_t q, index_t P, index_t N, index_t GN) {
+  return GN == N ? 0 : (q / (P * N / GN)) * N;
+}
+
 // [0, T) in pieces of `len` tokens (the last may be shorter): piece j covers
 // [start(j), end(j)). With a phase p (0 ≤ p < len), the pieces are those of a
 // grid of `len` that started p tokens before 0, cut at 0: the first is len − p

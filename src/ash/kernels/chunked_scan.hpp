@@ -31,8 +31,14 @@ struct ScanView {
   KOKKOS_INLINE_FUNCTION S A(index_t m, index_t q, index_t n) const {
     return keep(m / T, m % T) * exp_fast(delta(m, q) * a(q, n));
   }
-  KOKKOS_INLINE_FUNCTION S u(index_t m, index_t q, index_t n) const { return delta(m, q) * yhat(m, q) * beta(m, n); }
-  KOKKOS_INLINE_FUNCTION S qv(index_t m, index_t q, index_t n) const { return gy(m, q) * gamma(m, n); }  // g ⊗ γ
+  // β and γ's first column for channel q (group_col: B and C in groups).
+  KOKKOS_INLINE_FUNCTION index_t gcol(index_t q) const {
+    return group_col(q, a.extent(0), a.extent(1), beta.extent(1));
+  }
+  KOKKOS_INLINE_FUNCTION S u(index_t m, index_t q, index_t n) const {
+    return delta(m, q) * yhat(m, q) * beta(m, gcol(q) + n);
+  }
+  KOKKOS_INLINE_FUNCTION S qv(index_t m, index_t q, index_t n) const { return gy(m, q) * gamma(m, gcol(q) + n); }  // g ⊗ γ
 };
 
 // h at the end of every chunk: chunk-local scans from h = 0 in parallel, then
@@ -46,7 +52,7 @@ void chunk_local_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const
   Kokkos::parallel_for(
         "ash::chunk_scan_h", Range(exec, 0, Bt * nc * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
           const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
-          const index_t bc = bcq / P, q = bcq % P, b = bc / nc, c = bc % nc;
+          const index_t bc = bcq / P, q = bcq % P, b = bc / nc, c = bc % nc, gc = L.gcol(q);
           {
             S h[NT], pr[NT], av[NT];
             for (int j = 0; j < NT; ++j) {
@@ -59,7 +65,7 @@ void chunk_local_states(const ScanView<S>& L, const Chunks ch, index_t Bt, const
               const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
               for (int j = 0; j < NT; ++j) {
                 const S A = kp * exp_fast(dq * av[j]);
-                h[j] = A * h[j] + du * L.beta(m, n0 + j);
+                h[j] = A * h[j] + du * L.beta(m, gc + n0 + j);
                 pr[j] *= A;
               }
             }

@@ -15,20 +15,21 @@ using impl::silu_grad;
 using impl::softplus;
 
 // The conv's output c, and SiLU(c) routed to the scan's u, β and γ (channels
-// [0, E), [E, E+N), [E+N, E+2N)), as one kernel writes them.
+// [0, E), [E, E+GN), [E+GN, E+2GN), GN = G·N: B and C of every group), as one
+// kernel writes them.
 template <class S>
 struct ConvOut2 {
   View2<S> c, u, beta, gamma;
-  index_t E, N;
+  index_t E, GN;
   KOKKOS_INLINE_FUNCTION void operator()(const index_t m, const index_t ch, const S acc) const {
     c(m, ch) = acc;
     const S v = silu(acc);
     if (ch < E)
       u(m, ch) = v;
-    else if (ch < E + N)
+    else if (ch < E + GN)
       beta(m, ch - E) = v;
     else
-      gamma(m, ch - E - N) = v;
+      gamma(m, ch - E - GN) = v;
   }
 };
 
@@ -65,7 +66,7 @@ void forward_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqSh
   impl::gemm<S>(exec, "N", "T", S(1), act.yhat, p.in_dt, S(0), act.dlow);
   const auto& sc = act.scan;
   impl::causal_conv_forward(s, act.x, p.conv_weight, p.conv_bias, carry ? state->conv : View2<S>(),
-                            ConvOut2<S>{act.c, sc.yhat, sc.beta, sc.gamma, E, N}, exec);
+                            ConvOut2<S>{act.c, sc.yhat, sc.beta, sc.gamma, E, G * N}, exec);
   if (carry) impl::causal_conv_state(s, act.x, state->conv, exec);
   // The scan core's per-channel parameters: a = −exp(Alog_h) for every state, D_h.
   {
@@ -245,7 +246,8 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
   require(!block || (index_t(cb.extent(0)) == s.batch * d.conv_dim() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
                      cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
           "mamba_mixer_backward_block: conv states of another size");
-  const index_t M = s.rows(), E = d.inner(), C = d.conv_dim(), N = d.state, P = d.head_dim, H = d.head_count();
+  const index_t M = s.rows(), E = d.inner(), C = d.conv_dim(), N = d.state, GN = d.n_groups * N, P = d.head_dim,
+                H = d.head_count();
   const auto& sg = cot.scan;
   // ∂L/∂δ per head: the scan's ∂L/∂(Δ before softplus) summed over the head's
   // channels, zero where the limit clamps Δ.
@@ -278,8 +280,7 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
         });
     auto gb = grad.dt_bias;
     Kokkos::parallel_for(
-        "ash::mamba2::dt_bias_sum", impl::block_sum_policy(exec, H),
-        KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+        "ash::mamba2::dt_bias_sum", impl::block_sum_policy(exec, H), KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
           const index_t h = team.league_rank();
           const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, h); });
           Kokkos::single(Kokkos::PerTeam(team), [&]() { gb(h) += acc; });
@@ -311,7 +312,7 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
     auto ggamma = sg.ggamma;
     Kokkos::parallel_for(
         "ash::mamba2::silu_backward", Range2(exec, {0, 0}, {M, C}), KOKKOS_LAMBDA(const index_t m, const index_t ch) {
-          const S gin = ch < E ? gu(m, ch) : ch < E + N ? gbeta(m, ch - E) : ggamma(m, ch - E - N);
+          const S gin = ch < E ? gu(m, ch) : ch < E + GN ? gbeta(m, ch - E) : ggamma(m, ch - E - GN);
           gc(m, ch) = gin * silu_grad(c(m, ch));
         });
   }

@@ -2,15 +2,16 @@
 // One Mamba-2 block (model.arch = "mamba2", docs/design.md §1): transformers'
 // Mamba2Block (pre-norm RMSNorm, residual) around Mamba2Mixer's torch_forward,
 // on the selective-scan core of ssm_layer.hpp over E = H·P channels (H heads of
-// head_dim P), with n_groups = 1 (B and C shared by every head).
+// head_dim P), B and C in G = n_groups groups (channel e reads group e / (E/G)'s).
 //
-// Rows are tokens m = b·T + t. Per layer, input y [M, D], C = E + 2N:
+// Rows are tokens m = b·T + t. Per layer, input y [M, D], C = E + 2·G·N:
 //   ŷ = RMSNorm(y; w, model.norm_eps)
 //   z = ŷ W_z^T [M, E],  ξ = ŷ W_ξ^T [M, C],  δ = ŷ W_Δ^T [M, H]   (in_proj's row blocks)
 //   c = the causal depthwise conv of ξ (model/impl/causal_conv.hpp), SiLU:
-//   u = SiLU(c)[:, :E],  β = SiLU(c)[:, E:E+N],  γ = SiLU(c)[:, E+N:]
+//   u = SiLU(c)[:, :E],  β = SiLU(c)[:, E:E+GN],  γ = SiLU(c)[:, E+GN:]   [M, G·N] each
 //   Δ_h = clamp(softplus(δ_h + b_dt,h), time_step_limit),  a_h = −exp(Alog_h)
 //   s = the scan core over E channels, channel e = h·P + p reading Δ_h, a_h, D_h
+//       and its group's β, γ (group_col, kernels/blocks.hpp)
 //   o = w_g ⊙ RMSNorm(s ⊙ SiLU(z); eps) per group of E/G channels (the gated norm)
 //   y_out = y + o W_out^T
 // The same MambaActivations, MambaState and MambaCotangents hold it (their

@@ -37,7 +37,7 @@ MambaActivations<S>::MambaActivations(const SeqShape& sh, const ModelDims& d,
                  : d.mamba2()    ? View2<S>("ash::mamba::mixer_rstd", sh.rows(), d.n_groups)
                                  : View2<S>()),
       d_channels(d.mamba2() ? View1<S>("ash::mamba::d_channels", d.inner()) : View1<S>()),
-      scan(sh, d.inner(), d.state, store) {}
+      scan(sh, d.inner(), d.state, store, d.mamba2() ? d.n_groups : 1) {}
 
 template <class S>
 MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_partials)
@@ -50,7 +50,7 @@ MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_
                 impl::row_blocks(rows), d.width),
       conv_part(Kokkos::view_alloc(std::string("ash::mamba::cot::conv_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), d.conv_dim() * (d.conv_kernel + 1)),
-      scan(rows, d.inner(), d.state, scan_partials) {
+      scan(rows, d.inner(), d.state, scan_partials, d.mamba2() ? d.n_groups : 1) {
   if (!d.mamba2()) return;
   go = View2<S>("ash::mamba::cot::go", rows, d.inner());
   gc = View2<S>("ash::mamba::cot::gc", rows, d.conv_dim());
@@ -180,7 +180,7 @@ template <class S>
 void mamba_scan_output_rows(const Unmanaged1<S>& D, const SeqShape& s, const MambaActivations<S>& act,
                             const BlockRows& rows, const View3<S>& hprev, const View3<S>& A, const ExecSpace& exec) {
   const auto& sc = act.scan;
-  const index_t E = sc.delta.extent(1), N = sc.beta.extent(1), R = s.batch * rows.W;
+  const index_t E = sc.delta.extent(1), N = sc.a.extent(1), GN = sc.beta.extent(1), R = s.batch * rows.W;
   require(rows.T == s.T && index_t(hprev.extent(0)) >= R && index_t(A.extent(0)) >= R &&
               index_t(hprev.extent(1)) == E && index_t(hprev.extent(2)) == N && index_t(A.extent(1)) == E &&
               index_t(A.extent(2)) == N,
@@ -193,10 +193,10 @@ void mamba_scan_output_rows(const Unmanaged1<S>& D, const SeqShape& s, const Mam
   const BlockRows map = rows;
   Kokkos::parallel_for(
       "ash::mamba::scan_output_rows", Range(exec, 0, R * E), KOKKOS_LAMBDA(const index_t i) {
-        const index_t r = i / E, e = i % E, m = map(r);
+        const index_t r = i / E, e = i % E, m = map(r), gc = group_col(e, E, N, GN);
         const S du = delta(m, e) * u(m, e);
         S out = 0;
-        for (index_t n = 0; n < N; ++n) out += gamma(m, n) * (A(r, e, n) * hprev(r, e, n) + du * beta(m, n));
+        for (index_t n = 0; n < N; ++n) out += gamma(m, gc + n) * (A(r, e, n) * hprev(r, e, n) + du * beta(m, gc + n));
         so(m, e) = D(e) * u(m, e) + out;
       });
 }

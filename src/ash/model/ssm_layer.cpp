@@ -8,23 +8,23 @@
 namespace ash {
 
 template <class S>
-LayerActivations<S>::LayerActivations(const SeqShape& s, index_t P, index_t N, Store store)
+LayerActivations<S>::LayerActivations(const SeqShape& s, index_t P, index_t N, Store store, index_t groups)
     : rstd("ash::act::rstd", s.rows()),
       yhat("ash::act::yhat", s.rows(), P),
       delta("ash::act::delta", s.rows(), P),
-      beta("ash::act::beta", s.rows(), N),
-      gamma("ash::act::gamma", s.rows(), N),
+      beta("ash::act::beta", s.rows(), groups * N),
+      gamma("ash::act::gamma", s.rows(), groups * N),
       a("ash::act::a", P, N) {
   if (store >= with_hprev) hprev = View3<S>("ash::act::hprev", s.rows(), P, N);
   if (store >= with_hprev_and_A) A = View3<S>("ash::act::A", s.rows(), P, N);
 }
 
 template <class S>
-LayerCotangents<S>::LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials)
+LayerCotangents<S>::LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials, index_t groups)
     : gyhat("ash::cot::gyhat", rows, P),
       gz("ash::cot::gz", rows, P),
-      gbeta("ash::cot::gbeta", rows, N),
-      ggamma("ash::cot::ggamma", rows, N),
+      gbeta("ash::cot::gbeta", rows, groups * N),
+      ggamma("ash::cot::ggamma", rows, groups * N),
       yhat_rows("ash::cot::yhat_rows", rows, P),
       norm_part(Kokkos::view_alloc(std::string("ash::cot::norm_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), P) {
@@ -64,7 +64,7 @@ void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, 
   const bool has_in = y_in.extent(0) > 0;  // a Mamba's scan output has no residual in it
   Kokkos::parallel_for(
       "ash::layer_scan_forward", Range(exec, 0, Bt * nc * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc;
+        const index_t bc = i / P, q = i % P, b = bc / nc, c = bc % nc, gc = L.gcol(q);
         for (index_t t = ch.start(c); t < ch.end(c); ++t) {
           const index_t m = b * T + t;
           y_out(m, q) = (has_in ? y_in(m, q) : S(0)) + D(q) * L.yhat(m, q);
@@ -85,8 +85,8 @@ void scan_replay(const impl::ScanView<S>& L, const impl::Chunks ch, index_t Bt, 
             if (store_A)
               for (int j = 0; j < NT; ++j) Ast(m, q, n0 + j) = A[j];
             for (int j = 0; j < NT; ++j) {
-              h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
-              part[j] = L.gamma(m, n0 + j) * h[j];
+              h[j] = A[j] * h[j] + du * L.beta(m, gc + n0 + j);
+              part[j] = L.gamma(m, gc + n0 + j) * h[j];
             }
             S out = 0;
             for (int j = 0; j < NT; ++j) out += part[j];
@@ -106,7 +106,7 @@ template <int NT, class S, class Map>
 void vjp_channel(const LayerActivations<S>& act, const View2<S>& gy, const Unmanaged1<S>& D, const Map map, index_t R,
                  const View3<S>& mu, const View3<S>& hprev, const View3<S>& Av, const LayerCotangents<S>& cot,
                  const ExecSpace& exec) {
-  const index_t P = act.a.extent(0), N = act.a.extent(1);
+  const index_t P = act.a.extent(0), N = act.a.extent(1), GN = act.beta.extent(1);
   const index_t nblk = impl::row_blocks(R);
   auto yhat = act.yhat;
   auto delta = act.delta;
@@ -119,7 +119,7 @@ void vjp_channel(const LayerActivations<S>& act, const View2<S>& gy, const Unman
   auto bd_part = cot.bd_part;
   Kokkos::parallel_for(
       "ash::vjp_channel", Range(exec, 0, nblk * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t blk = i / P, q = i % P;
+        const index_t blk = i / P, q = i % P, gc = group_col(q, P, N, GN);
         const index_t r0 = blk * impl::reduce_rows, r1 = r0 + impl::reduce_rows < R ? r0 + impl::reduce_rows : R;
         for (index_t r = r0; r < r1; ++r) {
           const index_t m = map(r);
@@ -137,7 +137,7 @@ void vjp_channel(const LayerActivations<S>& act, const View2<S>& gy, const Unman
             const S dq = delta(m, q), yq = yhat(m, q), du = dq * yq;
             S gd[NT], gh[NT];
             for (int j = 0; j < NT; ++j) {
-              const S mv = mu(r, q, n0 + j), hA = hprev(r, q, n0 + j) * Av(r, q, n0 + j), bn = beta(m, n0 + j);
+              const S mv = mu(r, q, n0 + j), hA = hprev(r, q, n0 + j) * Av(r, q, n0 + j), bn = beta(m, gc + n0 + j);
               gd[j] = mv * (hA * av[j] + bn * yq);
               gh[j] = mv * bn;
               acc[j] += mv * hA * dq;
@@ -166,12 +166,14 @@ void vjp_channel(const LayerActivations<S>& act, const View2<S>& gy, const Unman
       });
 }
 
-// Per (token, state tile): ∂L/∂β^i_n = Σ_p μ Δ ŷ (μ already scaled) and
-// ∂L/∂γ^i_n = Σ_p g^i_p h^i_pn, h^i = A^i h^{i-1} + Δ ŷ β.
+// Per (token, group, state tile): ∂L/∂β^i_n = Σ_p μ Δ ŷ (μ already scaled) and
+// ∂L/∂γ^i_n = Σ_p g^i_p h^i_pn, h^i = A^i h^{i-1} + Δ ŷ β, over the group's
+// channels (every channel: one group).
 template <int NT, class S, class Map>
 void vjp_state(const LayerActivations<S>& act, const View2<S>& gy, const Map map, index_t R, const View3<S>& mu,
                const View3<S>& hprev, const View3<S>& Av, const LayerCotangents<S>& cot, const ExecSpace& exec) {
-  const index_t P = act.a.extent(0), N = act.a.extent(1), ntile = N / NT;
+  const index_t P = act.a.extent(0), N = act.a.extent(1), G = act.beta.extent(1) / N, Pg = P / G;
+  const index_t ntile = G * (N / NT);  // tiles over the G·N columns, a group's N in order
   auto yhat = act.yhat;
   auto delta = act.delta;
   auto beta = act.beta;
@@ -180,17 +182,18 @@ void vjp_state(const LayerActivations<S>& act, const View2<S>& gy, const Map map
   Kokkos::parallel_for(
       "ash::vjp_state", Range(exec, 0, R * ntile), KOKKOS_LAMBDA(const index_t i) {
         const index_t r = i / ntile, n0 = (i % ntile) * NT, m = map(r);
+        const index_t q0 = (n0 / N) * Pg, nn = n0 % N;  // the group's first channel, the tile's state
         S gb[NT], gg[NT], bv[NT];
         for (int j = 0; j < NT; ++j) {
           gb[j] = 0;
           gg[j] = 0;
           bv[j] = beta(m, n0 + j);
         }
-        for (index_t q = 0; q < P; ++q) {
+        for (index_t q = q0; q < q0 + Pg; ++q) {
           const S du = delta(m, q) * yhat(m, q), g = gy(m, q);
           for (int j = 0; j < NT; ++j) {
-            gb[j] += mu(r, q, n0 + j);
-            gg[j] += g * (Av(r, q, n0 + j) * hprev(r, q, n0 + j) + du * bv[j]);
+            gb[j] += mu(r, q, nn + j);
+            gg[j] += g * (Av(r, q, nn + j) * hprev(r, q, nn + j) + du * bv[j]);
           }
         }
         for (int j = 0; j < NT; ++j) {
@@ -252,7 +255,7 @@ template <class S>
 void selective_scan_forward(const Unmanaged1<S>& D, const SeqShape& s, const View2<S>& y_in,
                             const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io,
                             const ExecSpace& exec) {
-  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.beta.extent(1);
+  const index_t T = s.T, Bt = s.batch, P = act.yhat.extent(1), N = act.a.extent(1);
   // The scan as a chunked parallel scan: h at every chunk end (chunk-local
   // scans, then a carry pass; skipped with one chunk), then every (sequence,
   // chunk, channel) replays its chunk from the boundary state.
@@ -305,8 +308,8 @@ void ssm_layer_backward_rows(const LayerParams<S>& p, const SeqShape& s, const V
                              const LayerCotangents<S>& cot, const LayerParams<S>& grad, const View2<S>& gy_in,
                              bool detach_input, const ExecSpace& exec) {
   // The scan core's VJPs (checks the buffers), then the layer's dense ones.
-  selective_scan_backward_rows(p.D, s, act, gy, rb, mu, hprev, Av, cot, ScanParamGrads<S>{grad.A_log, grad.D, grad.b_delta},
-                               exec);
+  selective_scan_backward_rows(p.D, s, act, gy, rb, mu, hprev, Av, cot,
+                               ScanParamGrads<S>{grad.A_log, grad.D, grad.b_delta}, exec);
   dense_vjps(p, s, y_in, act, gy, rb, cot, grad, gy_in, detach_input, exec);
 }
 
@@ -315,7 +318,7 @@ void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, con
                                   const View2<S>& gy, const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                   const View3<S>& Av, const LayerCotangents<S>& cot, const ScanParamGrads<S>& grad,
                                   const ExecSpace& exec) {
-  const index_t N = act.beta.extent(1), R = s.batch * rb.W;
+  const index_t N = act.a.extent(1), R = s.batch * rb.W;
   const index_t nblk = impl::row_blocks(R);
   require(rb.T == s.T, "selective_scan_backward_rows: the row block is of another window length");
   require(index_t(mu.extent(0)) >= R && index_t(hprev.extent(0)) >= R && index_t(Av.extent(0)) >= R &&
@@ -330,9 +333,8 @@ void selective_scan_backward_rows(const Unmanaged1<S>& D, const SeqShape& s, con
 template <class S>
 void ssm_layer_backward_dense(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                               const LayerActivations<S>& act, const View2<S>& gy, const BlockRows& rb,
-                              const LayerCotangents<S>& cot, const ParamPartials<S>& parts,
-                              const LayerParams<S>& grad, const View2<S>& gy_in, bool detach_input,
-                              const ExecSpace& exec) {
+                              const LayerCotangents<S>& cot, const ParamPartials<S>& parts, const LayerParams<S>& grad,
+                              const View2<S>& gy_in, bool detach_input, const ExecSpace& exec) {
   selective_scan_param_sums(act, parts, ScanParamGrads<S>{grad.A_log, grad.D, grad.b_delta}, exec);
   dense_vjps(p, s, y_in, act, gy, rb, cot, grad, gy_in, detach_input, exec);
 }
@@ -350,8 +352,7 @@ void selective_scan_param_sums(const LayerActivations<S>& act, const ParamPartia
   auto d_part = parts.d;
   auto bd_part = parts.bd;
   Kokkos::parallel_for(
-      "ash::vjp_param_sums", impl::block_sum_policy(exec, P * N),
-      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
+      "ash::vjp_param_sums", impl::block_sum_policy(exec, P * N), KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
         const index_t i = team.league_rank(), q = i / N, n = i % N;
         const S al = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return alog_part(blk, q, n); });
         Kokkos::single(Kokkos::PerTeam(team), [&]() { gAlog(q, n) += al * a(q, n); });  // ∂a/∂Alog = a
@@ -420,36 +421,35 @@ void dense_vjps(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in
 
 }  // namespace
 
-#define ASH_INSTANTIATE(S)                                                                                         \
-  template struct LayerActivations<S>;                                                                             \
-  template struct LayerCotangents<S>;                                                                              \
-  template void ssm_layer_project<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&,           \
-                                     const ExecSpace&);                                                            \
-  template void ssm_layer_forward<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                      \
+#define ASH_INSTANTIATE(S)                                                                                            \
+  template struct LayerActivations<S>;                                                                                \
+  template struct LayerCotangents<S>;                                                                                 \
+  template void ssm_layer_project<S>(const LayerParams<S>&, const View2<S>&, const LayerActivations<S>&,              \
+                                     const ExecSpace&);                                                               \
+  template void ssm_layer_forward<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                         \
                                      const LayerActivations<S>&, const View2<S>&, const View2<S>&, const ExecSpace&); \
-  template void ssm_layer_scan<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                         \
-                                  const LayerActivations<S>&, const View2<S>&, const View2<S>&, const ExecSpace&);  \
-  template void ssm_layer_state_map<S>(const LayerParams<S>&, const SeqShape&, const LayerActivations<S>&,          \
-                                       const View2<S>&, const View2<S>&, const ExecSpace&);                         \
-  template void ssm_layer_backward_rows<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                \
-                                           const LayerActivations<S>&, const View2<S>&, const BlockRows&,           \
-                                           const View3<S>&, const View3<S>&, const View3<S>&,                      \
-                                           const LayerCotangents<S>&,                                              \
-                                           const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
-  template void ssm_layer_backward_dense<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,               \
-                                            const LayerActivations<S>&, const View2<S>&, const BlockRows&,          \
-                                            const LayerCotangents<S>&, const ParamPartials<S>&,                    \
-                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);      \
-  template void selective_scan_inputs<S>(const Unmanaged2<S>&, const Unmanaged2<S>&, const Unmanaged2<S>&,         \
-                                        const Unmanaged1<S>&, const LayerActivations<S>&, const ExecSpace&);     \
-  template void selective_scan_forward<S>(const Unmanaged1<S>&, const SeqShape&, const View2<S>&,                 \
-                                         const LayerActivations<S>&, const View2<S>&, const View2<S>&,             \
-                                         const ExecSpace&);                                                        \
-  template void selective_scan_backward_rows<S>(const Unmanaged1<S>&, const SeqShape&, const LayerActivations<S>&,  \
-                                                const View2<S>&, const BlockRows&, const View3<S>&, const View3<S>&, \
+  template void ssm_layer_scan<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                            \
+                                  const LayerActivations<S>&, const View2<S>&, const View2<S>&, const ExecSpace&);    \
+  template void ssm_layer_state_map<S>(const LayerParams<S>&, const SeqShape&, const LayerActivations<S>&,            \
+                                       const View2<S>&, const View2<S>&, const ExecSpace&);                           \
+  template void ssm_layer_backward_rows<S>(                                                                           \
+      const LayerParams<S>&, const SeqShape&, const View2<S>&, const LayerActivations<S>&, const View2<S>&,           \
+      const BlockRows&, const View3<S>&, const View3<S>&, const View3<S>&, const LayerCotangents<S>&,                 \
+      const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);                                                \
+  template void ssm_layer_backward_dense<S>(const LayerParams<S>&, const SeqShape&, const View2<S>&,                  \
+                                            const LayerActivations<S>&, const View2<S>&, const BlockRows&,            \
+                                            const LayerCotangents<S>&, const ParamPartials<S>&,                       \
+                                            const LayerParams<S>&, const View2<S>&, bool, const ExecSpace&);          \
+  template void selective_scan_inputs<S>(const Unmanaged2<S>&, const Unmanaged2<S>&, const Unmanaged2<S>&,            \
+                                         const Unmanaged1<S>&, const LayerActivations<S>&, const ExecSpace&);         \
+  template void selective_scan_forward<S>(const Unmanaged1<S>&, const SeqShape&, const View2<S>&,                     \
+                                          const LayerActivations<S>&, const View2<S>&, const View2<S>&,               \
+                                          const ExecSpace&);                                                          \
+  template void selective_scan_backward_rows<S>(const Unmanaged1<S>&, const SeqShape&, const LayerActivations<S>&,    \
+                                                const View2<S>&, const BlockRows&, const View3<S>&, const View3<S>&,  \
                                                 const View3<S>&, const LayerCotangents<S>&, const ScanParamGrads<S>&, \
-                                                const ExecSpace&);                                                 \
-  template void selective_scan_param_sums<S>(const LayerActivations<S>&, const ParamPartials<S>&,                   \
+                                                const ExecSpace&);                                                    \
+  template void selective_scan_param_sums<S>(const LayerActivations<S>&, const ParamPartials<S>&,                     \
                                              const ScanParamGrads<S>&, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)

@@ -56,7 +56,8 @@ struct LayerActivations {
   enum Store { projections_only = 0, with_hprev = 1, with_hprev_and_A = 2 };
   LayerActivations(const SeqShape& s, const ModelDims& d, Store store) : LayerActivations(s, d.width, d.state, store) {}
   // Over P scan channels (a Mamba's scan: P = E = expand·D).
-  LayerActivations(const SeqShape& s, index_t P, index_t N, Store store);
+  // groups: B and C in groups (a Mamba-2's n_groups), β and γ [M, groups·N] (group_col).
+  LayerActivations(const SeqShape& s, index_t P, index_t N, Store store, index_t groups = 1);
   LayerActivations() = default;
 };
 
@@ -147,7 +148,7 @@ struct LayerCotangents {
   // kernels keep their own per chunk).
   LayerCotangents(index_t rows, const ModelDims& d, bool row_partials = true)
       : LayerCotangents(rows, d.width, d.state, row_partials) {}
-  LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials = true);
+  LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials = true, index_t groups = 1);
 };
 
 // First-level partial sums of the A_log, D and bδ gradients over n blocks of

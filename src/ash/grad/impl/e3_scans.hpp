@@ -25,7 +25,7 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
   Kokkos::parallel_for(
       "ash::e3::chunk_scan_mu", Range(exec, 0, Bt * nc * P * (N / NT)), KOKKOS_LAMBDA(const index_t i) {
         const index_t ntile = N / NT, bcq = i / ntile, n0 = (i % ntile) * NT;
-        const index_t bc = bcq / P, q = bcq % P, b = bc / nc, c = bc % nc;
+        const index_t bc = bcq / P, q = bcq % P, b = bc / nc, c = bc % nc, gc = L.gcol(q);
         const index_t t0 = ch.start(c), t1 = ch.end(c);
         {
           S mu[NT], pr[NT], av[NT];
@@ -40,12 +40,12 @@ void chunk_local_adjoints(const ScanView<S>& L, const Chunks ch, index_t Bt, con
             const S g = L.gy(m, q), dq = L.delta(m, q), kp = L.keep(b, t);
             for (int j = 0; j < NT; ++j) {
               const S A = kp * exp_fast(dq * av[j]);
-              mu[j] = A * (g * L.gamma(m, n0 + j) + mu[j]);
+              mu[j] = A * (g * L.gamma(m, gc + n0 + j) + mu[j]);
               pr[j] *= A;
             }
           }
           const S g0 = L.gy(b * T + t0, q);  // the chunk's first step keeps μ^{t0} itself
-          for (int j = 0; j < NT; ++j) mu[j] = g0 * L.gamma(b * T + t0, n0 + j) + mu[j];
+          for (int j = 0; j < NT; ++j) mu[j] = g0 * L.gamma(b * T + t0, gc + n0 + j) + mu[j];
           for (int j = 0; j < NT; ++j) {
             Ms(bc, q, n0 + j) = mu[j];
             const S after = t1 < T ? L.A(b * T + t1, q, n0 + j) : (next ? An(b, q, n0 + j) : S(0));
@@ -75,7 +75,7 @@ KOKKOS_INLINE_FUNCTION void chunk_mu_reverse(const ScanView<S>& L, const Chunks&
                                              const ExactCarry<S>& carry, index_t b, index_t c, index_t q, index_t n0,
                                              index_t t0, index_t w0, index_t W, const View3<S>& Abuf,
                                              const View3<S>& mubuf) {
-  const index_t T = L.T, nc = ch.n;
+  const index_t T = L.T, nc = ch.n, gc = L.gcol(q);
   S cy[NT];  // A^{t+1} μ^{t+1}
   const index_t te = ch.end(c);
   for (int j = 0; j < NT; ++j)
@@ -85,7 +85,7 @@ KOKKOS_INLINE_FUNCTION void chunk_mu_reverse(const ScanView<S>& L, const Chunks&
     const index_t m = b * T + t, r = b * W + t - w0;
     const S g = L.gy(m, q);
     for (int j = 0; j < NT; ++j) {
-      const S mu = g * L.gamma(m, n0 + j) + cy[j];
+      const S mu = g * L.gamma(m, gc + n0 + j) + cy[j];
       mubuf(r, q, n0 + j) = mu;
       cy[j] = Abuf(r, q, n0 + j) * mu;
     }
@@ -100,7 +100,7 @@ template <int NT, class S>
 KOKKOS_INLINE_FUNCTION void wave_replay(const ScanView<S>& L, index_t b, index_t q, index_t n0, index_t t0, index_t t1,
                                         index_t w0, index_t W, S (&h)[NT], const S (&av)[NT], const View3<S>& hbuf,
                                         const View3<S>& Abuf) {
-  const index_t T = L.T;
+  const index_t T = L.T, gc = L.gcol(q);
   for (index_t t = t0; t < t1; ++t) {
     const index_t m = b * T + t, r = b * W + t - w0;
     const S dq = L.delta(m, q), du = dq * L.yhat(m, q), kp = L.keep(b, t);
@@ -111,7 +111,7 @@ KOKKOS_INLINE_FUNCTION void wave_replay(const ScanView<S>& L, index_t b, index_t
         hbuf(r, q, n0 + j) = h[j];
         Abuf(r, q, n0 + j) = A[j];
       }
-    for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, n0 + j);
+    for (int j = 0; j < NT; ++j) h[j] = A[j] * h[j] + du * L.beta(m, gc + n0 + j);
   }
 }
 
