@@ -91,7 +91,7 @@ def fast_path_missing(mamba_dir, need_cuda):
     return None
 
 
-def build_model(torch, Mamba, checkpoint, device, mutate=False, fast=False):
+def build_model(torch, Mamba, checkpoint, device, mutate=False):
     """(model, dims, names): the stack with the checkpoint's tensors; names maps our /params
     path to (parameter, reshape) so gradients compare by our names."""
     import h5py
@@ -118,7 +118,7 @@ def build_model(torch, Mamba, checkpoint, device, mutate=False, fast=False):
             self.embedding = torch.nn.Parameter(torch.empty(V, D, device=device))
             self.norms = torch.nn.ParameterList([torch.nn.Parameter(torch.empty(D, device=device)) for _ in range(K)])
             self.mixers = torch.nn.ModuleList([
-                Mamba(d_model=D, d_state=N, d_conv=Kc, expand=m["expand"], dt_rank=R, use_fast_path=fast,
+                Mamba(d_model=D, d_state=N, d_conv=Kc, expand=m["expand"], dt_rank=R, use_fast_path=False,
                       layer_idx=k, device=device, dtype=torch.float32) for k in range(K)])
             self.final_norm = torch.nn.Parameter(torch.empty(D, device=device))
             self.head = None if tied else torch.nn.Parameter(torch.empty(V, D, device=device))
@@ -242,8 +242,6 @@ def role_sweep(args):
     modes = args.modes.split(",")
     model, dims, _ = build_model(torch, Mamba, args.checkpoint, device, args.mutate_sweep)
     missing = fast_path_missing(args.mamba_dir, cuda) if "fast" in modes else None
-    fast_model = build_model(torch, Mamba, args.checkpoint, device, args.mutate_sweep, True)[0] if "fast" in modes and not missing \
-        else None
     base = {"engine": "mamba-ssm Mamba", "scan": "selective_scan_fn" if cuda else "selective_scan_ref",
             "conv": conv, "mamba_ssm": version, "torch": torch.__version__, "device": _device_name(torch, device),
             "timer": TIMER_TORCH_CUDA if cuda else TIMER_TORCH_CPU, "peak": PEAK_TORCH if cuda else None,
@@ -257,14 +255,17 @@ def role_sweep(args):
         if mode == "fast" and missing:
             return make_row("mamba-ssm", mode, T, [], None, None, batch=args.batch, available=False,
                             note=f"fast path not available: {missing}")
-        m = fast_model if mode == "fast" else model
         x = their_tokens(torch, T, args.batch, dims["vocab"], device)
-        m.checkpoint = mode == "checkpoint"
+        model.checkpoint = mode == "checkpoint"
+        for mixer in model.mixers:  # read by Mamba.forward at each call: one model, one set of parameters
+            mixer.use_fast_path = mode == "fast"
         try:
-            times, loss, peak = measure(torch, train_step(m, x), args.reps, cuda)
+            times, loss, peak = measure(torch, train_step(model, x), args.reps, cuda)
         finally:
-            m.zero_grad(set_to_none=True)
-            m.checkpoint = False
+            model.zero_grad(set_to_none=True)
+            model.checkpoint = False
+            for mixer in model.mixers:
+                mixer.use_fast_path = False
         return make_row("mamba-ssm", mode, T, times, peak, loss, batch=args.batch,
                         use_fast_path=mode == "fast", conv="causal_conv1d" if mode == "fast" else conv)
 
@@ -381,7 +382,8 @@ def main():
         return role_sweep(args)
 
     os.makedirs(args.out, exist_ok=True)
-    for name in ("ash.jsonl", "mamba.jsonl", "rows.jsonl", "check.json", "log.txt", "summary.md"):  # this run's rows only
+    # this run's rows only
+    for name in ("ash.jsonl", "mamba.jsonl", "rows.jsonl", "check.json", "log.txt", "summary.md"):
         if os.path.exists(os.path.join(args.out, name)):
             os.remove(os.path.join(args.out, name))
     log = os.path.join(args.out, "log.txt")
@@ -408,7 +410,8 @@ def main():
              args.device, "--threads", str(args.threads), "--reps", str(args.reps), "--max-seconds",
              str(args.max_seconds), "--batch", str(args.batch), "--T", args.T, "--check-T", str(args.check_T),
              "--check-batch", str(args.check_batch), "--loss-rtol", str(args.loss_rtol), "--grad-rtol",
-             str(args.grad_rtol), "--modes", args.modes] + (["--mutate-sweep"] if args.mutate_sweep else []) + (["--mamba-dir", args.mamba_dir] if args.mamba_dir else [])
+             str(args.grad_rtol), "--modes", args.modes] + (["--mutate-sweep"] if args.mutate_sweep else []) + \
+        (["--mamba-dir", args.mamba_dir] if args.mamba_dir else [])
 
     # 1. the check: ash grad (E3) writes our loss and gradients, theirs compares in its own process
     with tempfile.TemporaryDirectory() as tmp:

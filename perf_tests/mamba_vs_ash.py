@@ -116,7 +116,10 @@ def summary(out, rtol):
     text = ("E3 (ash) against the same model with mamba-ssm's selective_scan_fn, float "
             "(P: width, K: layers; N = 16, V = 256)\n\n" + table(model, group) + "\n" + "\n".join(longest) + "\n")
     if kernel:
-        text += "\nKernel-only rows (P = 64, N = 16, batch 1):\n\n" + table(kernel, ("width",))
+        text += ("\nKernel-only rows (P = 64, N = 16, batch 1): theirs selective_scan_fn forward + backward on "
+                 "random inputs, timed as their steps (the peak includes a P = 64, K = 1 model's parameters); ours "
+                 "ash_bench_kernels' real time per iteration (the mean over one repetition; --reps + 1 repetitions, "
+                 "the first dropped as the warm-up).\n\n" + table(kernel, ("width",)))
     text += "\n" + definitions(rtol) + (f"\nLOSS MISMATCH at (P, K, batch, T) = {bad}\n" if bad else
                                          f"\nLosses agree at every T both sides measured (tolerance {rtol:g}).\n")
     with open(os.path.join(out, "summary.md"), "w") as f:
