@@ -12,7 +12,8 @@ with a = −exp(Alog) (mamba's A is the negative decay rate, exp(Δ·A) ∈ (0, 
 and the layouts u, delta: [batch, P, T], A: [P, N], B = β, C = γ: [batch, N, T] (one group).
 
     mamba_baseline.py [--T 4096,16384,...] [--batch 1] [--checkpoint CKPT | --width/--state/--layers/--vocab]
-                      [--scan cuda|ref] [--mamba-dir DIR] [--device cuda|cpu] [--reps 3]
+                      [--scan cuda|ref] [--mamba-dir DIR] [--device cuda|cpu] [--reps 5]
+                      [--modes autograd,checkpoint] [--kernel-T T,...]
                       [--check-ash ASH [--check-T T]] [--json FILE]
 
 --scan cuda (the default) needs mamba-ssm's compiled extension `selective_scan_cuda`:
@@ -27,11 +28,18 @@ at T = --check-T (default: the first --T) and exits 1 unless the loss agrees to
 --loss-rtol and every parameter's gradient to --grad-rtol (max |difference| over the
 tensor's max |value|). Needs --checkpoint.
 
-Times are one forward + loss.backward() between torch.cuda.synchronize() calls (median
-and best of --reps after one warm-up); peak_bytes is torch.cuda.max_memory_allocated()
-over the reps of one T (reset before each T). A T that does not fit is reported as "out
-of memory" (JSON "oom": true) and ends the sweep. Tokens: torch_baseline's synthetic
-ids (window b is ids [b·T, (b+1)·T)), which --write-tokens saves for `ash grad`.
+The sweep follows perf_tests/side_by_side.py's protocol: per T and mode one untimed
+warm-up, then --reps timed steps (zero_grad, forward, loss.backward()), each between two
+torch.cuda.Event records (time.perf_counter on the CPU); min and median reported;
+peak_bytes is torch.cuda.max_memory_allocated() over the point (reset before it, so the
+parameters, gradients and tokens are in it). --modes: "autograd" (plain autograd) and
+"checkpoint" (each layer under torch.utils.checkpoint, non-reentrant: the memory class of
+a gradient that keeps layer inputs only), a row each per T. A T that does not fit is
+reported as "out of memory" (JSON "oom": true) and ends that mode's sweep. --kernel-T
+adds "kernel" rows: selective_scan_fn forward + backward alone on one layer's shapes
+([1, P, T] u and delta, [1, N, T] B and C, D, delta_bias, softplus), random inputs, the
+same timing. Tokens: torch_baseline's synthetic ids (window b is ids [b·T, (b+1)·T)),
+which --write-tokens saves for `ash grad`.
 """
 import argparse
 import importlib.util
@@ -48,10 +56,12 @@ import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_baseline import (SSMModel, add_model_arguments, model_from_arguments, rms_norm,  # noqa: E402
-                            synthetic_ids, timed_steps)
+from side_by_side import (PEAK_TORCH, PROGRESS_HEAD, TIMER_TORCH_CPU, TIMER_TORCH_CUDA, make_row,  # noqa: E402
+                          measure, print_row, sweep_modes, train_step)
+from torch_baseline import SSMModel, add_model_arguments, model_from_arguments, rms_norm, synthetic_ids  # noqa: E402
 
 
 class _NoExtension(types.ModuleType):
@@ -102,6 +112,16 @@ class MambaSSMModel(SSMModel):
         super().__init__(*args, chunk=1)
         self.scan = scan
         self.skip_D = skip_D  # True only for --mutate: the check must then fail
+        self.checkpoint = False  # each layer under torch.utils.checkpoint (mode "checkpoint")
+
+    def forward(self, x):
+        if not self.checkpoint:
+            return super().forward(x)
+        y = self["embedding"][x]
+        for k in range(self.layers):  # only the layer inputs kept; each layer recomputed in the backward
+            y = torch.utils.checkpoint.checkpoint(self.layer, y, k, use_reentrant=False)
+        logits = rms_norm(y, self["final_norm"]) @ self["head"].T
+        return F.cross_entropy(logits[:, :-1].reshape(-1, self.vocab), x[:, 1:].reshape(-1))
 
     def layer(self, y, k):
         L = f"layers/{k:03d}/"
@@ -160,19 +180,38 @@ def check_against_ash(model, ash, checkpoint, T, batch, loss_rtol, grad_rtol, de
     return ok
 
 
-def run(model, T, batch, reps, device):
+def run(model, T, batch, reps, device, mode):
+    """One point of the sweep: a side_by_side row (side mamba-ssm, the mode)."""
     cuda = device.type == "cuda"
     x = tokens(T, batch, model.vocab, device)
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    timed_steps(model, x, 1, cuda)  # warm-up
-    times, loss = timed_steps(model, x, reps, cuda)
-    peak = torch.cuda.max_memory_allocated() if cuda else None
+    model.checkpoint = mode == "checkpoint"
+    try:
+        times, loss, peak = measure(torch, train_step(model, x), reps, cuda)
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.checkpoint = False
     med = statistics.median(times)
-    return {"T": T, "batch": batch, "seconds": med, "best_seconds": min(times),
-            "us_per_token": 1e6 * med / (batch * T), "loss": loss.item(), "peak_bytes": peak}
+    return make_row("mamba-ssm", mode, T, times, peak, loss, batch=batch, us_per_token=1e6 * med / (batch * T))
+
+
+def run_kernel(scan, P, N, T, reps, device):
+    """selective_scan_fn forward + backward alone on one layer's shapes (batch 1, random inputs)."""
+    cuda = device.type == "cuda"
+    g = torch.Generator().manual_seed(T)
+    rnd = lambda *shape: torch.randn(*shape, generator=g).to(device)  # noqa: E731
+    u, delta, B, C = rnd(1, P, T), rnd(1, P, T), rnd(1, N, T), rnd(1, N, T)
+    A, D, bias = -torch.rand(P, N, generator=g).to(device) - 0.5, rnd(P), rnd(P)
+    ins = [t.requires_grad_() for t in (u, delta, A, B, C, D, bias)]
+    dy = rnd(1, P, T)
+
+    def step():
+        for t in ins:
+            t.grad = None
+        scan(*ins[:6], delta_bias=ins[6], delta_softplus=True).backward(dy)
+
+    times, _, peak = measure(torch, step, reps, cuda)
+    return make_row("mamba-ssm", "kernel", T, times, peak, None, batch=1, width=P, state=N,
+                    note=f"{scan.__name__} forward + backward alone")
 
 
 def main():
@@ -182,13 +221,16 @@ def main():
     ap.add_argument("--scan", choices=("cuda", "ref"), default="cuda")
     ap.add_argument("--mamba-dir", help="output folder of perf_tests/mamba_build.sh")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per T (after one warm-up)")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per T (after one warm-up)")
+    ap.add_argument("--modes", default="autograd,checkpoint",
+                    help="comma-separated: autograd (plain), checkpoint (per-layer torch.utils.checkpoint)")
+    ap.add_argument("--kernel-T", default="", help="comma-separated T of the kernel-only rows (none by default)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--check-ash", metavar="ASH", help="the ash tool: check loss and gradients against `ash grad`")
     ap.add_argument("--check-T", type=int, help="T of the check (default: the first --T)")
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
     ap.add_argument("--grad-rtol", type=float, default=2e-3)
-    ap.add_argument("--no-sweep", action="store_true", help="only the check")
+    ap.add_argument("--no-sweep", action="store_true", help="no T sweep: the check and --kernel-T rows only")
     ap.add_argument("--mutate", action="store_true",
                     help="a wrong mapping on purpose (the skip term D ŷ left out): the smoke test's proof that the check "
                          "can fail")
@@ -200,6 +242,10 @@ def main():
     Ts = [int(t) for t in args.T.split(",")]
     if min(Ts) < 2 or args.batch < 1 or args.reps < 1:
         ap.error("need T >= 2, batch >= 1 and reps >= 1")
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in ("autograd", "checkpoint") for m in modes):
+        ap.error(f"--modes {args.modes}: each of autograd, checkpoint")
+    kernel_Ts = [int(t) for t in args.kernel_T.split(",") if t]
     if args.check_ash and not args.checkpoint:
         ap.error("--check-ash needs --checkpoint (ash grad reads the parameters from it)")
     if args.scan == "cuda" and args.device != "cuda":
@@ -230,29 +276,28 @@ def main():
             print("mamba_baseline: the mamba-ssm model does not match ash grad", file=sys.stderr)
             sys.exit(1)
     if args.no_sweep:
-        return
-    print(f"{'T':>9} {'best s':>10} {'median s':>10} {'us/token':>10} {'loss':>13} {'peak':>12}", flush=True)
+        Ts = []  # the check (and any kernel rows) only
+    cuda = device.type == "cuda"
     base = {"engine": "mamba-ssm", "scan": args.scan, "mamba_ssm": version, "torch": torch.__version__,
             "device": gpu, "vocab": model.vocab, "width": model.width, "state": model.state,
-            "layers": model.layers, "batch": args.batch}
-    last = None
-    for T in Ts:
-        if args.max_seconds and last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
-            print(f"{T:>9}  skipped: about {last['seconds'] * T / last['T']:.0f} s a step, over --max-seconds", flush=True)
-            break
-        try:
-            row = last = run(model, T, args.batch, args.reps, device)
-        except torch.cuda.OutOfMemoryError:
-            print(f"{T:>9}  out of memory", flush=True)
-            row = {"T": T, "oom": True}
+            "layers": model.layers, "batch": args.batch, "timer": TIMER_TORCH_CUDA if cuda else TIMER_TORCH_CPU,
+            "peak": PEAK_TORCH if cuda else None}
+    print(PROGRESS_HEAD, flush=True)
+
+    def emit(row):
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps({**base, **row}) + "\n")
-        if row.get("oom"):
+        print_row(row)
+
+    sweep_modes(torch, Ts, modes, lambda T, mode: run(model, T, args.batch, args.reps, device, mode), emit,
+                args.reps, args.max_seconds, batch=args.batch)
+    for T in kernel_Ts:
+        try:
+            emit(run_kernel(scan, model.width, model.state, T, args.reps, device))
+        except torch.cuda.OutOfMemoryError:
+            emit(make_row("mamba-ssm", "kernel", T, [], None, None, batch=1, oom=True, note="out of memory"))
             break
-        peak = f"{row['peak_bytes'] / 2**20:.1f} MiB" if row["peak_bytes"] is not None else "-"
-        print(f"{T:>9} {row['best_seconds']:>10.4f} {row['seconds']:>10.4f} {row['us_per_token']:>10.3f} "
-              f"{row['loss']:>13.10g} {peak:>12}", flush=True)
 
 
 if __name__ == "__main__":

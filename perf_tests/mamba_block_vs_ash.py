@@ -7,7 +7,8 @@ h ← h + mixer(RMSNorm(h)), a final RMSNorm and the tied head, the loss the mea
 cross-entropy of next-token targets. Theirs: each mixer is mamba-ssm 2.3.2.post1's
 `mamba_ssm.modules.mamba_simple.Mamba` with use_fast_path=False (its CUDA
 `selective_scan_fn`; the causal conv is F.conv1d unless causal-conv1d is installed, which
-the rows record), RMSNorm and head eager PyTorch as transformers' slow path writes them.
+the rows record) and with its fast path (mamba_inner_fn) where causal-conv1d is
+installed, RMSNorm and head eager PyTorch as transformers' slow path writes them.
 Ours: `ash grad` (the check) and `ash_bench_grad --arch mamba` (the sweep), E3 exact.
 Both use the parameters of one `ash init` checkpoint (copied tensor by tensor, by
 transformers' names: docs/file_format.md) and the same tokens (torch_baseline's
@@ -16,24 +17,35 @@ synthetic ids, window b = ids [b·T, (b+1)·T), as ash_bench_grad makes them).
     mamba_block_vs_ash.py --out DIR [--build build | --ash ASH --bench BENCH] [--mamba-dir DIR]
                           [--width 256 --state 16 --layers 4 --vocab 256 --expand 2 --conv-kernel 4]
                           [--T 4096,8192,...] [--batch 1] [--check-T 2048 --check-batch 2]
-                          [--reps 3] [--max-seconds 30] [--deadline S] [--quick] [--mutate]
+                          [--reps 5] [--modes autograd,checkpoint,fast] [--max-seconds 30]
+                          [--deadline S] [--quick] [--mutate | --mutate-sweep]
 
 1. The check: loss and every parameter's gradient of theirs against `ash grad
    --engine adjoint-exact` at --check-T (exit 1 unless within --loss-rtol / --grad-rtol;
    max |difference| over the tensor's max |value|). --mutate reverses their conv taps
    (a wrong mapping on purpose: the smoke test's proof that the check can fail).
-2. Their sweep (one process, batch --batch, T upward): one warm-up and --reps timed
-   forward + loss.backward(), median; peak = torch.cuda.max_memory_allocated() (reset
-   before each T). Ends at out of memory, or where the next T's warm-up and reps would
-   pass --max-seconds (the per-point cap), or at its share of the deadline.
-3. Our sweep: one ash_bench_grad process per T (one warm-up, --reps timed gradients,
-   median), peak = the tool's "peak_total_bytes" (parameters, gradient buffers and tokens
-   included, as torch's allocator counts them); ends as theirs does, at a failure (out of
-   memory) or the deadline.
-At every T both measured, the two losses must agree within --sweep-loss-rtol.
+2. Their sweep (one process, batch --batch, T upward) by side_by_side.py's protocol, per
+   T one row per mode of --modes: "autograd" (use_fast_path=False, plain autograd),
+   "checkpoint" (the same with each block under torch.utils.checkpoint: the memory class
+   of a gradient that keeps layer inputs only) and "fast" (use_fast_path=True: mamba-ssm's
+   mamba_inner_fn with causal-conv1d's kernels; where causal_conv1d is not importable, or
+   off CUDA, a row per T says the fast path was not available). Each point one untimed
+   warm-up and --reps (5) steps timed by CUDA events, min and median; peak =
+   torch.cuda.max_memory_allocated() (reset before each point). A mode ends at out of
+   memory, or where its next T's warm-up and reps would pass --max-seconds, or at its
+   share of the deadline.
+3. Our sweep: one ash_bench_grad process per T (one warm-up, --reps timed gradients by its
+   in-process timer, min and median), peak = the tool's "peak_total_bytes" (parameters,
+   gradient buffers and tokens included, as torch's allocator counts them); ends as theirs
+   does, at a failure (out of memory) or the deadline.
+At every T both measured, the losses must agree within --sweep-loss-rtol: a row that does
+not has "loss_ok": false, the table marks it and the script exits 1 (--mutate-sweep
+reverses their conv taps in the sweep only, to show it).
 
-Rows: OUT/ash.jsonl, OUT/mamba.jsonl; OUT/check.json; the joined table (time and peak
-ratios, longest T of each) in OUT/summary.md and on stdout; every command in OUT/log.txt.
+Rows (every field named: side, mode, T, reps, min_s, median_s, peak_bytes, loss, loss_ok,
+warm): OUT/rows.jsonl (the sides' own: OUT/ash.jsonl, OUT/mamba.jsonl); OUT/check.json;
+the table (time and peak ratios to ours, longest T of each) in OUT/summary.md and on
+stdout; every command in OUT/log.txt.
 --deadline S: no measurement starts S seconds after the start (a GPU stage's budget).
 --quick is the host smoke run: mamba-ssm's selective_scan_ref on the CPU at tiny sizes,
 the plumbing and the check, not speed. Exit 1 on a failed check, a loss mismatch or no
@@ -42,13 +54,14 @@ measurement of either side.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from side_by_side import ash_row, definitions, mark_losses, read_rows, table, write_rows  # noqa: E402
 
 
 # --- theirs: mamba-ssm's Mamba blocks, stacked as MambaForCausalLM ---------------------------------
@@ -64,6 +77,18 @@ def import_mamba_module(mamba_dir, need_cuda):
         mamba_simple.selective_scan_fn = scan_ref
     conv = "causal_conv1d" if mamba_simple.causal_conv1d_fn is not None else "F.conv1d"
     return mamba_simple.Mamba, version, where, conv
+
+
+def fast_path_missing(mamba_dir, need_cuda):
+    """Why mamba-ssm's fast path (mamba_inner_fn: its fused conv + scan + projections, with
+    causal-conv1d's CUDA kernels) cannot run here; None where it can. Mamba(use_fast_path=True)
+    falls back to the slow path silently where causal_conv1d is missing, so it is asked first."""
+    from mamba_ssm.ops import selective_scan_interface as ssi
+    if not need_cuda:
+        return "needs CUDA (mamba_inner_fn has no CPU form)"
+    if ssi.causal_conv1d_fn is None or ssi.causal_conv1d_fwd_function is None:
+        return "causal_conv1d is not importable"
+    return None
 
 
 def build_model(torch, Mamba, checkpoint, device, mutate=False):
@@ -97,11 +122,16 @@ def build_model(torch, Mamba, checkpoint, device, mutate=False):
                       layer_idx=k, device=device, dtype=torch.float32) for k in range(K)])
             self.final_norm = torch.nn.Parameter(torch.empty(D, device=device))
             self.head = None if tied else torch.nn.Parameter(torch.empty(V, D, device=device))
+            self.checkpoint = False  # each block under torch.utils.checkpoint (mode "checkpoint")
+
+        def block(self, h, k):
+            return h + self.mixers[k](rms_norm(h, self.norms[k]))
 
         def forward(self, x):
             h = F.embedding(x, self.embedding)
             for k in range(K):
-                h = h + self.mixers[k](rms_norm(h, self.norms[k]))
+                h = torch.utils.checkpoint.checkpoint(self.block, h, k, use_reentrant=False) if self.checkpoint \
+                    else self.block(h, k)
             logits = rms_norm(h, self.final_norm) @ (self.embedding if self.head is None else self.head).T
             return F.cross_entropy(logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1))
 
@@ -195,10 +225,13 @@ def _device_name(torch, device):
 
 
 def role_sweep(args):
-    """Their sweep (in a process of its own, so its allocator's memory is gone before ours runs)."""
+    """Their sweep (in a process of its own, so its allocator's memory is gone before ours runs):
+    per T the modes of --modes, side_by_side's protocol."""
     import torch
+    import torch.utils.checkpoint  # noqa: F401  (mode "checkpoint")
     sys.path.insert(0, HERE)
-    from torch_baseline import timed_steps
+    from side_by_side import (PEAK_TORCH, PROGRESS_HEAD, TIMER_TORCH_CPU, TIMER_TORCH_CUDA, make_row, measure,
+                              print_row, sweep_modes, train_step)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if args.threads:
@@ -206,45 +239,47 @@ def role_sweep(args):
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     Mamba, version, where, conv = import_mamba_module(args.mamba_dir, cuda)
-    model, dims, _ = build_model(torch, Mamba, args.checkpoint, device)
+    modes = args.modes.split(",")
+    model, dims, _ = build_model(torch, Mamba, args.checkpoint, device, args.mutate_sweep)
+    missing = fast_path_missing(args.mamba_dir, cuda) if "fast" in modes else None
     base = {"engine": "mamba-ssm Mamba", "scan": "selective_scan_fn" if cuda else "selective_scan_ref",
             "conv": conv, "mamba_ssm": version, "torch": torch.__version__, "device": _device_name(torch, device),
+            "timer": TIMER_TORCH_CUDA if cuda else TIMER_TORCH_CPU, "peak": PEAK_TORCH if cuda else None,
             "batch": args.batch, **dims}
-    print(f"# mamba-ssm {version} Mamba blocks (use_fast_path=False, conv {conv}, selective_scan_cuda: {where}); "
+    print(f"# mamba-ssm {version} Mamba blocks (modes {args.modes}: autograd and checkpoint use_fast_path=False, "
+          f"conv {conv}; fast: {missing or 'mamba_inner_fn + causal-conv1d'}; selective_scan_cuda: {where}); "
           f"torch {torch.__version__}, {base['device']}, float32; {dims}", flush=True)
-    t_start, last = time.monotonic(), None
-    for T in [int(t) for t in args.T.split(",")]:
-        if args.deadline and time.monotonic() - t_start > args.deadline:
-            print(f"{T:>9}  not measured: deadline", flush=True)
-            break
-        if last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
-            print(f"{T:>9}  not measured: about {last['seconds'] * T / last['T']:.1f} s a step, over the "
-                  f"per-point cap of {args.max_seconds:g} s", flush=True)
-            break
+    print(PROGRESS_HEAD, flush=True)
+
+    def point(T, mode):
+        if mode == "fast" and missing:
+            return make_row("mamba-ssm", mode, T, [], None, None, batch=args.batch, available=False,
+                            note=f"fast path not available: {missing}")
+        x = their_tokens(torch, T, args.batch, dims["vocab"], device)
+        model.checkpoint = mode == "checkpoint"
+        for mixer in model.mixers:  # read by Mamba.forward at each call: one model, one set of parameters
+            mixer.use_fast_path = mode == "fast"
         try:
-            x = their_tokens(torch, T, args.batch, dims["vocab"], device)
-            if cuda:
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-            timed_steps(model, x, 1, cuda)  # warm-up
-            times, loss = timed_steps(model, x, args.reps, cuda)
-            med = statistics.median(times)
-            row = last = {"T": T, "seconds": med, "best_seconds": min(times),
-                          "us_per_token": 1e6 * med / (args.batch * T), "loss": loss.item(),
-                          "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None}
-        except torch.cuda.OutOfMemoryError:
-            row = {"T": T, "oom": True}
-        model.zero_grad(set_to_none=True)
-        x = loss = None
+            times, loss, peak = measure(torch, train_step(model, x), args.reps, cuda)
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.checkpoint = False
+            for mixer in model.mixers:
+                mixer.use_fast_path = False
+        return make_row("mamba-ssm", mode, T, times, peak, loss, batch=args.batch,
+                        use_fast_path=mode == "fast", conv="causal_conv1d" if mode == "fast" else conv)
+
+    def emit(row):
         with open(os.path.join(args.out, "mamba.jsonl"), "a") as f:
             f.write(json.dumps({**base, **row}) + "\n")
-        if row.get("oom"):
-            print(f"{T:>9}  out of memory", flush=True)
-            break
-        peak = f"{row['peak_bytes'] / 2**20:.1f} MiB" if row["peak_bytes"] is not None else "-"
-        print(f"{T:>9} {row['seconds']:>10.4f} s {row['us_per_token']:>10.3f} us/token  loss {row['loss']:.8g}  "
-              f"peak {peak}", flush=True)
+        print_row(row)
+
+    if missing:  # one row per T says so; the other modes' series go on
+        modes = [m for m in modes if m != "fast"]
+        for T in [int(t) for t in args.T.split(",")]:
+            emit(point(T, "fast"))
+    sweep_modes(torch, [int(t) for t in args.T.split(",")], modes, point, emit, args.reps, args.max_seconds,
+                args.deadline, args.batch)
     return 0
 
 
@@ -270,52 +305,29 @@ def run(cmd, log, timeout=None):
     return r.returncode
 
 
-def rows(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def mib(b):
-    return f"{b / 2**20:.1f}" if b else "-"
-
-
 def summary(out, sweep_rtol):
-    """The joined table; returns the T at which the two losses disagree."""
-    a = {r["T"]: r for r in rows(os.path.join(out, "ash.jsonl"))}
-    m = {r["T"]: r for r in rows(os.path.join(out, "mamba.jsonl")) if not r.get("oom")}
-    oom = [r["T"] for r in rows(os.path.join(out, "mamba.jsonl")) if r.get("oom")]
-    lines = ["| T | E3 s | mamba-ssm s | E3 / mamba time | E3 peak MiB | mamba peak MiB | E3 / mamba peak | "
-             "loss E3 | loss mamba | rel. diff |", "|---|---|---|---|---|---|---|---|---|---|"]
-    mismatched = []
-    for T in sorted(set(a) | set(m)):
-        ra, rm = a.get(T, {}), m.get(T, {})
-        ta, tm, pa, pm = ra.get("seconds"), rm.get("seconds"), ra.get("peak_total_bytes"), rm.get("peak_bytes")
-        la, lm = ra.get("loss"), rm.get("loss")
-        diff = abs(la - lm) / abs(lm) if la is not None and lm is not None else None
-        if diff is not None and not diff <= sweep_rtol:
-            mismatched.append(T)
-        lines.append(f"| {T} | {'-' if ta is None else f'{ta:.4f}'} | {'-' if tm is None else f'{tm:.4f}'} | "
-                     f"{f'{ta / tm:.2f}' if ta and tm else '-'} | {mib(pa)} | {mib(pm)} | "
-                     f"{f'{pa / pm:.3f}' if pa and pm else '-'} | {'-' if la is None else f'{la:.7f}'} | "
-                     f"{'-' if lm is None else f'{lm:.7f}'} | {'-' if diff is None else f'{diff:.1e}'} |")
-    la, lm = max(a, default=0), max(m, default=0)
+    """The joined rows (OUT/rows.jsonl, loss_ok set) and table; returns the T at which the losses disagree."""
+    rows = read_rows(os.path.join(out, "ash.jsonl")) + read_rows(os.path.join(out, "mamba.jsonl"))
+    mismatched = mark_losses(rows, lambda r: r["T"], sweep_rtol)
+    write_rows(os.path.join(out, "rows.jsonl"), rows)
     check = {}
     if os.path.exists(os.path.join(out, "check.json")):
         with open(os.path.join(out, "check.json")) as f:
             check = json.load(f)
     head = (f"Mamba D={check.get('width')} N={check.get('state')} K={check.get('layers')} "
             f"V={check.get('vocab')} E={check.get('expand', 0) * (check.get('width') or 0)}, float; theirs: "
-            f"mamba-ssm {check.get('mamba_ssm')} Mamba (use_fast_path=False, conv {check.get('conv')}), "
-            f"{check.get('device')}; check at T={check.get('T')}: "
+            f"mamba-ssm {check.get('mamba_ssm')} Mamba (autograd and checkpoint: use_fast_path=False, conv "
+            f"{check.get('conv')}; fast: use_fast_path=True), {check.get('device')}; check at T={check.get('T')}: "
             f"{'passed' if check.get('passed') else 'FAILED'} (loss {check.get('loss_rel_error', float('nan')):.1e}, "
             f"gradients {check.get('grad_worst_rel_error', float('nan')):.1e})") if check else "no check ran"
-    text = "\n".join([head, ""] + lines + [
-        "", f"Longest T measured: E3 {la}, mamba-ssm {lm}" + (f" (out of memory at {oom[0]})" if oom else "") +
-        (f"; E3 / mamba-ssm {la / lm:.0f}x" if la and lm else ""),
-        f"Losses at equal T {'agree' if not mismatched else 'DISAGREE at ' + str(mismatched)} "
-        f"(tolerance {sweep_rtol:g})."]) + "\n"
+    longest = []
+    for side, mode in sorted({(r["side"], r["mode"]) for r in rows}):
+        Ts = [r["T"] for r in rows if (r["side"], r["mode"]) == (side, mode) and r.get("median_s") is not None]
+        oom = [r["T"] for r in rows if (r["side"], r["mode"]) == (side, mode) and r.get("oom")]
+        longest.append(f"{side} {mode} {max(Ts, default='-')}" + (f" (out of memory at {oom[0]})" if oom else ""))
+    text = "\n".join([head, "", table(rows).rstrip("\n"), "", "Longest T measured: " + "; ".join(longest),
+                      f"Losses at equal T {'agree' if not mismatched else 'DISAGREE at ' + str(mismatched)} "
+                      f"(tolerance {sweep_rtol:g}).", "", definitions(sweep_rtol)])
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text)
     print(text, flush=True)
@@ -341,7 +353,10 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--check-T", type=int, default=2048)
     ap.add_argument("--check-batch", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per T, after one warm-up")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions per T on each side, after one warm-up")
+    ap.add_argument("--modes", default="autograd,checkpoint,fast",
+                    help="mamba-ssm's: autograd (use_fast_path=False), checkpoint (the same, each block under "
+                         "torch.utils.checkpoint), fast (use_fast_path=True: mamba_inner_fn + causal-conv1d)")
     ap.add_argument("--max-seconds", type=float, default=30, help="per-point cap: warm-up + reps of one T")
     ap.add_argument("--deadline", type=float, default=0, help="start no measurement after this many seconds")
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
@@ -351,6 +366,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     ap.add_argument("--quick", action="store_true", help="host smoke run: selective_scan_ref on the CPU, tiny sizes")
     ap.add_argument("--mutate", action="store_true", help="their conv taps reversed: the check must fail")
+    ap.add_argument("--mutate-sweep", action="store_true",
+                    help="their conv taps reversed in the sweep only: every T's losses must be flagged")
     ap.add_argument("--no-sweep", action="store_true", help="only the check")
     ap.add_argument("--role", choices=("check", "sweep"), help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
@@ -358,14 +375,15 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.width, args.state, args.layers, args.vocab, args.conv_kernel = 16, 4, 2, 64, 3
-        args.T, args.check_T, args.check_batch, args.reps, args.device, args.threads = "64,128", 48, 2, 1, "cpu", 1
+        args.T, args.check_T, args.check_batch, args.reps, args.device, args.threads = "64,128", 48, 2, 2, "cpu", 1
     if args.role == "check":
         return role_check(args)
     if args.role == "sweep":
         return role_sweep(args)
 
     os.makedirs(args.out, exist_ok=True)
-    for name in ("ash.jsonl", "mamba.jsonl", "check.json", "log.txt", "summary.md"):  # this run's rows only
+    # this run's rows only
+    for name in ("ash.jsonl", "mamba.jsonl", "rows.jsonl", "check.json", "log.txt", "summary.md"):
         if os.path.exists(os.path.join(args.out, name)):
             os.remove(os.path.join(args.out, name))
     log = os.path.join(args.out, "log.txt")
@@ -392,7 +410,8 @@ def main():
              args.device, "--threads", str(args.threads), "--reps", str(args.reps), "--max-seconds",
              str(args.max_seconds), "--batch", str(args.batch), "--T", args.T, "--check-T", str(args.check_T),
              "--check-batch", str(args.check_batch), "--loss-rtol", str(args.loss_rtol), "--grad-rtol",
-             str(args.grad_rtol)] + (["--mamba-dir", args.mamba_dir] if args.mamba_dir else [])
+             str(args.grad_rtol), "--modes", args.modes] + (["--mutate-sweep"] if args.mutate_sweep else []) + \
+        (["--mamba-dir", args.mamba_dir] if args.mamba_dir else [])
 
     # 1. the check: ash grad (E3) writes our loss and gradients, theirs compares in its own process
     with tempfile.TemporaryDirectory() as tmp:
@@ -422,8 +441,8 @@ def main():
     for T in [int(t) for t in args.T.split(",")]:
         if out_of_time(f"ash E3 T={T}"):
             break
-        if last and last["seconds"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
-            print(f"# ash E3 T={T}: about {last['seconds'] * T / last['T']:.1f} s a gradient, over the per-point cap "
+        if last and last["median_s"] * T / last["T"] * (args.reps + 1) > args.max_seconds:
+            print(f"# ash E3 T={T}: about {last['median_s'] * T / last['T']:.1f} s a gradient, over the per-point cap "
                   f"of {args.max_seconds:g} s: T={T} and up not measured", flush=True)
             break
         one = os.path.join(args.out, "ash_last.jsonl")  # the benchmark rewrites its --json file
@@ -435,16 +454,16 @@ def main():
             [a for k in ("width", "state", "layers", "vocab", "expand") for a in (f"--{k}", str(sizes[k]))] +
             ["--conv-kernel", str(args.conv_kernel), "--dt-rank", str(args.dt_rank)], log,
             min(cap, left()) if args.deadline else cap)
-        new = rows(one)
+        new = read_rows(one)
         if os.path.exists(one):
             os.remove(one)
         if not new:  # out of memory or another failure: the rest of the series is larger
             break
+        last = ash_row(new[-1], "E3")
         with open(os.path.join(args.out, "ash.jsonl"), "a") as f:
-            f.write(json.dumps(new[-1]) + "\n")
-        last = new[-1]
+            f.write(json.dumps(last) + "\n")
     mismatched = summary(args.out, args.sweep_loss_rtol)
-    measured = [len(rows(os.path.join(args.out, f))) for f in ("ash.jsonl", "mamba.jsonl")]
+    measured = [len(read_rows(os.path.join(args.out, f))) for f in ("ash.jsonl", "mamba.jsonl")]
     if min(measured) == 0:
         print(f"mamba_block_vs_ash: no measurement of {'ash' if measured[0] == 0 else 'mamba-ssm'}", file=sys.stderr)
         return 1

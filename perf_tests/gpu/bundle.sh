@@ -117,6 +117,10 @@ check_bundle() {
     echo "STALE bin/ash_bench_grad runs no Mamba (no --arch mamba): built before it; rebuild the bundle"
     miss=$((miss + 1))
   fi
+  if [ -f "$dir/bin/ash_bench_grad" ] && ! grep -qa -- 'min_seconds' "$dir/bin/ash_bench_grad"; then
+    echo "STALE bin/ash_bench_grad writes no per-rep times (the side-by-side protocol's min and median); rebuild the bundle"
+    miss=$((miss + 1))
+  fi
   if [ -d "$dir/mamba" ]; then
     for need in BUILD_INFO.json csrc/selective_scan.cpp mamba_ssm/modules/mamba_simple.py \
                 mamba_ssm/ops/selective_scan_interface.py mamba_ssm/ops/triton/layer_norm.py; do

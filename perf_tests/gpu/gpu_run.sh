@@ -274,7 +274,7 @@ stage_A() {
     skip a_memcheck_forward "compute-sanitizer not found"
   fi
   mamba_ready a_mamba_link a_mamba_vs_ash || return 0
-  step a_mamba_vs_ash 420 "$PY" "$ROOT/perf_tests/mamba_vs_ash.py" --out "$RES/mamba" --python "$PY" \
+  step a_mamba_vs_ash 420 "$PY" "$ROOT/perf_tests/mamba_vs_ash.py" --out "$RES/mamba" --python "$PY" --kernels "$KB" \
     --ash "$ASH" --bench "$G" ${MDIR:+--mamba-dir "$MDIR"} --deadline $((BUDGET - RESERVE - (SECONDS - T_START) - 10)) \
     "${MAMBA_ARGS[@]}"
 }
