@@ -193,7 +193,7 @@ def test_init_export_import_and_sharded_folder(tmp_path, ash_cli, float64_slow_p
     ({"mixer_rms_eps": "small"}, '"mixer_rms_eps" is "small"'),
     ({"architectures": ["MambaForCausalLM"]}, 'is not ["FalconMambaForCausalLM"] (model_type "falcon_mamba")'),
     ({"model_type": "mamba"}, 'architectures ["FalconMambaForCausalLM"] is not ["MambaForCausalLM"]'),
-    ({"model_type": "falcon_mamba2"}, 'model_type "falcon_mamba2" is not "mamba" or "falcon_mamba"'),
+    ({"model_type": "falcon_mamba2"}, 'model_type "falcon_mamba2" is not "mamba", "falcon_mamba" or "mamba2"'),
 ])
 def test_refusals(tmp_path, ash_cli, change, needle):
     """What a FalconMamba folder may hold that we do not build: exit 2 and ash.Error naming it."""
