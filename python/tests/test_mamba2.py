@@ -36,7 +36,8 @@ from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
 from test_hf_convert import assert_bitwise, fail_cli, load_tensors, shard  # noqa: E402
 from test_mamba import RTOL, assert_close, max_rel  # noqa: E402
 from test_mamba_generate import hf_greedy, lively  # noqa: E402
-from test_torch_wrap import assert_same, loss_and_grads, no_hf_blocks, rel_err  # noqa: E402
+from test_torch_wrap import (assert_same, assert_wrapped_backbone, loss_and_grads, no_hf_blocks,  # noqa: E402
+                             rel_err)
 
 V, D, N, EXPAND, P, EPS = 13, 8, 4, 2, 4, 1e-5  # E = 16: H = 4 heads of P = 4
 INF = float("inf")
@@ -416,20 +417,7 @@ def test_wrap_detached_and_mamba2_model(float64_mamba2, detached_mixer_inputs):
     the model whose mixers see their input detached (the fixture), input gradient included."""
     ref = mamba2(2, 3, True, seed=31, limit=LIMIT).backbone
     model = no_hf_blocks(wrap(copy.deepcopy(ref), detach_inputs=True, chunk=4))
-    x = torch.randn(2, 9, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    w = torch.randn(2, 9, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    got = []
-    for m in (ref, model):
-        xi = x.clone().requires_grad_(True)
-        out = m(inputs_embeds=xi, use_cache=False)
-        (w * out.last_hidden_state).sum().backward()
-        got.append((type(out).__name__, out.last_hidden_state.detach(), xi.grad,
-                    {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
-    (c0, h0, gx0, g0), (c1, h1, gx1, g1) = got
-    assert c0 == c1 == "Mamba2Output"
-    assert rel_err(h1, h0) <= RTOL and rel_err(gx1, gx0) <= RTOL and sorted(g1) == sorted(g0)
-    for n in g0:
-        assert rel_err(g1[n], g0[n]) <= RTOL, n
+    assert_wrapped_backbone(ref, model, D, "Mamba2Output")
 
 
 def test_wrap_refusals():

@@ -166,17 +166,24 @@ std::pair<double, double> time_step_limit(const nlohmann::json& hf, const std::s
   return {lo, std::isinf(hi) ? 0.0 : hi};
 }
 
-// Mamba2Config's keys as ours (hf_mamba_config_to_ash for model_type "mamba2").
-nlohmann::json hf_mamba2_config_to_ash(const nlohmann::json& hf, const std::string& origin,
-                                       std::vector<std::string>* ignored) {
+// The sizes every Mamba config.json names alike (hidden_size, ... conv_kernel; the
+// defaults those of MambaConfig and Mamba2Config) as our model keys.
+nlohmann::json hf_sizes(const nlohmann::json& hf, const std::string& origin) {
   nlohmann::json m;
-  m["arch"] = "mamba2";
   m["width"] = positive_int(hf, "hidden_size", 0, origin);
   m["state"] = positive_int(hf, "state_size", 0, origin);
   m["layers"] = positive_int(hf, "num_hidden_layers", 0, origin);
   m["vocab"] = positive_int(hf, "vocab_size", 0, origin);
   m["expand"] = positive_int(hf, "expand", 2, origin);
   m["conv_kernel"] = positive_int(hf, "conv_kernel", 4, origin);
+  return m;
+}
+
+// Mamba2Config's keys as ours (hf_mamba_config_to_ash for model_type "mamba2").
+nlohmann::json hf_mamba2_config_to_ash(const nlohmann::json& hf, const std::string& origin,
+                                       std::vector<std::string>* ignored) {
+  nlohmann::json m = hf_sizes(hf, origin);
+  m["arch"] = "mamba2";
   m["head_dim"] = positive_int(hf, "head_dim", 64, origin);
   m["heads"] = positive_int(hf, "num_heads", 128, origin);
   const std::int64_t groups = positive_int(hf, "n_groups", 8, origin);  // Mamba2Config's default is 8
@@ -279,14 +286,8 @@ nlohmann::json hf_mamba_config_to_ash(const nlohmann::json& hf, const std::strin
   if (arch == HfArch::mamba2) return hf_mamba2_config_to_ash(hf, origin, ignored);
   require(bool_key(hf, "rms_norm", true, origin), origin + ": rms_norm = false (mamba-ssm's LayerNorm) is not supported");
 
-  nlohmann::json m;
+  nlohmann::json m = hf_sizes(hf, origin);
   m["arch"] = falcon ? "falcon_mamba" : "mamba";
-  m["width"] = positive_int(hf, "hidden_size", 0, origin);
-  m["state"] = positive_int(hf, "state_size", 0, origin);
-  m["layers"] = positive_int(hf, "num_hidden_layers", 0, origin);
-  m["vocab"] = positive_int(hf, "vocab_size", 0, origin);
-  m["expand"] = positive_int(hf, "expand", 2, origin);
-  m["conv_kernel"] = positive_int(hf, "conv_kernel", 4, origin);
   if (!hf.contains("time_step_rank") || hf["time_step_rank"] == "auto")
     m["dt_rank"] = 0;
   else
