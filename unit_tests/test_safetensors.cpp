@@ -412,7 +412,7 @@ TEST(HfMamba, ConfigMapping) {
   refused("hidden_act", "gelu", "hidden_act \"gelu\" is not supported");
   refused("intermediate_size", 48, "intermediate_size 48 is not expand × hidden_size = 32");
   refused("rms_norm", false, "rms_norm = false");
-  refused("model_type", "mamba2", "model_type \"mamba2\" is not \"mamba\"");
+  refused("model_type", "mamba3", "model_type \"mamba3\" is not \"mamba\"");
   refused("architectures", nlohmann::json::array({"MambaModel"}), "architectures [\"MambaModel\"]");
   refused("hidden_size", nullptr, "has no \"hidden_size\"");
   refused("state_size", 0, "\"state_size\" is 0, not a positive integer");
@@ -424,7 +424,7 @@ TEST(HfMamba, ConfigMapping) {
   refused("num_hidden_layers", std::int64_t(1) << 40, "model.layers 1099511627776 is above");
   refused("hidden_size", std::int64_t(1) << 62, "sizes overflow");
   expect_error([] { (void)mamba_dims(nlohmann::json::parse(R"({"model": {"arch": "ssm-resnet"}})"), "cfg"); },
-               "model.arch \"ssm-resnet\" is not \"mamba\" or \"falcon_mamba\"");
+               "model.arch \"ssm-resnet\" is not \"mamba\", \"falcon_mamba\" or \"mamba2\"");
 }
 
 // FalconMambaConfig (transformers' FalconMambaForCausalLM): MambaConfig's keys and
@@ -484,7 +484,7 @@ TEST(HfMamba, FalconMambaConfig) {
   refused("architectures", nlohmann::json::array({"MambaForCausalLM"}),
           "architectures [\"MambaForCausalLM\"] is not [\"FalconMambaForCausalLM\"] (model_type \"falcon_mamba\")");
   refused("model_type", "mamba", "architectures [\"FalconMambaForCausalLM\"] is not [\"MambaForCausalLM\"]");
-  refused("model_type", "falcon_h1", "model_type \"falcon_h1\" is not \"mamba\" or \"falcon_mamba\"");
+  refused("model_type", "falcon_h1", "model_type \"falcon_h1\" is not \"mamba\", \"falcon_mamba\" or \"mamba2\"");
   refused("use_bias", true, "use_bias = true");
   refused("use_conv_bias", false, "use_conv_bias = false");
   refused("hidden_act", "relu", "hidden_act \"relu\" is not supported");
@@ -494,7 +494,8 @@ TEST(HfMamba, FalconMambaConfig) {
   no_type.erase("model_type");
   no_type["architectures"] = {"FalconMambaModel"};
   expect_error([&] { (void)hf_mamba_config_to_ash(no_type, "config.json"); },
-               "architectures [\"FalconMambaModel\"] is not [\"MambaForCausalLM\"] or [\"FalconMambaForCausalLM\"]");
+               "architectures [\"FalconMambaModel\"] is not [\"MambaForCausalLM\"], [\"FalconMambaForCausalLM\"] or "
+               "[\"Mamba2ForCausalLM\"]");
   expect_error([] { (void)mamba_dims(nlohmann::json::parse(R"({"model": {"arch": "falcon_mamba", "width": 4,
       "state": 2, "layers": 1, "vocab": 5, "mixer_rms_eps": -1}})"), "cfg"); },
                "cfg: model: \"mixer_rms_eps\" is -1");
@@ -518,6 +519,102 @@ TEST(HfMamba, FalconMambaConfig) {
   auto extra = tensors;
   extra["layers/000/b_layernorm"] = extra.at("layers/000/D");
   expect_error([&] { write_hf_mamba(dir, c, extra); }, "writing FalconMamba folder");
+}
+
+// Mamba2Config (transformers' Mamba2ForCausalLM, n_groups 1): its keys read as
+// model.arch = mamba2 and written back; its tensors are the layout's; what we do
+// not build refused by name.
+TEST(HfMamba, Mamba2Config) {
+  const auto hf = nlohmann::json::parse(R"({"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2",
+      "hidden_size": 16, "state_size": 4, "num_hidden_layers": 2, "vocab_size": 50, "expand": 2, "conv_kernel": 3,
+      "head_dim": 8, "num_heads": 4, "n_groups": 1, "tie_word_embeddings": false, "layer_norm_epsilon": 1e-4,
+      "time_step_limit": [0.01, {"__float__": "Infinity"}], "use_bias": false, "use_conv_bias": true,
+      "hidden_act": "silu", "residual_in_fp32": true, "chunk_size": 256, "time_step_rank": 1,
+      "rescale_prenorm_residual": false, "some_new_key": 1})");
+  std::vector<std::string> ignored;
+  const auto c = hf_mamba_config_to_ash(hf, "config.json", &ignored);
+  EXPECT_EQ(c, nlohmann::json::parse(R"({"model": {"arch": "mamba2", "width": 16, "state": 4, "layers": 2,
+      "vocab": 50, "expand": 2, "conv_kernel": 3, "head_dim": 8, "heads": 4, "n_groups": 1,
+      "tie_embeddings": false, "norm_eps": 1e-4, "time_step_limit_min": 0.01, "time_step_limit_max": 0.0}})"));
+  EXPECT_EQ(ignored, std::vector<std::string>{"some_new_key"});
+  const MambaDims d = mamba_dims(c, "test");
+  EXPECT_TRUE(d.mamba2);
+  EXPECT_EQ(d.head_count(), 4);
+  EXPECT_EQ(d.conv_dim(), 40);
+  const auto back = ash_config_to_hf_mamba(c, TensorDtype::f32);
+  for (auto it = hf.begin(); it != hf.end(); ++it)
+    if (it.key() != "some_new_key") EXPECT_EQ(back.at(it.key()), it.value()) << it.key();
+  EXPECT_EQ(hf_mamba_config_to_ash(back, "back"), c);
+  EXPECT_EQ(ash_config_to_hf_mamba(c, TensorDtype::f64)["residual_in_fp32"], false);
+  // A finite upper limit both ways; defaults: untied, no limit.
+  auto h = hf;
+  h["time_step_limit"] = {0.0, 0.5};
+  EXPECT_EQ(hf_mamba_config_to_ash(h, "c")["model"]["time_step_limit_max"], 0.5);
+  EXPECT_EQ(ash_config_to_hf_mamba(hf_mamba_config_to_ash(h, "c"), TensorDtype::f32)["time_step_limit"], h["time_step_limit"]);
+  h.erase("time_step_limit");
+  h.erase("tie_word_embeddings");
+  EXPECT_EQ(hf_mamba_config_to_ash(h, "c")["model"]["time_step_limit_max"], 0.0);
+  EXPECT_EQ(hf_mamba_config_to_ash(h, "c")["model"]["tie_embeddings"], false);
+  h.erase("model_type");  // architectures alone says which model
+  EXPECT_EQ(hf_mamba_config_to_ash(h, "c")["model"]["arch"], "mamba2");
+
+  auto refused = [&](const char* key, const nlohmann::json& value, const std::string& needle) {
+    SCOPED_TRACE(key);
+    auto x = hf;
+    if (value.is_null())
+      x.erase(key);
+    else
+      x[key] = value;
+    expect_error([&] { (void)hf_mamba_config_to_ash(x, "config.json"); }, needle);
+  };
+  refused("n_groups", 2, "n_groups 2 is not supported (only 1");
+  refused("n_groups", nullptr, "n_groups 8 is not supported");  // Mamba2Config's default
+  refused("num_heads", 3, "num_heads × head_dim = 24 is not expand × hidden_size = 32");
+  refused("num_heads", nullptr, "num_heads × head_dim = 1024");  // Mamba2Config's default 128
+  refused("time_step_limit", nlohmann::json::array({0.5, 0.1}), "\"time_step_limit\" is [0.5,0.1]");
+  refused("time_step_limit", nlohmann::json::array({0.0}), "not [min, max]");
+  refused("time_step_limit", nlohmann::json::array({0.0, nlohmann::json{{"__float__", "NaN"}}}), "\"time_step_limit\"");
+  refused("use_bias", true, "use_bias = true");
+  refused("use_conv_bias", false, "use_conv_bias = false");
+  refused("hidden_act", "gelu", "hidden_act \"gelu\" is not supported");
+  refused("architectures", nlohmann::json::array({"MambaForCausalLM"}),
+          "architectures [\"MambaForCausalLM\"] is not [\"Mamba2ForCausalLM\"] (model_type \"mamba2\")");
+  expect_error([] { (void)mamba_dims(nlohmann::json::parse(R"({"model": {"arch": "mamba2", "width": 4, "state": 2,
+      "layers": 1, "vocab": 5, "head_dim": 4, "dt_rank": 2}})"), "cfg"); }, "model.dt_rank applies to a Mamba-1");
+
+  // A folder: written and read back; the model's layout is the mapping's.
+  const auto tensors = tensors_for(c);
+  Config cfg;
+  cfg.merge(c, "config.json");
+  cfg.validate();
+  EXPECT_TRUE(cfg.model().mamba2());
+  const auto layout = param_layout(cfg.model());
+  ASSERT_EQ(layout.size(), tensors.size());
+  for (const auto& t : layout) EXPECT_EQ(tensors.at(t.name).shape, t.shape) << t.name;
+  const auto names = hf_mamba_layer_names(d, 1);
+  ASSERT_EQ(names.size(), 9u);
+  EXPECT_EQ(names[2].hf, "backbone.layers.1.mixer.conv1d.weight");
+  EXPECT_EQ(names[2].hf_shape, (std::vector<std::int64_t>{40, 1, 3}));
+  EXPECT_EQ(names[7].hf, "backbone.layers.1.mixer.norm.weight");
+  EXPECT_EQ(names[7].ash, "layers/001/gated_norm");
+  const std::string dir = tmp_path("hf_mamba2");
+  fs::remove_all(dir);
+  write_hf_mamba(dir, cfg.json(), tensors, TensorDtype::f64);
+  const HfMambaModel r = read_hf_mamba(dir);
+  EXPECT_EQ(r.config, c);
+  for (const auto& x : tensors) EXPECT_EQ(r.tensors.at(x.first).values, x.second.values) << x.first;
+  // Python's bare Infinity (older transformers' config.json), outside strings only.
+  std::string text = ash_config_to_hf_mamba(c, TensorDtype::f64).dump();
+  const std::string tagged = R"({"__float__":"Infinity"})";
+  text.replace(text.find(tagged), tagged.size(), "Infinity");
+  text.insert(1, R"("note": "Infinity, NaN", )");
+  std::ofstream(dir + "/config.json", std::ios::trunc) << text;
+  const HfMambaModel bare = read_hf_mamba(dir);
+  EXPECT_EQ(bare.config, c);
+  EXPECT_EQ(bare.ignored, std::vector<std::string>{"note"});
+  auto extra = tensors;
+  extra["layers/000/x_proj"] = extra.at("layers/000/D");
+  expect_error([&] { write_hf_mamba(dir, c, extra); }, "writing Mamba2 folder");
 }
 
 TEST(HfMamba, LayerNames) {

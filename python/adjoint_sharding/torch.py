@@ -20,7 +20,8 @@ wrap keeps the model's own parameters (read in place by the C++ pass, their
 gradients accumulated into .grad by autograd as usual); embedding, final norm
 and lm_head stay in PyTorch, and calls with a cache (generation) run
 transformers' own blocks. A FalconMambaForCausalLM (or FalconMambaModel) wraps
-alike, its blocks the FalconMamba kind (the mixer norms on δ, B and C).
+alike, its blocks the FalconMamba kind (the mixer norms on δ, B and C), and a
+Mamba2ForCausalLM (or Mamba2Model, n_groups = 1) as the Mamba-2 kind.
 """
 import json as _json
 
@@ -240,8 +241,9 @@ class SSMStack(_torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::StackAdjoint (Mamba kind), and
-# FalconMambaForCausalLM / FalconMambaModel by the FalconMamba kind (the same tensors).
+# transformers' MambaForCausalLM / MambaModel with its blocks run by ash::StackAdjoint (Mamba kind),
+# FalconMambaForCausalLM / FalconMambaModel by the FalconMamba kind (the same tensors), and
+# Mamba2ForCausalLM / Mamba2Model by the Mamba-2 kind (its own tensors).
 
 # One block's tensors in the order _core.mamba_stack_forward takes them (the
 # checkpoint's names): transformers' MambaBlock attribute paths.
@@ -249,6 +251,11 @@ MAMBA_TENSORS = (("norm", "norm.weight"), ("in_proj", "mixer.in_proj.weight"), (
                  ("conv_bias", "mixer.conv1d.bias"), ("x_proj", "mixer.x_proj.weight"),
                  ("dt_proj", "mixer.dt_proj.weight"), ("dt_bias", "mixer.dt_proj.bias"), ("A_log", "mixer.A_log"),
                  ("D", "mixer.D"), ("out_proj", "mixer.out_proj.weight"))
+# A Mamba-2 block's (Mamba2Block): mixer.norm is the gated RMSNorm.
+MAMBA2_TENSORS = (("norm", "norm.weight"), ("in_proj", "mixer.in_proj.weight"),
+                  ("conv_weight", "mixer.conv1d.weight"), ("conv_bias", "mixer.conv1d.bias"),
+                  ("dt_bias", "mixer.dt_bias"), ("A_log", "mixer.A_log"), ("D", "mixer.D"),
+                  ("gated_norm", "mixer.norm.weight"), ("out_proj", "mixer.out_proj.weight"))
 _WRAP_ATTR = "_adjoint_sharding_wrap"
 
 
@@ -259,29 +266,45 @@ def _attr(module, path):
 
 
 def _modeling():
-    """transformers' Mamba and FalconMamba modelling modules."""
+    """transformers' Mamba, FalconMamba and Mamba-2 modelling modules."""
     try:
         from transformers.models.falcon_mamba import modeling_falcon_mamba as _fm
         from transformers.models.mamba import modeling_mamba as _mm
+        from transformers.models.mamba2 import modeling_mamba2 as _m2
     except ImportError as e:  # pragma: no cover - transformers is what wrap is for
         raise Error(f"adjoint_sharding.torch.wrap needs transformers ({e})") from None
-    return _mm, _fm
+    return _mm, _fm, _m2
 
 
 def _backbone(model):
-    """model.backbone of a (Falcon)MambaForCausalLM, or a (Falcon)MambaModel itself."""
-    _mm, _fm = _modeling()
-    if isinstance(model, (_mm.MambaForCausalLM, _fm.FalconMambaForCausalLM)):
+    """model.backbone of a (Falcon)MambaForCausalLM or Mamba2ForCausalLM, or the backbone itself."""
+    _mm, _fm, _m2 = _modeling()
+    if isinstance(model, (_mm.MambaForCausalLM, _fm.FalconMambaForCausalLM, _m2.Mamba2ForCausalLM)):
         return model.backbone
-    if isinstance(model, (_mm.MambaModel, _fm.FalconMambaModel)):
+    if isinstance(model, (_mm.MambaModel, _fm.FalconMambaModel, _m2.Mamba2Model)):
         return model
-    raise Error(f"adjoint_sharding.torch.wrap takes a transformers MambaForCausalLM or MambaModel, or a "
-                f"FalconMambaForCausalLM or FalconMambaModel, got {type(model).__name__}")
+    raise Error(f"adjoint_sharding.torch.wrap takes a transformers MambaForCausalLM or MambaModel, a "
+                f"FalconMambaForCausalLM or FalconMambaModel, or a Mamba2ForCausalLM or Mamba2Model, got "
+                f"{type(model).__name__}")
 
 
 def _arch(backbone):
     """Our model.arch of a backbone _backbone returned."""
-    return "falcon_mamba" if isinstance(backbone, _modeling()[1].FalconMambaModel) else "mamba"
+    _mm, _fm, _m2 = _modeling()
+    if isinstance(backbone, _fm.FalconMambaModel):
+        return "falcon_mamba"
+    return "mamba2" if isinstance(backbone, _m2.Mamba2Model) else "mamba"
+
+
+def _block_tensors(dims):
+    """A block's (our name, transformers' attribute path) pairs for the stack's kind."""
+    return MAMBA2_TENSORS if dims["arch"] == "mamba2" else MAMBA_TENSORS
+
+
+def _conv_channels(dims):
+    """The conv's channels: E, or a Mamba-2's E + 2N (x, B and C; n_groups 1)."""
+    E = dims["width"] * dims["expand"]
+    return E + 2 * dims["state"] if dims["arch"] == "mamba2" else E
 
 
 # A FalconMamba mixer's weightless RMSNorms (on δ, B and C), each with its own epsilon.
@@ -299,6 +322,8 @@ def _mamba_dims(backbone):
         raise Error(f"{where}: use_conv_bias=False is not supported (the conv1d has a bias)")
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise Error(f"{where}: hidden_act={cfg.hidden_act!r} is not supported (only 'silu')")
+    if _arch(backbone) == "mamba2":
+        return _mamba2_dims(backbone, where)
     D, E = int(cfg.hidden_size), int(cfg.intermediate_size)
     if E % D:
         raise Error(f"{where}: intermediate_size {E} is not a multiple of hidden_size {D}")
@@ -311,12 +336,55 @@ def _mamba_dims(backbone):
     return dims
 
 
+def _mamba2_dims(backbone, where):
+    """_mamba_dims of a Mamba2Model: Mamba2Config's sizes; n_groups other than 1 refused."""
+    cfg = backbone.config
+    if int(cfg.n_groups) != 1:
+        raise Error(f"{where}: n_groups={cfg.n_groups} is not supported (only 1: the scan core shares B and C "
+                    f"across every head)")
+    D, E = int(cfg.hidden_size), int(cfg.expand * cfg.hidden_size)
+    if E % D:
+        raise Error(f"{where}: expand {cfg.expand} is not an integer")
+    lo, hi = (float(v) for v in cfg.time_step_limit)
+    if not (0 <= lo < hi):
+        raise Error(f"{where}: time_step_limit {tuple(cfg.time_step_limit)} is not (min, max) with 0 <= min < max")
+    dims = {"arch": "mamba2", "width": D, "state": int(cfg.state_size), "layers": len(backbone.layers),
+            "expand": E // D, "conv_kernel": int(cfg.conv_kernel), "head_dim": int(cfg.head_dim),
+            "heads": int(cfg.num_heads), "norm_eps": float(cfg.layer_norm_epsilon),
+            "time_step_limit_min": lo, "time_step_limit_max": 0.0 if hi == float("inf") else hi}
+    if dims["heads"] * dims["head_dim"] != E:
+        raise Error(f"{where}: num_heads × head_dim = {dims['heads'] * dims['head_dim']} is not expand × hidden_size "
+                    f"= {E}")
+    _check_blocks(backbone, dims)
+    return dims
+
+
+def _check_mamba2_block(k, block, dims, where):
+    """_check_blocks for a Mamba-2 block: its mixer's own heads, groups, norms and Δ clamp."""
+    m = block.mixer
+    if not isinstance(m, _modeling()[2].Mamba2Mixer):
+        raise Error(f"{where}: block {k}'s mixer is a {type(m).__name__}, not a Mamba2Mixer")
+    E = dims["width"] * dims["expand"]
+    if (m.num_heads, m.head_dim, m.n_groups) != (dims["heads"], dims["head_dim"], 1) or m.norm.group_size != E:
+        raise Error(f"{where}: block {k}'s mixer has {m.num_heads} heads of {m.head_dim} in {m.n_groups} groups; "
+                    f"the configuration {dims['heads']} heads of {dims['head_dim']} in 1 group")
+    if float(m.norm.variance_epsilon) != dims["norm_eps"]:
+        raise Error(f"{where}: block {k}'s mixer.norm (gated) epsilon {m.norm.variance_epsilon} is not "
+                    f"layer_norm_epsilon {dims['norm_eps']}")
+    hi = dims["time_step_limit_max"] or float("inf")
+    if tuple(float(v) for v in m.time_step_limit) != (dims["time_step_limit_min"], hi):
+        raise Error(f"{where}: block {k}'s time_step_limit {tuple(m.time_step_limit)} is not the configuration's "
+                    f"({dims['time_step_limit_min']}, {hi})")
+
+
 def _check_blocks(backbone, dims):
     """Each block's own settings (a block may differ from the configuration): what the
     C++ block does not compute is refused, naming the block and the value."""
     where = "adjoint_sharding.torch.wrap"
-    E = dims["width"] * dims["expand"]
+    C = _conv_channels(dims)
     for k, block in enumerate(backbone.layers):
+        if dims["arch"] == "mamba2":
+            _check_mamba2_block(k, block, dims, where)
         m = block.mixer
         # transformers' mixer applies its own `activation` (after the conv and to the gate);
         # the C++ block computes SiLU.
@@ -331,11 +399,13 @@ def _check_blocks(backbone, dims):
         if float(block.norm.variance_epsilon) != dims["norm_eps"]:
             raise Error(f"{where}: block {k}'s norm epsilon {block.norm.variance_epsilon} is not "
                         f"layer_norm_epsilon {dims['norm_eps']}")
-        if tuple(m.conv1d.weight.shape) != (E, 1, dims["conv_kernel"]) or m.conv1d.padding != (dims["conv_kernel"] - 1,):
+        if tuple(m.conv1d.weight.shape) != (C, 1, dims["conv_kernel"]) or m.conv1d.padding != (dims["conv_kernel"] - 1,):
             raise Error(f"{where}: block {k}'s conv1d is not the depthwise causal conv of conv_kernel "
                         f"{dims['conv_kernel']}")
         # The mixer norms the C++ block computes (a FalconMamba's, with its one epsilon) or not (a Mamba's):
         # a mixer of the other kind, or a norm of another epsilon, would be computed as something else.
+        if dims["arch"] == "mamba2":
+            continue
         norms = [getattr(m, n, None) for n in _MIXER_NORMS]
         if "mixer_rms_eps" not in dims:
             if any(n is not None for n in norms):
@@ -356,13 +426,14 @@ def _stack_options(state):
     return o
 
 
-def _block_arrays(tensors, E, Kc):
-    """Lists of 10 detached tensors per block (conv weight [E, 1, Kc] viewed as [E, Kc]): the same memory."""
-    n = len(MAMBA_TENSORS)
+def _block_arrays(tensors, dims):
+    """Lists of each block's detached tensors (_block_tensors' order; conv weight [C, 1, Kc] viewed as
+    [C, Kc]): the same memory."""
+    n = len(_block_tensors(dims))
     out = []
     for k in range(0, len(tensors), n):
         block = [t.detach() for t in tensors[k:k + n]]
-        block[2] = block[2].view(E, Kc)
+        block[2] = block[2].view(_conv_channels(dims), dims["conv_kernel"])
         out.append(block)
     return out
 
@@ -371,10 +442,8 @@ class _MambaStackFunction(_torch.autograd.Function):
     @staticmethod
     def forward(ctx, state, y0, *params):
         yK = _torch.empty_like(y0)
-        d = state["dims"]
         _ready(y0)
-        _core.mamba_stack_forward(_block_arrays(params, d["width"] * d["expand"], d["conv_kernel"]),
-                                  _stack_options(state), y0.detach(), yK)
+        _core.mamba_stack_forward(_block_arrays(params, state["dims"]), _stack_options(state), y0.detach(), yK)
         ctx.state = state
         ctx.save_for_backward(y0, *params)
         return yK
@@ -384,13 +453,12 @@ class _MambaStackFunction(_torch.autograd.Function):
     def backward(ctx, gK):
         y0, *params = ctx.saved_tensors
         state, d = ctx.state, ctx.state["dims"]
-        E, Kc = d["width"] * d["expand"], d["conv_kernel"]
         # g is overwritten in place with ∂L/∂y0: a private contiguous copy of the cotangent.
         g = gK.detach().to(dtype=y0.dtype).contiguous().clone()
         _check_device(g, "adjoint_sharding.torch.wrap", "the cotangent of the hidden states")
         grads = [_torch.empty_like(p, memory_format=_torch.contiguous_format) for p in params]
         _ready(g)
-        _core.mamba_stack_backward(_block_arrays(params, E, Kc), _block_arrays(grads, E, Kc), _stack_options(state),
+        _core.mamba_stack_backward(_block_arrays(params, d), _block_arrays(grads, d), _stack_options(state),
                                    y0.detach(), g)
         need = ctx.needs_input_grad
         return (None, g if need[1] else None, *[gp if need[2 + i] else None for i, gp in enumerate(grads)])
@@ -409,11 +477,12 @@ def _run_blocks(backbone, y0):
     """y_K = the blocks of backbone.layers on y0 [B, T, D], in C++ (autograd: E3)."""
     state = getattr(backbone, _WRAP_ATTR)
     _check_blocks(backbone, state["dims"])  # a block changed since wrap is refused too, never run as SiLU
-    params = [_block_tensor(block, name, path, y0) for block in backbone.layers for name, path in MAMBA_TENSORS]
+    tensors = _block_tensors(state["dims"])
+    params = [_block_tensor(block, name, path, y0) for block in backbone.layers for name, path in tensors]
     if y0.dim() != 3 or y0.shape[0] < 1 or y0.shape[1] < 1:
         raise Error(f"adjoint_sharding.torch.wrap: the hidden states must be [B >= 1, T >= 1, D], got {list(y0.shape)}")
     for name, t in [("the hidden states", y0)] + [(f"parameter {n}", p) for n, p in zip(
-            (f"layers.{k}.{path}" for k in range(len(backbone.layers)) for _, path in MAMBA_TENSORS), params)]:
+            (f"layers.{k}.{path}" for k in range(len(backbone.layers)) for _, path in tensors), params)]:
         _check_device(t, "adjoint_sharding.torch.wrap", name)
         if t.dtype not in (_torch.float32, _torch.float64):
             raise Error(f"adjoint_sharding.torch.wrap: {name} is {t.dtype}; the wrapped blocks run in torch.float32 "
@@ -426,17 +495,15 @@ def _run_blocks(backbone, y0):
     y0 = y0.contiguous()
     if _torch.is_grad_enabled() and (y0.requires_grad or any(p.requires_grad for p in params)):
         return _MambaStackFunction.apply(state, y0, *params)
-    d = state["dims"]
     yK = _torch.empty_like(y0)
     _ready(y0)
-    _core.mamba_stack_forward(_block_arrays(params, d["width"] * d["expand"], d["conv_kernel"]),
-                              _stack_options(state), y0.detach(), yK)
+    _core.mamba_stack_forward(_block_arrays(params, state["dims"]), _stack_options(state), y0.detach(), yK)
     return yK
 
 
 def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_cache=None, output_hidden_states=None,
                      return_dict=None, attention_mask=None, **kwargs):
-    """(Falcon)MambaModel.forward with the blocks in C++; transformers' own forward whenever a
+    """(Falcon)Mamba(2)Model.forward with the blocks in C++; transformers' own forward whenever a
     cache is passed or asked for, or every block's hidden states are."""
     original = type(self).forward.__get__(self)
     hidden_all = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -444,8 +511,8 @@ def _wrapped_forward(self, input_ids=None, inputs_embeds=None, cache=None, use_c
         return original(input_ids=input_ids, inputs_embeds=inputs_embeds, cache=cache, use_cache=use_cache,
                         output_hidden_states=output_hidden_states, return_dict=return_dict,
                         attention_mask=attention_mask, **kwargs)
-    _mm, _fm = _modeling()
-    output = _fm.FalconMambaOutput if _arch(self) == "falcon_mamba" else _mm.MambaOutput
+    _mm, _fm, _m2 = _modeling()
+    output = {"falcon_mamba": _fm.FalconMambaOutput, "mamba2": _m2.Mamba2Output}.get(_arch(self), _mm.MambaOutput)
     return_dict = return_dict if return_dict is not None else self.config.return_dict
     if (input_ids is None) ^ (inputs_embeds is not None):
         raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
@@ -477,7 +544,9 @@ class _WrappedForward:
 def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", layer_checkpoint=1, token_block=0):
     """Runs the blocks of a transformers MambaForCausalLM (or MambaModel) in C++:
     forward and E3 backward (ash::StackAdjoint of the Mamba kind), on the model's own parameters.
-    A FalconMambaForCausalLM (or FalconMambaModel) alike: the FalconMamba kind, its mixer_rms_eps.
+    A FalconMambaForCausalLM (or FalconMambaModel) alike: the FalconMamba kind, its mixer_rms_eps;
+    a Mamba2ForCausalLM (or Mamba2Model): the Mamba-2 kind (n_groups 1; its heads, head_dim,
+    time_step_limit).
 
     The model is changed in place (its backbone's forward) and returned; its
     parameters, state_dict, embedding, final norm, lm_head and loss are untouched,

@@ -30,7 +30,8 @@ namespace {
 
 template <class S>
 using SsmStack = ash::StackAdjoint<S, ash::SsmResNetKind>;
-// K: ash::MambaKind or ash::FalconMambaKind (the same tensors; the latter's blocks norm δ, B and C).
+// K: ash::MambaKind or ash::FalconMambaKind (the same tensors; the latter's blocks norm δ, B and C),
+// or ash::Mamba2Kind (its own tensors).
 template <class S, class K>
 using MambaStack = ash::StackAdjoint<S, K>;
 
@@ -180,12 +181,14 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> stack_layout(cons
   return out;
 }
 
-// A Mamba or FalconMamba layer stack's sizes and E3 options (adjoint_sharding.torch.wrap).
+// A Mamba, FalconMamba or Mamba-2 layer stack's sizes and E3 options (adjoint_sharding.torch.wrap).
 struct MambaStackOptions {
-  std::string arch = "mamba";  // model.arch: "mamba" or "falcon_mamba"
+  std::string arch = "mamba";  // model.arch: "mamba", "falcon_mamba" or "mamba2"
   std::int64_t width = 0, state = 0, layers = 0, expand = 2, conv_kernel = 4, dt_rank = 0;
   double norm_eps = 1e-5;
   double mixer_rms_eps = 1e-6;  // a FalconMamba's
+  std::int64_t head_dim = 64, heads = 0;                    // a Mamba-2's
+  double time_step_limit_min = 0, time_step_limit_max = 0;  // a Mamba-2's (max 0: none)
   bool detach_inputs = false;
   std::int64_t truncate = 0, chunk = 64, layer_checkpoint = 1, token_block = 0;
   std::string storage = "float";
@@ -200,8 +203,8 @@ std::string exact_double(double v) {
 // The options as a configuration, checked as `ash grad` checks them; the
 // Mamba stack itself refuses what it does not run (StackAdjoint's constructor).
 std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaStackOptions& o, std::int64_t T) {
-  ash::require(o.arch == "mamba" || o.arch == "falcon_mamba",
-               "the stack's arch must be mamba or falcon_mamba (got '" + o.arch + "')");
+  ash::require(o.arch == "mamba" || o.arch == "falcon_mamba" || o.arch == "mamba2",
+               "the stack's arch must be mamba, falcon_mamba or mamba2 (got '" + o.arch + "')");
   ash::Config cfg;
   cfg.set("model.arch=" + o.arch);
   cfg.set("model.vocab=256");  // unused: the stack has no embedding or head
@@ -213,17 +216,78 @@ std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaSt
   cfg.set("model.dt_rank=" + std::to_string(o.dt_rank));
   cfg.set("model.norm_eps=" + exact_double(o.norm_eps));
   if (o.arch == "falcon_mamba") cfg.set("model.mixer_rms_eps=" + exact_double(o.mixer_rms_eps));
+  if (o.arch == "mamba2") {
+    cfg.set("model.head_dim=" + std::to_string(o.head_dim));
+    cfg.set("model.heads=" + std::to_string(o.heads));
+    cfg.set("model.time_step_limit_min=" + exact_double(o.time_step_limit_min));
+    cfg.set("model.time_step_limit_max=" + exact_double(o.time_step_limit_max));
+  }
   set_engine_keys(cfg, o, T);
   const auto st = cfg.settings();
   return {st.model, st.grad};
 }
 
 // One block's tensors, in this order (the checkpoint's names, docs/file_format.md):
-// norm [D], in_proj [2E, D], conv_weight [E, Kc], conv_bias [E], x_proj [R+2N, E],
-// dt_proj [E, R], dt_bias [E], A_log [E, N], D [E], out_proj [D, E].
-constexpr const char* mamba_tensor_names[] = {"norm", "in_proj", "conv_weight", "conv_bias", "x_proj",
-                                              "dt_proj", "dt_bias", "A_log", "D", "out_proj"};
-constexpr std::size_t mamba_tensor_count = sizeof(mamba_tensor_names) / sizeof(mamba_tensor_names[0]);
+// a Mamba-1 block's norm [D], in_proj [2E, D], conv_weight [E, Kc], conv_bias [E],
+// x_proj [R+2N, E], dt_proj [E, R], dt_bias [E], A_log [E, N], D [E], out_proj [D, E];
+// a Mamba-2 block's norm [D], in_proj [E+C+H, D], conv_weight [C, Kc], conv_bias [C],
+// dt_bias [H], A_log [H], D [H], gated_norm [E], out_proj [D, E] (C = E + 2N).
+std::vector<const char*> block_tensor_names(const ash::ModelDims& d) {
+  if (d.mamba2()) return {"norm", "in_proj", "conv_weight", "conv_bias", "dt_bias", "A_log", "D", "gated_norm", "out_proj"};
+  return {"norm", "in_proj", "conv_weight", "conv_bias", "x_proj", "dt_proj", "dt_bias", "A_log", "D", "out_proj"};
+}
+
+std::vector<std::vector<std::int64_t>> block_tensor_shapes(const ash::ModelDims& d) {
+  const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
+  if (d.mamba2()) {
+    const std::int64_t C = d.conv_dim(), H = d.head_count();
+    return {{D}, {E + C + H, D}, {C, Kc}, {C}, {H}, {H}, {H}, {E}, {D, E}};
+  }
+  return {{D}, {2 * E, D}, {E, Kc}, {E}, {R + 2 * N, E}, {E, R}, {E}, {E, N}, {E}, {D, E}};
+}
+
+// One block's parameter views over the arrays `ptr` (block_tensor_names' order), by kind.
+template <class S, class K>
+typename K::template Params<S> block_params(K, const std::vector<S*>& ptr, const ash::ModelDims& d) {
+  using U1 = ash::Unmanaged1<S>;
+  using U2 = ash::Unmanaged2<S>;
+  const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
+  ash::MambaLayerParams<S> p;
+  p.norm = U1(ptr[0], D);
+  p.in_x = U2(ptr[1], E, D);  // in_proj's rows [0, E), then [E, 2E)
+  p.in_z = U2(ptr[1] + E * D, E, D);
+  p.conv_weight = U2(ptr[2], E, Kc);
+  p.conv_bias = U1(ptr[3], E);
+  p.x_dt = U2(ptr[4], R, E);  // x_proj's rows [0, R), [R, R+N), [R+N, R+2N)
+  p.x_B = U2(ptr[4] + R * E, N, E);
+  p.x_C = U2(ptr[4] + (R + N) * E, N, E);
+  p.dt_proj = U2(ptr[5], E, R);
+  p.dt_bias = U1(ptr[6], E);
+  p.A_log = U2(ptr[7], E, N);
+  p.D = U1(ptr[8], E);
+  p.out_proj = U2(ptr[9], D, E);
+  return typename K::template Params<S>{p};
+}
+
+template <class S>
+ash::Mamba2LayerParams<S> block_params(ash::Mamba2Kind, const std::vector<S*>& ptr, const ash::ModelDims& d) {
+  using U1 = ash::Unmanaged1<S>;
+  using U2 = ash::Unmanaged2<S>;
+  const std::int64_t D = d.width, E = d.inner(), C = d.conv_dim(), H = d.head_count(), Kc = d.conv_kernel;
+  ash::Mamba2LayerParams<S> p;
+  p.norm = U1(ptr[0], D);
+  p.in_z = U2(ptr[1], E, D);  // in_proj's rows [0, E) z, [E, E+C) x|B|C, [E+C, E+C+H) Δ
+  p.in_xbc = U2(ptr[1] + E * D, C, D);
+  p.in_dt = U2(ptr[1] + (E + C) * D, H, D);
+  p.conv_weight = U2(ptr[2], C, Kc);
+  p.conv_bias = U1(ptr[3], C);
+  p.dt_bias = U1(ptr[4], H);
+  p.A_log = U1(ptr[5], H);
+  p.D = U1(ptr[6], H);
+  p.gated_norm = U1(ptr[7], E);
+  p.out_proj = U2(ptr[8], D, E);
+  return p;
+}
 
 template <class S>
 using AnyArray = nb::ndarray<S, nb::c_contig, DeviceTag>;
@@ -236,20 +300,20 @@ typename MambaStack<S, K>::Blocks mamba_blocks(const nb::list& blocks, const ash
                                                std::vector<AnyArray<S>>& arrays) {
   ash::require(std::int64_t(blocks.size()) == d.layers, std::string(what) + " has " + std::to_string(blocks.size()) +
                                                             " blocks, expected K = " + std::to_string(d.layers));
-  const std::int64_t D = d.width, E = d.inner(), N = d.state, R = d.rank(), Kc = d.conv_kernel;
-  const std::vector<std::vector<std::int64_t>> shapes = {{D},     {2 * E, D}, {E, Kc}, {E}, {R + 2 * N, E},
-                                                         {E, R},  {E},        {E, N},  {E}, {D, E}};
+  const auto names = block_tensor_names(d);
+  const auto shapes = block_tensor_shapes(d);
+  const std::size_t count = names.size();
   typename MambaStack<S, K>::Blocks out;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const nb::handle bk = blocks[k];
     const std::string where = std::string(what) + " of block " + std::to_string(k);
     ash::require(nb::isinstance<nb::list>(bk) || nb::isinstance<nb::tuple>(bk), where + " must be a list of arrays");
     const nb::sequence seq = nb::borrow<nb::sequence>(bk);
-    ash::require(nb::len(seq) == mamba_tensor_count, where + " must have " + std::to_string(mamba_tensor_count) +
-                                                         " arrays, got " + std::to_string(nb::len(seq)));
+    ash::require(nb::len(seq) == count,
+                 where + " must have " + std::to_string(count) + " arrays, got " + std::to_string(nb::len(seq)));
     std::vector<S*> ptr;
-    for (std::size_t i = 0; i < mamba_tensor_count; ++i) {
-      const std::string name = where + ": " + mamba_tensor_names[i];
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string name = where + ": " + names[i];
       const AnyArray<S> a = device_array<S>(seq[i], name);
       const auto& want = shapes[i];
       bool same = a.ndim() == want.size();
@@ -263,32 +327,18 @@ typename MambaStack<S, K>::Blocks mamba_blocks(const nb::list& blocks, const ash
       ptr.push_back(a.data());
       arrays.push_back(a);
     }
-    using U1 = ash::Unmanaged1<S>;
-    using U2 = ash::Unmanaged2<S>;
-    ash::MambaLayerParams<S> p;
-    p.norm = U1(ptr[0], D);
-    p.in_x = U2(ptr[1], E, D);  // in_proj's rows [0, E), then [E, 2E)
-    p.in_z = U2(ptr[1] + E * D, E, D);
-    p.conv_weight = U2(ptr[2], E, Kc);
-    p.conv_bias = U1(ptr[3], E);
-    p.x_dt = U2(ptr[4], R, E);  // x_proj's rows [0, R), [R, R+N), [R+N, R+2N)
-    p.x_B = U2(ptr[4] + R * E, N, E);
-    p.x_C = U2(ptr[4] + (R + N) * E, N, E);
-    p.dt_proj = U2(ptr[5], E, R);
-    p.dt_bias = U1(ptr[6], E);
-    p.A_log = U2(ptr[7], E, N);
-    p.D = U1(ptr[8], E);
-    p.out_proj = U2(ptr[9], D, E);
-    out.push_back(typename K::template Params<S>{p});
+    out.push_back(block_params(K{}, ptr, d));
   }
   return out;
 }
 
-// f(K{}) for the stack's kind: a FalconMamba's or a Mamba's.
+// f(K{}) for the stack's kind: a FalconMamba's, a Mamba-2's or a Mamba's.
 template <class F>
 void with_mamba_kind(const ash::ModelDims& d, F&& f) {
   if (d.mixer_norms())
     f(ash::FalconMambaKind{});
+  else if (d.mamba2())
+    f(ash::Mamba2Kind{});
   else
     f(ash::MambaKind{});
 }
@@ -398,6 +448,10 @@ void bind_stack(nb::module_& m) {
       .def_rw("dt_rank", &MambaStackOptions::dt_rank)
       .def_rw("norm_eps", &MambaStackOptions::norm_eps)
       .def_rw("mixer_rms_eps", &MambaStackOptions::mixer_rms_eps)
+      .def_rw("head_dim", &MambaStackOptions::head_dim)
+      .def_rw("heads", &MambaStackOptions::heads)
+      .def_rw("time_step_limit_min", &MambaStackOptions::time_step_limit_min)
+      .def_rw("time_step_limit_max", &MambaStackOptions::time_step_limit_max)
       .def_rw("detach_inputs", &MambaStackOptions::detach_inputs)
       .def_rw("truncate", &MambaStackOptions::truncate)
       .def_rw("chunk", &MambaStackOptions::chunk)

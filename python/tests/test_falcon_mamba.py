@@ -34,7 +34,8 @@ from test_hf_convert import assert_bitwise, f64, fail_cli, load_tensors, shard  
 from test_mamba import (RTOL, ash_config, assert_close, assert_documents_match,  # noqa: E402,F401
                         detached_mixer_inputs, float64_slow_path, hf_loss_grads, hf_model, to_ash)
 from test_mamba_generate import hf_greedy, lively  # noqa: E402
-from test_torch_wrap import assert_same, loss_and_grads, no_hf_blocks, rel_err  # noqa: E402
+from test_torch_wrap import (assert_same, assert_wrapped_backbone, loss_and_grads, no_hf_blocks,  # noqa: E402
+                             rel_err)
 
 V, D, N, EXPAND, EPS, MIXER_EPS = 13, 6, 4, 2, 1e-5, 0.05
 
@@ -193,7 +194,7 @@ def test_init_export_import_and_sharded_folder(tmp_path, ash_cli, float64_slow_p
     ({"mixer_rms_eps": "small"}, '"mixer_rms_eps" is "small"'),
     ({"architectures": ["MambaForCausalLM"]}, 'is not ["FalconMambaForCausalLM"] (model_type "falcon_mamba")'),
     ({"model_type": "mamba"}, 'architectures ["FalconMambaForCausalLM"] is not ["MambaForCausalLM"]'),
-    ({"model_type": "falcon_mamba2"}, 'model_type "falcon_mamba2" is not "mamba" or "falcon_mamba"'),
+    ({"model_type": "falcon_mamba2"}, 'model_type "falcon_mamba2" is not "mamba", "falcon_mamba" or "mamba2"'),
 ])
 def test_refusals(tmp_path, ash_cli, change, needle):
     """What a FalconMamba folder may hold that we do not build: exit 2 and ash.Error naming it."""
@@ -274,20 +275,7 @@ def test_wrap_detached_and_falcon_model(float64_slow_path, detached_mixer_inputs
     the model whose mixers see their input detached (the fixture), input gradient included."""
     ref = falcon(2, 3, 2, True, seed=31).backbone
     model = no_hf_blocks(wrap(copy.deepcopy(ref), detach_inputs=True, chunk=4))
-    x = torch.randn(2, 9, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    w = torch.randn(2, 9, D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    got = []
-    for m in (ref, model):
-        xi = x.clone().requires_grad_(True)
-        out = m(inputs_embeds=xi, use_cache=False)
-        (w * out.last_hidden_state).sum().backward()
-        got.append((type(out).__name__, out.last_hidden_state.detach(), xi.grad,
-                    {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
-    (c0, h0, gx0, g0), (c1, h1, gx1, g1) = got
-    assert c0 == c1 == "FalconMambaOutput"
-    assert rel_err(h1, h0) <= RTOL and rel_err(gx1, gx0) <= RTOL and sorted(g1) == sorted(g0)
-    for n in g0:
-        assert rel_err(g1[n], g0[n]) <= RTOL, n
+    assert_wrapped_backbone(ref, model, D, "FalconMambaOutput")
 
 
 def test_wrap_refusals():

@@ -211,6 +211,25 @@ def test_mamba_model_and_inputs_embeds(float64_slow_path):
         assert rel_err(g1[n], g0[n]) <= RTOL, n
 
 
+def assert_wrapped_backbone(ref, model, width, output):
+    """A backbone (no head) with inputs_embeds and a torch loss on its hidden states: `model`'s output
+    class, hidden states, input gradient and parameter gradients equal `ref`'s (float64, RTOL)."""
+    x = torch.randn(2, 9, width, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    w = torch.randn(2, 9, width, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    got = []
+    for m in (ref, model):
+        xi = x.clone().requires_grad_(True)
+        out = m(inputs_embeds=xi, use_cache=False)
+        (w * out.last_hidden_state).sum().backward()
+        got.append((type(out).__name__, out.last_hidden_state.detach(), xi.grad,
+                    {n: p.grad for n, p in m.named_parameters() if p.grad is not None}))
+    (c0, h0, gx0, g0), (c1, h1, gx1, g1) = got
+    assert c0 == c1 == output
+    assert rel_err(h1, h0) <= RTOL and rel_err(gx1, gx0) <= RTOL and sorted(g1) == sorted(g0)
+    for n in g0:
+        assert rel_err(g1[n], g0[n]) <= RTOL, n
+
+
 def test_float32_is_close():
     ref = hf_model(V, D, N, 2, EXPAND, 4, 2, True, EPS, seed=41).to(torch.float32).train()
     model = no_hf_blocks(wrap(copy.deepcopy(ref)))

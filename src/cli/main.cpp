@@ -309,12 +309,12 @@ void run_upgrade(const std::string& path, const std::string& out, bool in_place)
               r.written.c_str(), ash::checkpoint_format_version);
 }
 
-// transformers' class of a Mamba-1 model (import-hf and export-hf print it).
+// transformers' class of a Mamba model (import-hf and export-hf print it).
 const char* hf_class(const ash::ModelDims& d) {
-  return d.mixer_norms() ? "FalconMambaForCausalLM" : "MambaForCausalLM";
+  return d.mixer_norms() ? "FalconMambaForCausalLM" : d.mamba2() ? "Mamba2ForCausalLM" : "MambaForCausalLM";
 }
 
-// A Hugging Face MambaForCausalLM (or FalconMambaForCausalLM) folder as a checkpoint (ash::import_hf).
+// A Hugging Face MambaForCausalLM (FalconMambaForCausalLM, Mamba2ForCausalLM) folder as a checkpoint (ash::import_hf).
 void run_import_hf(const std::string& dir, const std::string& out, const std::string& precision,
                    std::uint64_t max_memory) {
   const auto r = ash::import_hf(dir, out, precision, max_memory);
@@ -331,7 +331,7 @@ void run_import_hf(const std::string& dir, const std::string& out, const std::st
   std::printf("wrote %s: %lld parameters (%s), step 0\n", out.c_str(), (long long)r.parameters, precision.c_str());
 }
 
-// A Mamba (or FalconMamba) checkpoint as a folder transformers loads (ash::export_hf).
+// A Mamba (FalconMamba, Mamba-2) checkpoint as a folder transformers loads (ash::export_hf).
 void run_export_hf(const std::string& ckpt, const std::string& dir, const std::string& dtype) {
   const auto r = ash::export_hf(ckpt, dir, dtype, [](const std::string& path) { return inspect(path); });
   std::printf("wrote %s: config.json and model.safetensors (%s), %s with V=%lld D=%lld N=%lld "
@@ -493,18 +493,18 @@ void add_reading_verbs(CLI::App& app, Verbs& v) {
 
 }
 
-// The verbs that convert Hugging Face MambaForCausalLM and FalconMambaForCausalLM folders (issue 34).
+// The verbs that convert Hugging Face MambaForCausalLM, FalconMambaForCausalLM and Mamba2ForCausalLM folders (issue 34).
 void add_hf_verbs(CLI::App& app, Verbs& v) {
   v.import_hf = app.add_subcommand("import-hf",
-                                   "write a checkpoint from a Hugging Face (Falcon)MambaForCausalLM folder");
+                                   "write a checkpoint from a Hugging Face (Falcon)Mamba(2)ForCausalLM folder");
   v.import_hf->add_option("--from", v.hf_from, "folder: config.json and model.safetensors (or its index)")->required();
   v.import_hf->add_option("--out", v.hf_import_out, "checkpoint to write (.h5)")->required();
   add_precision(v.import_hf, v.hf_precision, "stored parameter type (default double)");
   add_max_memory(v.import_hf, v.hf_max_memory);
 
   v.export_hf = app.add_subcommand("export-hf",
-                                   "write a (Falcon)Mamba checkpoint as a folder (Falcon)MambaForCausalLM loads");
-  v.export_hf->add_option("--checkpoint", v.hf_checkpoint, "model checkpoint (.h5, model.arch = mamba or falcon_mamba)")
+                                   "write a (Falcon)Mamba(2) checkpoint as a folder (Falcon)Mamba(2)ForCausalLM loads");
+  v.export_hf->add_option("--checkpoint", v.hf_checkpoint, "model checkpoint (.h5, model.arch = mamba, falcon_mamba or mamba2)")
       ->required();
   v.export_hf->add_option("--out", v.hf_export_out, "folder to write config.json and model.safetensors in")->required();
   v.export_hf->add_option("--dtype", v.hf_dtype, "tensor type written (default: the checkpoint's precision)")

@@ -105,8 +105,9 @@ HfExport export_hf(const std::string& checkpoint, const std::string& dir, const 
   }
   const CheckpointInfo head = read ? read(checkpoint) : inspect_checkpoint(checkpoint);
   require(head.dims.mamba(), "'" + checkpoint + "' is a model.arch = " + arch_name(head.dims.arch) +
-                                 " checkpoint: export-hf writes only a model.arch = mamba or falcon_mamba model (as a "
-                                 "Hugging Face MambaForCausalLM or FalconMambaForCausalLM folder)");
+                                 " checkpoint: export-hf writes only a model.arch = mamba, falcon_mamba or mamba2 model "
+                                 "(as a Hugging Face MambaForCausalLM, FalconMambaForCausalLM or Mamba2ForCausalLM "
+                                 "folder)");
   require_complete(checkpoint, head);
   HfExport r;
   r.dims = head.dims;

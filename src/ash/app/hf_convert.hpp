@@ -1,7 +1,7 @@
 #pragma once
 // `ash import-hf` / `ash export-hf` and Python's import_hf / export_hf as one
 // library call each (the use-case floor, docs/architecture.md; issue 34): a
-// Hugging Face MambaForCausalLM or FalconMambaForCausalLM folder (app/hf_mamba)
+// Hugging Face MambaForCausalLM, FalconMambaForCausalLM or Mamba2ForCausalLM folder (app/hf_mamba)
 // to a checkpoint of ours and back, through the one checkpoint writer and reader.
 #include <cstdint>
 #include <string>
@@ -20,7 +20,7 @@ struct HfImport {
   std::int64_t parameters = 0;
 };
 
-// ash import-hf: reads the MambaForCausalLM (or FalconMambaForCausalLM) folder
+// ash import-hf: reads the MambaForCausalLM (FalconMambaForCausalLM, Mamba2ForCausalLM) folder
 // `dir` (open_hf_mamba: every tensor checked before anything is written) and
 // writes the checkpoint `out`
 // (format 3, step 0; its configuration the defaults with the folder's model.*
@@ -42,9 +42,9 @@ struct HfExport {
   std::int64_t parameters = 0;
 };
 
-// ash export-hf: the checkpoint `checkpoint` (a Mamba or a FalconMamba: anything
-// else is an ash::Error saying so) as a folder MambaForCausalLM.from_pretrained(dir)
-// (FalconMambaForCausalLM's) loads (write_hf_mamba: config.json and model.safetensors, the folder replaced as one
+// ash export-hf: the checkpoint `checkpoint` (a Mamba, FalconMamba or Mamba-2: an
+// SSM-ResNet is an ash::Error saying so) as a folder MambaForCausalLM.from_pretrained(dir)
+// (FalconMambaForCausalLM's, Mamba2ForCausalLM's) loads (write_hf_mamba: config.json and model.safetensors, the folder replaced as one
 // step, io::AtomicFolder; created when missing). dtype "float" (F32) or
 // "double" (F64); "" writes the checkpoint's precision. Neither file may be the
 // checkpoint itself. read: how the header is read (the tool warns on old
