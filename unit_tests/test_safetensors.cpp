@@ -521,7 +521,7 @@ TEST(HfMamba, FalconMambaConfig) {
   expect_error([&] { write_hf_mamba(dir, c, extra); }, "writing FalconMamba folder");
 }
 
-// Mamba2Config (transformers' Mamba2ForCausalLM, n_groups 1): its keys read as
+// Mamba2Config (transformers' Mamba2ForCausalLM): its keys read as
 // model.arch = mamba2 and written back; its tensors are the layout's; what we do
 // not build refused by name.
 TEST(HfMamba, Mamba2Config) {
@@ -567,8 +567,16 @@ TEST(HfMamba, Mamba2Config) {
       x[key] = value;
     expect_error([&] { (void)hf_mamba_config_to_ash(x, "config.json"); }, needle);
   };
-  refused("n_groups", 2, "n_groups 2 is not supported (only 1");
-  refused("n_groups", nullptr, "n_groups 8 is not supported");  // Mamba2Config's default
+  refused("n_groups", 3, "n_groups 3 does not divide num_heads 4");
+  refused("n_groups", nullptr, "n_groups 8 does not divide num_heads 4");  // Mamba2Config's default
+  {  // two groups of B and C: the conv's channels E + 2·G·N, both ways
+    auto g2 = hf;
+    g2["n_groups"] = 2;
+    const auto c2 = hf_mamba_config_to_ash(g2, "config.json");
+    EXPECT_EQ(c2["model"]["n_groups"], 2);
+    EXPECT_EQ(mamba_dims(c2, "test").conv_dim(), 32 + 2 * 2 * 4);
+    EXPECT_EQ(ash_config_to_hf_mamba(c2, TensorDtype::f32)["n_groups"], 2);
+  }
   refused("num_heads", 3, "num_heads × head_dim = 24 is not expand × hidden_size = 32");
   refused("num_heads", nullptr, "num_heads × head_dim = 1024");  // Mamba2Config's default 128
   refused("time_step_limit", nlohmann::json::array({0.5, 0.1}), "\"time_step_limit\" is [0.5,0.1]");

@@ -21,7 +21,7 @@ gradients accumulated into .grad by autograd as usual); embedding, final norm
 and lm_head stay in PyTorch, and calls with a cache (generation) run
 transformers' own blocks. A FalconMambaForCausalLM (or FalconMambaModel) wraps
 alike, its blocks the FalconMamba kind (the mixer norms on δ, B and C), and a
-Mamba2ForCausalLM (or Mamba2Model, n_groups = 1) as the Mamba-2 kind.
+Mamba2ForCausalLM (or Mamba2Model) as the Mamba-2 kind.
 """
 import json as _json
 
@@ -302,9 +302,9 @@ def _block_tensors(dims):
 
 
 def _conv_channels(dims):
-    """The conv's channels: E, or a Mamba-2's E + 2N (x, B and C; n_groups 1)."""
+    """The conv's channels: E, or a Mamba-2's E + 2·G·N (x, then B and C of its n_groups groups)."""
     E = dims["width"] * dims["expand"]
-    return E + 2 * dims["state"] if dims["arch"] == "mamba2" else E
+    return E + 2 * dims["n_groups"] * dims["state"] if dims["arch"] == "mamba2" else E
 
 
 # A FalconMamba mixer's weightless RMSNorms (on δ, B and C), each with its own epsilon.
@@ -337,11 +337,10 @@ def _mamba_dims(backbone):
 
 
 def _mamba2_dims(backbone, where):
-    """_mamba_dims of a Mamba2Model: Mamba2Config's sizes; n_groups other than 1 refused."""
+    """_mamba_dims of a Mamba2Model: Mamba2Config's sizes (n_groups must divide num_heads)."""
     cfg = backbone.config
-    if int(cfg.n_groups) != 1:
-        raise Error(f"{where}: n_groups={cfg.n_groups} is not supported (only 1: the scan core shares B and C "
-                    f"across every head)")
+    if int(cfg.n_groups) < 1 or int(cfg.num_heads) % int(cfg.n_groups):
+        raise Error(f"{where}: n_groups={cfg.n_groups} does not divide num_heads={cfg.num_heads}")
     D, E = int(cfg.hidden_size), int(cfg.expand * cfg.hidden_size)
     if E % D:
         raise Error(f"{where}: expand {cfg.expand} is not an integer")
@@ -350,7 +349,7 @@ def _mamba2_dims(backbone, where):
         raise Error(f"{where}: time_step_limit {tuple(cfg.time_step_limit)} is not (min, max) with 0 <= min < max")
     dims = {"arch": "mamba2", "width": D, "state": int(cfg.state_size), "layers": len(backbone.layers),
             "expand": E // D, "conv_kernel": int(cfg.conv_kernel), "head_dim": int(cfg.head_dim),
-            "heads": int(cfg.num_heads), "norm_eps": float(cfg.layer_norm_epsilon),
+            "heads": int(cfg.num_heads), "n_groups": int(cfg.n_groups), "norm_eps": float(cfg.layer_norm_epsilon),
             "time_step_limit_min": lo, "time_step_limit_max": 0.0 if hi == float("inf") else hi}
     if dims["heads"] * dims["head_dim"] != E:
         raise Error(f"{where}: num_heads × head_dim = {dims['heads'] * dims['head_dim']} is not expand × hidden_size "
@@ -365,9 +364,10 @@ def _check_mamba2_block(k, block, dims, where):
     if not isinstance(m, _modeling()[2].Mamba2Mixer):
         raise Error(f"{where}: block {k}'s mixer is a {type(m).__name__}, not a Mamba2Mixer")
     E = dims["width"] * dims["expand"]
-    if (m.num_heads, m.head_dim, m.n_groups) != (dims["heads"], dims["head_dim"], 1) or m.norm.group_size != E:
+    G = dims["n_groups"]
+    if (m.num_heads, m.head_dim, m.n_groups) != (dims["heads"], dims["head_dim"], G) or m.norm.group_size != E // G:
         raise Error(f"{where}: block {k}'s mixer has {m.num_heads} heads of {m.head_dim} in {m.n_groups} groups; "
-                    f"the configuration {dims['heads']} heads of {dims['head_dim']} in 1 group")
+                    f"the configuration {dims['heads']} heads of {dims['head_dim']} in {G} groups")
     if float(m.norm.variance_epsilon) != dims["norm_eps"]:
         raise Error(f"{where}: block {k}'s mixer.norm (gated) epsilon {m.norm.variance_epsilon} is not "
                     f"layer_norm_epsilon {dims['norm_eps']}")
@@ -545,7 +545,7 @@ def wrap(model, *, detach_inputs=False, chunk=64, truncate=0, storage="float", l
     """Runs the blocks of a transformers MambaForCausalLM (or MambaModel) in C++:
     forward and E3 backward (ash::StackAdjoint of the Mamba kind), on the model's own parameters.
     A FalconMambaForCausalLM (or FalconMambaModel) alike: the FalconMamba kind, its mixer_rms_eps;
-    a Mamba2ForCausalLM (or Mamba2Model): the Mamba-2 kind (n_groups 1; its heads, head_dim,
+    a Mamba2ForCausalLM (or Mamba2Model): the Mamba-2 kind (its heads, head_dim, n_groups,
     time_step_limit).
 
     The model is changed in place (its backbone's forward) and returned; its

@@ -187,7 +187,7 @@ struct MambaStackOptions {
   std::int64_t width = 0, state = 0, layers = 0, expand = 2, conv_kernel = 4, dt_rank = 0;
   double norm_eps = 1e-5;
   double mixer_rms_eps = 1e-6;  // a FalconMamba's
-  std::int64_t head_dim = 64, heads = 0;                    // a Mamba-2's
+  std::int64_t head_dim = 64, heads = 0, n_groups = 1;      // a Mamba-2's
   double time_step_limit_min = 0, time_step_limit_max = 0;  // a Mamba-2's (max 0: none)
   bool detach_inputs = false;
   std::int64_t truncate = 0, chunk = 64, layer_checkpoint = 1, token_block = 0;
@@ -219,6 +219,7 @@ std::pair<ash::ModelDims, ash::EngineOptions> mamba_stack_settings(const MambaSt
   if (o.arch == "mamba2") {
     cfg.set("model.head_dim=" + std::to_string(o.head_dim));
     cfg.set("model.heads=" + std::to_string(o.heads));
+    cfg.set("model.n_groups=" + std::to_string(o.n_groups));
     cfg.set("model.time_step_limit_min=" + exact_double(o.time_step_limit_min));
     cfg.set("model.time_step_limit_max=" + exact_double(o.time_step_limit_max));
   }
@@ -450,6 +451,7 @@ void bind_stack(nb::module_& m) {
       .def_rw("mixer_rms_eps", &MambaStackOptions::mixer_rms_eps)
       .def_rw("head_dim", &MambaStackOptions::head_dim)
       .def_rw("heads", &MambaStackOptions::heads)
+      .def_rw("n_groups", &MambaStackOptions::n_groups)
       .def_rw("time_step_limit_min", &MambaStackOptions::time_step_limit_min)
       .def_rw("time_step_limit_max", &MambaStackOptions::time_step_limit_max)
       .def_rw("detach_inputs", &MambaStackOptions::detach_inputs)

@@ -1,5 +1,5 @@
-"""model.arch = "mamba2" against transformers' own Mamba2ForCausalLM (n_groups = 1,
-docs/design.md §1):
+"""model.arch = "mamba2" against transformers' own Mamba2ForCausalLM (n_groups 1, 2
+and 4, docs/design.md §1):
   - the loss and every parameter's gradient of E1 and E3 (tied and untied, K 1..3,
     a time_step_limit that clamps Δ from below and above on some tokens, chunk_size
     below T so transformers' chunked scan crosses chunks) to 1e-10 relative in
@@ -76,10 +76,10 @@ def detached_mixer_inputs(monkeypatch):
 
 
 def mamba2(K, Kc, tied, seed, limit=(0.0, INF), chunk_size=256, V=V, D=D, N=N, expand=EXPAND, head_dim=P,
-           eps=EPS, **kw):
+           eps=EPS, groups=1, **kw):
     """A tiny Mamba2ForCausalLM in float64, its parameters moved off their special values."""
     cfg = transformers.Mamba2Config(vocab_size=V, hidden_size=D, state_size=N, num_hidden_layers=K, expand=expand,
-                                    conv_kernel=Kc, head_dim=head_dim, num_heads=expand * D // head_dim, n_groups=1,
+                                    conv_kernel=Kc, head_dim=head_dim, num_heads=expand * D // head_dim, n_groups=groups,
                                     tie_word_embeddings=tied, layer_norm_epsilon=eps, residual_in_fp32=False,
                                     use_cache=False, time_step_limit=limit, chunk_size=chunk_size, **kw)
     torch.manual_seed(seed)
@@ -117,7 +117,8 @@ def ash_config(model):
     lo, hi = c.time_step_limit
     return {"model": {"arch": "mamba2", "vocab": c.vocab_size, "width": c.hidden_size, "state": c.state_size,
                       "layers": c.num_hidden_layers, "expand": c.expand, "conv_kernel": c.conv_kernel,
-                      "head_dim": c.head_dim, "heads": c.num_heads, "tie_embeddings": c.tie_word_embeddings,
+                      "head_dim": c.head_dim, "heads": c.num_heads, "n_groups": c.n_groups,
+                      "tie_embeddings": c.tie_word_embeddings,
                       "norm_eps": c.layer_norm_epsilon, "time_step_limit_min": lo,
                       "time_step_limit_max": 0.0 if hi == INF else hi},
             "grad": {"engine": "backprop", "chunk": 3}}
@@ -145,14 +146,14 @@ def hf_loss_grads(model, rows):
 
 # ---- (a) the loss and every gradient against transformers' autograd -------------------------
 
-# (K, T, batch, conv kernel, tied, time_step_limit, chunk_size)
-CASES = [(1, 9, 2, 4, True, (0.0, INF), 256), (2, 7, 1, 2, False, LIMIT, 3), (3, 11, 2, 3, False, LIMIT, 256),
-         (2, 10, 2, 3, True, (0.3, INF), 4)]
+# (K, T, batch, conv kernel, tied, time_step_limit, chunk_size, n_groups)
+CASES = [(1, 9, 2, 4, True, (0.0, INF), 256, 1), (2, 7, 1, 2, False, LIMIT, 3, 1), (3, 11, 2, 3, False, LIMIT, 256, 1),
+         (2, 10, 2, 3, True, (0.3, INF), 4, 1), (2, 9, 2, 3, False, LIMIT, 4, 2), (1, 8, 1, 4, True, (0.0, INF), 256, 4)]
 
 
-@pytest.mark.parametrize("K,T,B,Kc,tied,limit,chunk_size", CASES)
-def test_e1_and_e3_match_transformers(tmp_path, float64_mamba2, K, T, B, Kc, tied, limit, chunk_size):
-    model = mamba2(K, Kc, tied, seed=K * 100 + T, limit=limit, chunk_size=chunk_size)
+@pytest.mark.parametrize("K,T,B,Kc,tied,limit,chunk_size,groups", CASES)
+def test_e1_and_e3_match_transformers(tmp_path, float64_mamba2, K, T, B, Kc, tied, limit, chunk_size, groups):
+    model = mamba2(K, Kc, tied, seed=K * 100 + T, limit=limit, chunk_size=chunk_size, groups=groups)
     path = saved_checkpoint(tmp_path / "m.h5", model)
     ids = np.random.default_rng(T).integers(0, V, B * T)
     ref_loss, ref_grads = hf_loss_grads(model, ids.reshape(B, T))
@@ -226,14 +227,14 @@ def f64(model):
     return model.to(torch.float64).eval()
 
 
-@pytest.mark.parametrize("dtype,precision,tied,limit", [(torch.float32, "float", True, LIMIT),
-                                                        (torch.float64, "double", False, (0.0, INF)),
-                                                        (torch.float32, "double", False, (0.02, INF))])
-def test_import_export_round_trip(tmp_path, ash_cli, float64_mamba2, dtype, precision, tied, limit):
+@pytest.mark.parametrize("dtype,precision,tied,limit,groups", [(torch.float32, "float", True, LIMIT, 1),
+                                                               (torch.float64, "double", False, (0.0, INF), 2),
+                                                               (torch.float32, "double", False, (0.02, INF), 1)])
+def test_import_export_round_trip(tmp_path, ash_cli, float64_mamba2, dtype, precision, tied, limit, groups):
     """save_pretrained, import-hf, export-hf (the folder's dtype): the same tensors bit for bit,
     Mamba2Config's keys, and from_pretrained of the export giving the original's logits."""
     K, Kc, T, B = 2, 3, 9, 2
-    model = mamba2(K, Kc, tied, seed=11, limit=limit)
+    model = mamba2(K, Kc, tied, seed=11, limit=limit, groups=groups)
     src = tmp_path / "src"
     copy.deepcopy(model).to(dtype).save_pretrained(src)
     ck, out = tmp_path / "m.h5", tmp_path / "out"
@@ -241,6 +242,7 @@ def test_import_export_round_trip(tmp_path, ash_cli, float64_mamba2, dtype, prec
     assert "Mamba2ForCausalLM" in printed and "4 heads of 4" in printed, printed
     stored = ash.load(ck).config["model"]
     assert stored["arch"] == "mamba2" and stored["heads"] == 4 and stored["head_dim"] == P
+    assert stored["n_groups"] == groups
     assert (stored["time_step_limit_min"], stored["time_step_limit_max"] or INF) == limit
     run_cli(ash_cli, "export-hf", "--checkpoint", ck, "--out", out,
             "--dtype", "float" if dtype == torch.float32 else "double")
@@ -306,7 +308,7 @@ def test_init_export_import_and_sharded_folder(tmp_path, ash_cli, float64_mamba2
 
 
 @pytest.mark.parametrize("change,needle", [
-    ({"n_groups": 2}, "n_groups 2 is not supported (only 1"),
+    ({"n_groups": 3}, "n_groups 3 does not divide num_heads 4"),
     ({"use_bias": True}, "use_bias = true"),
     ({"use_conv_bias": False}, "use_conv_bias = false"),
     ({"hidden_act": "gelu"}, 'hidden_act "gelu" is not supported'),
@@ -335,7 +337,8 @@ def test_refusals(tmp_path, ash_cli, change, needle):
 
 def test_mamba2_config_defaults(tmp_path):
     """Keys absent take Mamba2Config's defaults: untied (tie_word_embeddings False), no time-step
-    limit; n_groups absent is its 8, refused; intermediate_size (no Mamba2Config key) is ignored."""
+    limit; n_groups absent is its 8, refused here (4 heads); intermediate_size (no Mamba2Config key)
+    is ignored."""
     src = tmp_path / "src"
     mamba2(1, 2, False, seed=2).to(torch.float32).save_pretrained(src)
     c = json.loads((src / "config.json").read_text())
@@ -349,7 +352,7 @@ def test_mamba2_config_defaults(tmp_path):
     assert r["ignored"] == ["intermediate_size"]
     del c["n_groups"]
     (src / "config.json").write_text(json.dumps(c))
-    with pytest.raises(ash.Error, match="n_groups 8 is not supported"):
+    with pytest.raises(ash.Error, match="n_groups 8 does not divide num_heads 4"):
         ash.import_hf(src, tmp_path / "n.h5")
 
 
@@ -397,11 +400,13 @@ def test_cli_generate_matches_transformers(tmp_path, ash_cli, float64_mamba2):
 @pytest.mark.parametrize("K,T,B,Kc,tied,limit,kw", [(1, 9, 1, 4, True, (0.0, INF), {}),
                                                     (3, 11, 2, 3, False, LIMIT, {}),
                                                     (2, 13, 2, 2, False, LIMIT, {"token_block": 4,
-                                                                                 "layer_checkpoint": 2})])
+                                                                                 "layer_checkpoint": 2}),
+                                                    (2, 9, 2, 3, True, LIMIT, {"groups": 2})])
 def test_wrap_equals_autograd(float64_mamba2, K, T, B, Kc, tied, limit, kw):
     """wrap(Mamba2ForCausalLM): loss, logits and every .grad equal the unwrapped model's (float64);
-    the memory levers (block-wise engine) too."""
-    ref = mamba2(K, Kc, tied, seed=K * 100 + T, limit=limit).train()
+    the memory levers (block-wise engine) and two groups of B and C too."""
+    kw = dict(kw)
+    ref = mamba2(K, Kc, tied, seed=K * 100 + T, limit=limit, groups=kw.pop("groups", 1)).train()
     model = no_hf_blocks(wrap(copy.deepcopy(ref), chunk=3, **kw))
     ids = torch.tensor(np.random.default_rng(T).integers(0, V, (B, T)))
     ref_out, ref_grads = loss_and_grads(ref, ids)
@@ -423,7 +428,7 @@ def test_wrap_detached_and_mamba2_model(float64_mamba2, detached_mixer_inputs):
 def test_wrap_refusals():
     kw = dict(vocab_size=V, hidden_size=D, state_size=N, num_hidden_layers=2, expand=EXPAND, conv_kernel=3,
               head_dim=P, num_heads=4, use_cache=False)
-    for bad, needle in (({"n_groups": 2}, "n_groups=2 is not supported"), ({"use_bias": True}, "use_bias=True"),
+    for bad, needle in (({"n_groups": 3}, "n_groups=3 does not divide num_heads=4"), ({"use_bias": True}, "use_bias=True"),
                         ({"hidden_act": "gelu", "n_groups": 1}, "hidden_act")):
         with pytest.raises(ash.Error, match=needle):
             wrap(transformers.Mamba2ForCausalLM(transformers.Mamba2Config(**{"n_groups": 1, **kw, **bad})))

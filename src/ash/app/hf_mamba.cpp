@@ -186,10 +186,7 @@ nlohmann::json hf_mamba2_config_to_ash(const nlohmann::json& hf, const std::stri
   m["arch"] = "mamba2";
   m["head_dim"] = positive_int(hf, "head_dim", 64, origin);
   m["heads"] = positive_int(hf, "num_heads", 128, origin);
-  const std::int64_t groups = positive_int(hf, "n_groups", 8, origin);  // Mamba2Config's default is 8
-  require(groups == 1, origin + ": n_groups " + std::to_string(groups) +
-                           " is not supported (only 1: the scan core shares B and C across every head)");
-  m["n_groups"] = 1;
+  m["n_groups"] = positive_int(hf, "n_groups", 8, origin);  // Mamba2Config's default is 8
   m["tie_embeddings"] = bool_key(hf, "tie_word_embeddings", false, origin);  // Mamba2Config's default: untied
   m["norm_eps"] = eps_key(hf, "layer_norm_epsilon", origin);
   const auto limit = time_step_limit(hf, origin);
@@ -203,6 +200,9 @@ nlohmann::json hf_mamba2_config_to_ash(const nlohmann::json& hf, const std::stri
                        e = checked_mul(m["expand"].get<std::int64_t>(), m["width"].get<std::int64_t>(), s);
     require(hp == e, origin + ": num_heads × head_dim = " + std::to_string(hp) + " is not expand × hidden_size = " +
                          std::to_string(e));
+    const std::int64_t heads = m["heads"].get<std::int64_t>(), groups = m["n_groups"].get<std::int64_t>();
+    require(heads % groups == 0, origin + ": n_groups " + std::to_string(groups) + " does not divide num_heads " +
+                                     std::to_string(heads));
   }
   (void)mamba_dims(out, origin);  // sizes and products checked
   if (ignored)
@@ -340,9 +340,7 @@ MambaDims mamba_dims(const nlohmann::json& ash_config, const std::string& origin
     require(d.dt_rank == 0, origin + ": model.dt_rank applies to a Mamba-1 block only (a Mamba-2 projects one Δ per head)");
     d.head_dim = positive_int(m, "head_dim", 64, o);
     if (m.contains("heads") && m["heads"] != 0) d.heads = positive_int(m, "heads", 0, o);
-    const std::int64_t groups = m.contains("n_groups") ? positive_int(m, "n_groups", 0, o) : 1;
-    require(groups == 1, origin + ": model.n_groups " + std::to_string(groups) +
-                             " is not supported (only 1: the scan core shares B and C across every head)");
+    d.n_groups = m.contains("n_groups") ? positive_int(m, "n_groups", 0, o) : 1;
     for (auto* key : {"time_step_limit_min", "time_step_limit_max"}) {
       if (!m.contains(key)) continue;
       const auto& v = m[key];
@@ -356,7 +354,9 @@ MambaDims mamba_dims(const nlohmann::json& ash_config, const std::string& origin
     const std::int64_t e = checked_mul(d.expand, d.width, s);
     require(checked_mul(d.head_count(), d.head_dim, s) == e,
             origin + ": model.heads × model.head_dim is not model.expand × model.width = " + std::to_string(e));
-    const std::int64_t c = checked_add(e, checked_mul(2, d.state, s), s);
+    require(d.head_count() % d.n_groups == 0, origin + ": model.n_groups " + std::to_string(d.n_groups) +
+                                                  " does not divide the " + std::to_string(d.head_count()) + " heads");
+    const std::int64_t c = checked_add(e, checked_mul(2, checked_mul(d.n_groups, d.state, s), s), s);
     const std::int64_t rows = checked_add(checked_add(e, c, s), d.head_count(), s);
     for (const auto& p : {std::pair<std::int64_t, std::int64_t>{d.vocab, d.width}, {rows, d.width},
                           {c, d.conv_kernel}, {d.width, e}})
@@ -385,7 +385,7 @@ nlohmann::json mamba2_hf_config(const MambaDims& d, TensorDtype dtype) {
   j["conv_kernel"] = d.conv_kernel;
   j["head_dim"] = d.head_dim;
   j["num_heads"] = d.head_count();
-  j["n_groups"] = 1;
+  j["n_groups"] = d.n_groups;
   j["tie_word_embeddings"] = d.tie_embeddings;
   j["layer_norm_epsilon"] = d.norm_eps;
   // no upper limit: transformers' inf, as save_pretrained writes it

@@ -36,8 +36,9 @@ struct MambaDims {
   double norm_eps = 1e-5;
   bool falcon = false;          // model.arch = "falcon_mamba": FalconMambaForCausalLM
   double mixer_rms_eps = 1e-6;  // a FalconMamba's mixer norms' epsilon
-  bool mamba2 = false;          // model.arch = "mamba2": Mamba2ForCausalLM (n_groups = 1)
+  bool mamba2 = false;          // model.arch = "mamba2": Mamba2ForCausalLM
   std::int64_t head_dim = 64, heads = 0;                  // a Mamba-2's P and H (0: E / P)
+  std::int64_t n_groups = 1;                              // a Mamba-2's groups of B and C
   double time_step_limit_min = 0, time_step_limit_max = 0;  // a Mamba-2's Δ clamp (max 0: none)
   // our model.arch, their model_type
   const char* arch() const { return mamba2 ? "mamba2" : falcon ? "falcon_mamba" : "mamba"; }
@@ -48,7 +49,7 @@ struct MambaDims {
   std::int64_t inner() const { return expand * width; }  // E (checked when the dims are made)
   std::int64_t rank() const { return dt_rank > 0 ? dt_rank : width / 16 + (width % 16 != 0); }  // R
   std::int64_t head_count() const { return heads > 0 ? heads : inner() / head_dim; }  // H (Mamba-2)
-  std::int64_t conv_dim() const { return inner() + 2 * state; }  // C = E + 2N: a Mamba-2's x, B, C (n_groups 1)
+  std::int64_t conv_dim() const { return inner() + 2 * n_groups * state; }  // C = E + 2GN: a Mamba-2's x, B, C
 };
 
 // Our keys from a parsed config.json (`origin` names it in messages): MambaConfig's
