@@ -14,51 +14,18 @@
 # `ash train` after the example's own settings. Exit 77 when the interpreter lacks
 # torch or transformers.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-ASH="$root/build/src/ash"
-PY="${ASH_PYTHON:-python3}"
-work="$root/build/mamba2-roundtrip"
-corpus=""
-prompt="The "
-tokens=60
-sets=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --ash) ASH="$2"; shift 2 ;;
-    --python) PY="$2"; shift 2 ;;
-    --work) work="$2"; shift 2 ;;
-    --corpus) corpus="$2"; shift 2 ;;
-    --prompt) prompt="$2"; shift 2 ;;
-    --tokens) tokens="$2"; shift 2 ;;
-    --set) sets+=(--set "$2"); shift 2 ;;
-    *) echo "unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
-  echo "[mamba2] $PY has no torch/transformers: skipped"
-  exit 77
-fi
-mkdir -p "$work"
-if [ -z "$corpus" ]; then  # the corpus of examples/run.sh: Debian's fortunes
-  corpus="$work/fortunes.txt"
-  if [ ! -s "$corpus" ]; then
-    for f in /usr/share/games/fortunes/*; do
-      case "$f" in *.dat|*.u8) ;; *) [ -f "$f" ] && cat "$f" ;; esac
-    done > "$corpus"
-  fi
-fi
-echo "[mamba2] corpus $corpus: $(wc -c < "$corpus") bytes"
+tag=mamba2 work="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/mamba2-roundtrip" tokens=60
+source "$(dirname "${BASH_SOURCE[0]}")/roundtrip_common.sh"
 rm -rf "$work/hf_init" "$work/run" "$work/hf"
 
-# 1. transformers: a Mamba-2 over bytes (n_groups 1: what ash builds), saved as save_pretrained does.
+# 1. transformers: a Mamba-2 over bytes (B and C in two groups of heads), saved as save_pretrained does.
 "$PY" - "$work/hf_init" <<'PYEOF'
 import sys
 import torch
 import transformers
 torch.manual_seed(0)
 cfg = transformers.Mamba2Config(vocab_size=256, hidden_size=32, state_size=16, num_hidden_layers=2, expand=2,
-                                head_dim=16, num_heads=4, n_groups=1, conv_kernel=4)
+                                head_dim=16, num_heads=4, n_groups=2, conv_kernel=4)
 transformers.Mamba2ForCausalLM(cfg).save_pretrained(sys.argv[1])
 print("[mamba2] saved a Mamba2ForCausalLM:", sum(p.numel() for p in transformers.Mamba2ForCausalLM(cfg).parameters()),
       "parameters")

@@ -13,41 +13,8 @@
 # `ash train` (the ctest smoke trains a tiny model for a few steps). Exit 77 when
 # the interpreter lacks torch or transformers.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-ASH="$root/build/src/ash"
-PY="${ASH_PYTHON:-python3}"
-work="$root/build/mamba-roundtrip"
-corpus=""
-prompt="The "
-tokens=120
-sets=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --ash) ASH="$2"; shift 2 ;;
-    --python) PY="$2"; shift 2 ;;
-    --work) work="$2"; shift 2 ;;
-    --corpus) corpus="$2"; shift 2 ;;
-    --prompt) prompt="$2"; shift 2 ;;
-    --tokens) tokens="$2"; shift 2 ;;
-    --set) sets+=(--set "$2"); shift 2 ;;
-    *) echo "unknown argument '$1'" >&2; exit 2 ;;
-  esac
-done
-if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
-  echo "[mamba] $PY has no torch/transformers: skipped"
-  exit 77
-fi
-mkdir -p "$work"
-if [ -z "$corpus" ]; then  # the corpus of examples/run.sh: Debian's fortunes
-  corpus="$work/fortunes.txt"
-  if [ ! -s "$corpus" ]; then
-    for f in /usr/share/games/fortunes/*; do
-      case "$f" in *.dat|*.u8) ;; *) [ -f "$f" ] && cat "$f" ;; esac
-    done > "$corpus"
-  fi
-fi
-echo "[mamba] corpus $corpus: $(wc -c < "$corpus") bytes"
+tag=mamba work="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/mamba-roundtrip" tokens=120
+source "$(dirname "${BASH_SOURCE[0]}")/roundtrip_common.sh"
 rm -rf "$work/run" "$work/hf"
 
 # 1. Train (E1, grad.engine=backprop: what a Mamba trains with today).
