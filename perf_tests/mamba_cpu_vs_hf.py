@@ -227,41 +227,8 @@ def main():
             f"seed {a.seed}\n# torch {made['torch']}, transformers {made['transformers']}, "
             f"{a.threads} thread(s); per-run cap {a.timeout:.0f} s, {cap_kib / 2**20:.1f} GiB RSS; work {work}")
     print(head, flush=True)
-    rows, mismatches = [], []
-    stop = {}  # impl -> why larger T are not run
-    done = {}  # impl -> [(T, seconds, peak above base KiB)] of its measured runs, one per T
-    for T in Ts:
-        ref = None  # the first finished loss of this T
-        for impl in impls:
-            for rep in range(a.reps):
-                row = {"impl": impl, "T": T, "rep": rep, "threads": a.threads}
-                if impl in stop:
-                    row.update(status="skipped", why=stop[impl])
-                elif predict(done.get(impl, []), T, 1) > a.timeout:
-                    row.update(status="skipped", why=f"predicted {predict(done[impl], T, 1):.0f} s > --timeout "
-                                                     f"{a.timeout:.0f} s")
-                elif cap_kib and predict(done.get(impl, []), T, 2) > cap_kib:
-                    row.update(status="skipped", why=f"predicted {predict(done[impl], T, 2) / 2**20:.1f} GiB > the "
-                                                     f"cap {cap_kib / 2**20:.1f} GiB")
-                else:
-                    row.update(measure(a, impl, T, me, sizes, hf_dir, ck, tokens, work, env, cap_kib))
-                if row["status"] == "ok":
-                    if ref is None:
-                        ref = row["loss"]
-                    row["loss_rel_diff"] = abs(row["loss"] - ref) / abs(ref)
-                    if row["loss_rel_diff"] > a.rtol:
-                        mismatches.append(row)
-                    if not done.get(impl) or done[impl][-1][0] != T:
-                        done.setdefault(impl, []).append((T, row["seconds"], row["peak_kib"] - row.get("base_kib", 0)))
-                elif row["status"] in ("timeout", "memory") and impl not in stop:
-                    stop[impl] = f"T={T} ran out of {'time' if row['status'] == 'timeout' else 'memory'}"
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-                if a.json:
-                    with open(a.json, "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                if row["status"] == "skipped":
-                    break
+    rows, mismatches = sweep(a, impls, Ts, cap_kib, lambda impl, T: measure(a, impl, T, me, sizes, hf_dir, ck, tokens,
+                                                                         work, env, cap_kib))
     print()
     print(head)
     print(table(rows, impls))
@@ -276,6 +243,57 @@ def main():
         print("mamba_cpu_vs_hf: nothing was measured", file=sys.stderr)
         return 1
     return 0
+
+
+def sweep(a, impls, Ts, cap_kib, run_point, alternate=False, budget=0):
+    """Every T upward, each implementation a.reps times (run_point(impl, T) -> row); returns (rows,
+    mismatches). alternate: the reps interleaved (rep 0: impls in order, rep 1: reversed, ...), so
+    that a shared machine's slow spell hits both sides; else each implementation's reps in a row.
+    An implementation stops after a timeout or out-of-memory run, and a point whose extrapolated
+    time or memory passes the caps is skipped; budget: no run starts after that many seconds."""
+    rows, mismatches = [], []
+    stop = {}  # impl -> why larger T are not run
+    done = {}  # impl -> [(T, seconds, peak above base KiB)] of its measured runs, one per T
+    t_start = time.monotonic()
+    for T in Ts:
+        ref = None  # the first finished loss of this T
+        order = ([(i, r) for r in range(a.reps) for i in (impls if r % 2 == 0 else impls[::-1])] if alternate
+                 else [(i, r) for i in impls for r in range(a.reps)])
+        skipped = set()  # impls skipped at this T: one row says why
+        for impl, rep in order:
+            if impl in skipped:
+                continue
+            row = {"impl": impl, "T": T, "rep": rep, "threads": a.threads}
+            if impl in stop:
+                row.update(status="skipped", why=stop[impl])
+            elif budget and time.monotonic() - t_start > budget:
+                row.update(status="skipped", why=f"the measurement budget of {budget:.0f} s was spent")
+            elif predict(done.get(impl, []), T, 1) > a.timeout:
+                row.update(status="skipped", why=f"predicted {predict(done[impl], T, 1):.0f} s > --timeout "
+                                                 f"{a.timeout:.0f} s")
+            elif cap_kib and predict(done.get(impl, []), T, 2) > cap_kib:
+                row.update(status="skipped", why=f"predicted {predict(done[impl], T, 2) / 2**20:.1f} GiB > the "
+                                                 f"cap {cap_kib / 2**20:.1f} GiB")
+            else:
+                row.update(run_point(impl, T))
+            if row["status"] == "ok":
+                if ref is None:
+                    ref = row["loss"]
+                row["loss_rel_diff"] = abs(row["loss"] - ref) / abs(ref)
+                if row["loss_rel_diff"] > a.rtol:
+                    mismatches.append(row)
+                if not done.get(impl) or done[impl][-1][0] != T:
+                    done.setdefault(impl, []).append((T, row["seconds"], row["peak_kib"] - row.get("base_kib", 0)))
+            elif row["status"] in ("timeout", "memory") and impl not in stop:
+                stop[impl] = f"T={T} ran out of {'time' if row['status'] == 'timeout' else 'memory'}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            if a.json:
+                with open(a.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            if row["status"] == "skipped":
+                skipped.add(impl)
+    return rows, mismatches
 
 
 def predict(points, T, i):
@@ -340,8 +358,9 @@ def measure(a, impl, T, me, sizes, hf_dir, ck, tokens, work, env, cap_kib):
     return row
 
 
-def table(rows, impls):
+def table(rows, impls, labels=None):
     """One line per T: each implementation's time (median of the runs; min-max) and peak, and our ratios."""
+    labels = labels or LABEL
     def cell(rs):
         ok = [r for r in rs if r["status"] == "ok"]
         if not ok:
@@ -351,7 +370,7 @@ def table(rows, impls):
         spread = f" ({min(s):.3g}-{max(s):.3g}, {len(s)} runs)" if len(s) > 1 else ""
         peak = max(r["peak_kib"] for r in ok)
         return med, peak, f"{med:.3g} s{spread}, {mib(peak)}"
-    hdr = ["T"] + [LABEL[i] for i in impls]
+    hdr = ["T"] + [labels[i] for i in impls]
     both = "ash" in impls and any(i != "ash" for i in impls)
     if both:
         hdr += ["ash / faster HF: time", "ash / faster HF: peak"]
