@@ -42,13 +42,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from mamba_cpu_vs_hf import measure, run_child, sweep, table, vm_kib, vm_kib_meminfo  # noqa: E402
+from mamba_cpu_vs_hf import (common_args, measure, prepare, read_ids, run_child, save_model, sweep, table,  # noqa: E402
+                             timed_gradient)
 
 IMPLS = ("hf", "ash")
 LABEL = {"hf": "transformers Mamba2 (torch path)", "ash": "ash E3"}
@@ -88,14 +87,7 @@ def child_init(a):
     import torch
     import transformers
     torch.manual_seed(a.seed)
-    model = transformers.Mamba2ForCausalLM(hf_config(a)).to(torch.float32)
-    model.save_pretrained(a.model_dir)
-    if a.mutate:  # a different model for ash: the checks must catch it
-        with torch.no_grad():
-            model.backbone.norm_f.weight.mul_(1.1)
-        model.save_pretrained(a.model_dir + "_mutated")
-    print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
-                      "transformers": transformers.__version__}))
+    save_model(a, transformers.Mamba2ForCausalLM(hf_config(a)).to(torch.float32))
 
 
 def load_hf(a):
@@ -111,23 +103,9 @@ def load_hf(a):
     return torch, model
 
 
-def read_ids(torch, a):
-    import numpy as np
-    ids = np.fromfile(a.tokens, dtype="<u4", count=a.T).astype(np.int64)
-    return torch.from_numpy(ids).reshape(1, a.T)
-
-
 def child_hf(a):
     torch, model = load_hf(a)
-    x = read_ids(torch, a)
-    base = vm_kib("VmRSS")
-    t0 = time.perf_counter()
-    out = model(input_ids=x, labels=x, use_cache=False)
-    out.loss.backward()
-    seconds = time.perf_counter() - t0
-    grad_ok = all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-    print(json.dumps({"loss": out.loss.item(), "seconds": seconds, "base_kib": base,
-                      "hwm_kib": vm_kib("VmHWM"), "grads_finite": grad_ok, "threads": torch.get_num_threads()}))
+    timed_gradient(torch, model, read_ids(torch, a))
 
 
 def our_name(name):
@@ -193,40 +171,17 @@ def check(a, me, sizes, hf_dir, ck, tokens, work, env):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--T-list", default=",".join(str(2**e) for e in range(12, 21)))
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads and BLAS threads")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per run (a child past it is killed)")
+    common_args(ap, ",".join(str(2**e) for e in range(12, 21)), 300, ("init", "hf", "check"))
     ap.add_argument("--budget", type=float, default=0, help="no run starts after this many seconds of sweep")
-    ap.add_argument("--json", help="append one JSON object per run to this file (the check's first)")
-    ap.add_argument("--reps", type=int, default=1, help="runs (processes) per point and side, alternating")
     ap.add_argument("--impls", default=",".join(IMPLS))
-    ap.add_argument("--ash", default=os.path.join(ROOT, "build", "src", "ash"))
-    ap.add_argument("--ash-set", action="append", default=[], help="extra --set KEY=VALUE for ash grad")
-    ap.add_argument("--mem-cap", type=float, default=0,
-                    help="GiB of RSS a child may reach (default: 80%% of MemAvailable at the start)")
-    ap.add_argument("--work", help="folder for the model, tokens and gradients (default: a temporary one)")
-    ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--state", type=int, default=64)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--n-groups", type=int, default=1)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--expand", type=int, default=2)
-    ap.add_argument("--conv-kernel", type=int, default=4)
     ap.add_argument("--chunk-size", type=int, default=256, help="transformers' chunk_size")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check-T", type=int, default=600)
     ap.add_argument("--loss-rtol", type=float, default=1e-5, help="the check: relative loss difference")
     ap.add_argument("--grad-rtol", type=float, default=1e-3, help="the check: max |diff| / max |ours| per tensor")
-    ap.add_argument("--rtol", type=float, default=1e-4, help="the sweep: relative loss difference between runs")
-    ap.add_argument("--mutate", action="store_true", help="ash gets a perturbed model: the checks must fail")
     ap.add_argument("--no-check", action="store_true", help="skip the check (with --mutate: the sweep's must fail)")
-    # internal: the child processes
-    ap.add_argument("--child", choices=("init", "hf", "check"), help=argparse.SUPPRESS)
-    ap.add_argument("--impl", help=argparse.SUPPRESS)
-    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
-    ap.add_argument("--tokens", help=argparse.SUPPRESS)
-    ap.add_argument("--T", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ash-grad", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -244,31 +199,12 @@ def main():
     for mod in ("torch", "transformers", "h5py"):
         if importlib.util.find_spec(mod) is None:
             sys.exit(f"mamba2_cpu_vs_hf: {mod} is not installed")
-    cap_kib = int((a.mem_cap * 2**30 if a.mem_cap else 0.80 * vm_kib_meminfo() * 1024) / 1024)
-    work = a.work or tempfile.mkdtemp(prefix="mamba2_cpu_vs_hf.")
-    os.makedirs(work, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
-               MKL_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
     me = [sys.executable, os.path.abspath(__file__)]
     sizes = ["--width", str(a.width), "--state", str(a.state), "--head-dim", str(a.head_dim), "--n-groups",
              str(a.n_groups), "--layers", str(a.layers), "--vocab", str(a.vocab), "--expand", str(a.expand),
              "--conv-kernel", str(a.conv_kernel), "--chunk-size", str(a.chunk_size), "--seed", str(a.seed)]
-
-    # The model once: transformers initialises and saves it, ash imports that folder.
-    hf_dir, ck = os.path.join(work, "hf"), os.path.join(work, "model.h5")
-    st, o, e, _, _ = run_child(me + ["--child", "init", "--model-dir", hf_dir] + sizes + ["--mutate"] * a.mutate,
-                               env, 600, 0)
-    if st != "ok":
-        sys.exit(f"mamba2_cpu_vs_hf: saving transformers' model failed:\n{e}")
-    made = json.loads(o.strip().splitlines()[-1])
-    r = subprocess.run([a.ash, "import-hf", "--from", hf_dir + "_mutated" * a.mutate, "--out", ck, "--precision",
-                        "float"], capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"mamba2_cpu_vs_hf: ash import-hf failed:\n{r.stderr}")
-    tokens = os.path.join(work, "tokens.u32")
-    with open(tokens, "wb") as f:
-        f.write(b"".join(((i * 2654435761) % 2**64 % a.vocab).to_bytes(4, "little")
-                         for i in range(max(Ts + [a.check_T]))))
+    cap_kib, work, env, made, hf_dir, ck, tokens = prepare(a, me, sizes, max(Ts + [a.check_T]), True,
+                                                           "mamba2_cpu_vs_hf")
 
     H = a.expand * a.width // a.head_dim
     head = (f"# model: transformers Mamba2ForCausalLM V={a.vocab} D={a.width} N={a.state} K={a.layers} "

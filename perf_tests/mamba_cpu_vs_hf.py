@@ -79,19 +79,24 @@ def child_init(a):
     import torch
     from transformers import MambaForCausalLM
     torch.manual_seed(a.seed)
-    model = MambaForCausalLM(hf_config(a, False)).to(torch.float32)
+    save_model(a, MambaForCausalLM(hf_config(a, False)).to(torch.float32))
+
+
+def save_model(a, model):
+    """Saves transformers' model (and, with --mutate, the copy ash gets: its final norm scaled by 1.1,
+    which the loss check must catch); prints its parameter count and the versions."""
+    import torch
+    import transformers
     model.save_pretrained(a.model_dir)
-    if a.mutate:  # a different model for ash: the loss check must catch it
+    if a.mutate:
         with torch.no_grad():
             model.backbone.norm_f.weight.mul_(1.1)
         model.save_pretrained(a.model_dir + "_mutated")
-    import transformers
     print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
                       "transformers": transformers.__version__}))
 
 
 def child_hf(a):
-    import numpy as np
     import torch
     from transformers import MambaForCausalLM
     from transformers.models.mamba import modeling_mamba
@@ -103,8 +108,18 @@ def child_hf(a):
     model = MambaForCausalLM.from_pretrained(a.model_dir, use_mambapy=mambapy, dtype=torch.float32)
     assert model.config.use_mambapy == mambapy and model.dtype == torch.float32
     model.train()
+    timed_gradient(torch, model, read_ids(torch, a))
+
+
+def read_ids(torch, a):
+    """The first a.T tokens of a.tokens as a (1, T) id tensor."""
+    import numpy as np
     ids = np.fromfile(a.tokens, dtype="<u4", count=a.T).astype(np.int64)
-    x = torch.from_numpy(ids).reshape(1, a.T)
+    return torch.from_numpy(ids).reshape(1, a.T)
+
+
+def timed_gradient(torch, model, x):
+    """One gradient of transformers' loss on x, timed; prints the child's JSON line."""
     base = vm_kib("VmRSS")
     t0 = time.perf_counter()
     out = model(input_ids=x, labels=x, use_cache=False)
@@ -153,21 +168,20 @@ def mib(kib):
     return f"{kib / 1024:.0f} MiB" if kib else "-"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--T-list", default="4096,8192,16384,32768,65536")
+def common_args(ap, T_list, timeout, children):
+    """The options this script and mamba2_cpu_vs_hf.py share (the sweep, the caps, the model's common sizes,
+    the internal ones of the child processes)."""
+    ap.add_argument("--T-list", default=T_list)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads and BLAS threads")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per run (a child past it is killed)")
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds per run (a child past it is killed)")
     ap.add_argument("--json", help="append one JSON object per run to this file")
     ap.add_argument("--reps", type=int, default=1, help="runs (processes) per point, to show the spread")
-    ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--ash", default=os.path.join(ROOT, "build", "src", "ash"))
     ap.add_argument("--ash-set", action="append", default=[], help="extra --set KEY=VALUE for ash grad")
     ap.add_argument("--mem-cap", type=float, default=0,
                     help="GiB of RSS a child may reach (default: 80%% of MemAvailable at the start)")
     ap.add_argument("--work", help="folder for the model, tokens and gradients (default: a temporary one)")
     ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--state", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--expand", type=int, default=2)
@@ -176,11 +190,44 @@ def main():
     ap.add_argument("--rtol", type=float, default=1e-4, help="largest relative loss difference between runs")
     ap.add_argument("--mutate", action="store_true", help="ash gets a perturbed model: the check must fail")
     # internal: the child processes
-    ap.add_argument("--child", choices=("init", "hf"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=children, help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
     ap.add_argument("--T", type=int, help=argparse.SUPPRESS)
+
+
+def prepare(a, me, sizes, n_tokens, import_ash, prog):
+    """The caps, the work folder, the children's environment; the model once (transformers initialises
+    and saves it in the child `me --child init`, ash imports that folder) and the tokens
+    (id_i = i * 2654435761 mod 2^64 mod V). Returns (cap_kib, work, env, made, hf_dir, checkpoint, tokens)."""
+    cap_kib = int((a.mem_cap * 2**30 if a.mem_cap else 0.80 * vm_kib_meminfo() * 1024) / 1024)
+    work = a.work or tempfile.mkdtemp(prefix=prog + ".")
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
+               MKL_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
+    hf_dir, ck = os.path.join(work, "hf"), os.path.join(work, "model.h5")
+    st, o, e, _, _ = run_child(me + ["--child", "init", "--model-dir", hf_dir] + sizes + ["--mutate"] * a.mutate,
+                               env, 600, 0)
+    if st != "ok":
+        sys.exit(f"{prog}: saving transformers' model failed:\n{e}")
+    made = json.loads(o.strip().splitlines()[-1])
+    if import_ash:
+        r = subprocess.run([a.ash, "import-hf", "--from", hf_dir + "_mutated" * a.mutate, "--out", ck,
+                            "--precision", "float"], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"{prog}: ash import-hf failed:\n{r.stderr}")
+    tokens = os.path.join(work, "tokens.u32")
+    with open(tokens, "wb") as f:
+        f.write(b"".join(((i * 2654435761) % 2**64 % a.vocab).to_bytes(4, "little") for i in range(n_tokens)))
+    return cap_kib, work, env, made, hf_dir, ck, tokens
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    common_args(ap, "4096,8192,16384,32768,65536", 600, ("init", "hf"))
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--state", type=int, default=16)
     a = ap.parse_args()
     if a.child == "init":
         return child_init(a)
@@ -194,33 +241,11 @@ def main():
         ap.error(f"--impls from {','.join(IMPLS)}; --reps, --threads >= 1; T >= 2 ({bad or ''})")
     if "ash" in impls and not os.access(a.ash, os.X_OK):
         ap.error(f"no ash executable at {a.ash} (--ash)")
-    cap_kib = int((a.mem_cap * 2**30 if a.mem_cap else 0.80 * vm_kib_meminfo() * 1024) / 1024)
-    work = a.work or tempfile.mkdtemp(prefix="mamba_cpu_vs_hf.")
-    os.makedirs(work, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
-               MKL_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
     me = [sys.executable, os.path.abspath(__file__)]
     sizes = ["--width", str(a.width), "--state", str(a.state), "--layers", str(a.layers), "--vocab", str(a.vocab),
              "--expand", str(a.expand), "--conv-kernel", str(a.conv_kernel), "--seed", str(a.seed)]
-
-    # The model once: transformers initialises and saves it, ash imports that folder.
-    hf_dir, ck = os.path.join(work, "hf"), os.path.join(work, "model.h5")
-    st, o, e, _, _ = run_child(me + ["--child", "init", "--model-dir", hf_dir] + sizes + ["--mutate"] * a.mutate,
-                               env, 600, 0)
-    if st != "ok":
-        sys.exit(f"mamba_cpu_vs_hf: saving transformers' model failed:\n{e}")
-    made = json.loads(o.strip().splitlines()[-1])
+    cap_kib, work, env, made, hf_dir, ck, tokens = prepare(a, me, sizes, max(Ts), "ash" in impls, "mamba_cpu_vs_hf")
     params = made["parameters"]
-    if "ash" in impls:
-        r = subprocess.run([a.ash, "import-hf", "--from", hf_dir + "_mutated" * a.mutate, "--out", ck,
-                            "--precision", "float"],
-                           capture_output=True, text=True)
-        if r.returncode:
-            sys.exit(f"mamba_cpu_vs_hf: ash import-hf failed:\n{r.stderr}")
-    tokens = os.path.join(work, "tokens.u32")
-    n = max(Ts)
-    with open(tokens, "wb") as f:
-        f.write(b"".join(((i * 2654435761) % 2**64 % a.vocab).to_bytes(4, "little") for i in range(n)))
 
     head = (f"# model: transformers MambaForCausalLM V={a.vocab} D={a.width} N={a.state} K={a.layers} "
             f"expand={a.expand} Kc={a.conv_kernel} dt_rank=auto tied, {params} parameters, float32, batch 1; "
