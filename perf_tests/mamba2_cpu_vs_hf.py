@@ -226,8 +226,8 @@ def main():
         head += "\n" + verdict
         print(verdict, flush=True)
         if not c["passed"]:
-            print(f"mamba2_cpu_vs_hf: the check failed{': ' + ', '.join(c['grad_failed'][:6]) if c['grad_failed'] else ''}",
-                  file=sys.stderr)
+            over = ": " + ", ".join(c["grad_failed"][:6]) if c["grad_failed"] else ""
+            print(f"mamba2_cpu_vs_hf: the check failed{over}", file=sys.stderr)
             return 1
     rows, mismatches = sweep(a, impls, Ts, cap_kib,
                              lambda impl, T: measure(a, impl, T, me, sizes, hf_dir, ck, tokens, work, env, cap_kib),
