@@ -3,7 +3,8 @@
 //                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
 //                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16] [--warmup 0]
-//                  [--arch ssm-resnet|mamba [--expand 2 --conv-kernel 4 --dt-rank 0]]
+//                  [--arch ssm-resnet|mamba|mamba2 [--expand 2 --conv-kernel 4 --dt-rank 0]
+//                   [--head-dim 64 --n-groups 1]]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
 // (what `ash eval` runs), the baseline the gradient's cost is measured against.
 // --profile prints the time per kernel (KernelProfiler) of the last repetition. Peak bytes are the Kokkos Tools
@@ -15,7 +16,9 @@
 // --matmul is run.matmul (float only; docs/design.md §6) for the forward and
 // every engine; rows carry it as "matmul".
 // --arch mamba benchmarks a stack of Mamba blocks (model.arch=mamba, width = D;
-// backprop and adjoint-exact only); rows carry "arch". --warmup runs that many
+// backprop and adjoint-exact only), --arch mamba2 one of Mamba-2 blocks (E = expand·D
+// in heads of --head-dim, B and C in --n-groups groups); rows carry "arch" (a Mamba-2's
+// also "head_dim" and "n_groups"). --warmup runs that many
 // untimed repetitions first (module loading, cuBLAS handles). Rows also carry
 // "peak_total_bytes": the high-water mark with the parameters, the gradient
 // buffers and the token windows included, as a framework's allocator counts it.
@@ -83,7 +86,8 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
           {"us_per_token", 1e6 * med / double(batch * T)},
           {"peak_bytes", peak},       {"peak_total_bytes", peak_total}, {"space", space}, {"loss", loss},
           {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab},
-          {"arch", ash::arch_name(d.arch)}};
+          {"arch", ash::arch_name(d.arch)}, {"head_dim", d.mamba2() ? d.head_dim : 0},
+          {"n_groups", d.mamba2() ? d.n_groups : 0}};
 }
 
 }  // namespace
@@ -112,10 +116,13 @@ int main(int argc, char* argv[]) {
   app.add_option("--max-work", max_work, "skip E2 runs with T*T-bar*P*N*K above this");
   app.add_option("--reps", reps);
   app.add_option("--warmup", warmup, "untimed repetitions before the timed ones")->check(CLI::NonNegativeNumber);
-  app.add_option("--arch", arch, "model.arch: ssm-resnet or mamba")->check(CLI::IsMember({"ssm-resnet", "mamba"}));
+  app.add_option("--arch", arch, "model.arch: ssm-resnet, mamba or mamba2")
+      ->check(CLI::IsMember({"ssm-resnet", "mamba", "mamba2"}));
   app.add_option("--expand", d.expand, "Mamba: E = expand * width");
   app.add_option("--conv-kernel", d.conv_kernel, "Mamba: the causal conv's taps");
   app.add_option("--dt-rank", d.dt_rank, "Mamba: the rank of the delta projection (0: ceil(width / 16))");
+  app.add_option("--head-dim", d.head_dim, "Mamba-2: the channels of a head (E / head_dim heads)");
+  app.add_option("--n-groups", d.n_groups, "Mamba-2: the groups of B and C (divides the heads)");
   app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
   app.add_option("--json", json_out, "also write the rows as JSON lines");
   app.add_option("--e3-form", e3_form, "E3's per-chunk backward: auto (the backend's), waves or fused")
@@ -124,6 +131,10 @@ int main(int argc, char* argv[]) {
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   d.arch = ash::parse_arch(arch);
+  if (d.mamba2() && (d.head_dim < 1 || d.n_groups < 1 || d.inner() % d.head_dim || d.head_count() % d.n_groups)) {
+    std::fprintf(stderr, "ash_bench_grad: --head-dim must divide expand * width and --n-groups the heads\n");
+    return 2;
+  }
 
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += std::string(i ? " " : "") + argv[i];

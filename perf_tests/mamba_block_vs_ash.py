@@ -94,35 +94,58 @@ def fast_path_missing(mamba_dir, need_cuda):
 def build_model(torch, Mamba, checkpoint, device, mutate=False):
     """(model, dims, names): the stack with the checkpoint's tensors; names maps our /params
     path to (parameter, reshape) so gradients compare by our names."""
+    m, params = read_checkpoint(checkpoint, "mamba", "mamba_block_vs_ash")
+    D, K, E, Kc = m["width"], m["layers"], m["expand"] * m["width"], m["conv_kernel"]
+    R = m["dt_rank"] or -(-D // 16)
+    model = stack_model(torch, m, device, lambda k: Mamba(
+        d_model=D, d_state=m["state"], d_conv=Kc, expand=m["expand"], dt_rank=R, use_fast_path=False, layer_idx=k,
+        device=device, dtype=torch.float32))
+    names = stack_names(model, m)
+    for k in range(K):
+        mx, a = model.mixers[k], f"layers/{k:03d}/"
+        names.update({a + "norm": (model.norms[k], None), a + "in_proj": (mx.in_proj.weight, None),
+                      a + "conv_weight": (mx.conv1d.weight, (E, Kc)), a + "conv_bias": (mx.conv1d.bias, None),
+                      a + "x_proj": (mx.x_proj.weight, None), a + "dt_proj": (mx.dt_proj.weight, None),
+                      a + "dt_bias": (mx.dt_proj.bias, None), a + "A_log": (mx.A_log, None), a + "D": (mx.D, None),
+                      a + "out_proj": (mx.out_proj.weight, None)})
+    load_into(torch, model, names, params, device, mutate, "mamba_block_vs_ash")
+    dims = {"vocab": m["vocab"], "width": D, "state": m["state"], "layers": K, "expand": m["expand"],
+            "conv_kernel": Kc, "dt_rank": R, "tie_embeddings": bool(m["tie_embeddings"])}
+    return model, dims, names
+
+
+def read_checkpoint(checkpoint, arch, prog):
+    """(model config, {our /params path: array}) of an ash checkpoint, which must be of model.arch arch."""
     import h5py
     import numpy as np
-    import torch.nn.functional as F
-
     with h5py.File(checkpoint, "r") as f:
-        cfg = json.loads(f.attrs["config"].decode() if isinstance(f.attrs["config"], bytes) else f.attrs["config"])
-        m = cfg["model"]
-        if m.get("arch") != "mamba":
-            raise SystemExit(f"mamba_block_vs_ash: {checkpoint} is not a Mamba (model.arch={m.get('arch')})")
-        params = {name: np.asarray(f["params/" + name][...]) for name in _param_names(f)}
-    V, D, N, K = m["vocab"], m["width"], m["state"], m["layers"]
-    E, Kc = m["expand"] * D, m["conv_kernel"]
-    R = m["dt_rank"] or -(-D // 16)
-    eps, tied = float(m["norm_eps"]), bool(m["tie_embeddings"])
+        raw = f.attrs["config"]
+        m = json.loads(raw.decode() if isinstance(raw, bytes) else raw)["model"]
+        if m.get("arch") != arch:
+            raise SystemExit(f"{prog}: {checkpoint} is not model.arch={arch} (model.arch={m.get('arch')})")
+        return m, {name: np.asarray(f["params/" + name][...]) for name in _param_names(f)}
 
-    def rms_norm(x, w):  # transformers' MambaRMSNorm (float32 throughout here)
+
+def stack_model(torch, m, device, mixer):
+    """The stack as transformers' (Mamba|Mamba2)ForCausalLM lays it out, float32: embedding, K pre-norm
+    residual blocks h <- h + mixer(k)(RMSNorm(h)), final RMSNorm, the head (tied unless the config
+    says not); forward(x) is the mean next-token cross-entropy. .checkpoint: each block under
+    torch.utils.checkpoint (mode "checkpoint")."""
+    import torch.nn.functional as F
+    V, D, K, eps = m["vocab"], m["width"], m["layers"], float(m["norm_eps"])
+
+    def rms_norm(x, w):  # transformers' RMSNorm (float32 throughout here)
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
-    class MambaStack(torch.nn.Module):
+    class Stack(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.embedding = torch.nn.Parameter(torch.empty(V, D, device=device))
             self.norms = torch.nn.ParameterList([torch.nn.Parameter(torch.empty(D, device=device)) for _ in range(K)])
-            self.mixers = torch.nn.ModuleList([
-                Mamba(d_model=D, d_state=N, d_conv=Kc, expand=m["expand"], dt_rank=R, use_fast_path=False,
-                      layer_idx=k, device=device, dtype=torch.float32) for k in range(K)])
+            self.mixers = torch.nn.ModuleList([mixer(k) for k in range(K)])
             self.final_norm = torch.nn.Parameter(torch.empty(D, device=device))
-            self.head = None if tied else torch.nn.Parameter(torch.empty(V, D, device=device))
-            self.checkpoint = False  # each block under torch.utils.checkpoint (mode "checkpoint")
+            self.head = None if m["tie_embeddings"] else torch.nn.Parameter(torch.empty(V, D, device=device))
+            self.checkpoint = False
 
         def block(self, h, k):
             return h + self.mixers[k](rms_norm(h, self.norms[k]))
@@ -135,20 +158,23 @@ def build_model(torch, Mamba, checkpoint, device, mutate=False):
             logits = rms_norm(h, self.final_norm) @ (self.embedding if self.head is None else self.head).T
             return F.cross_entropy(logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1))
 
-    model = MambaStack()
+    return Stack()
+
+
+def stack_names(model, m):
+    """Our names of the stack's own tensors (the blocks' are the caller's)."""
     names = {"embedding": (model.embedding, None), "final_norm": (model.final_norm, None)}
-    if not tied:
+    if not m["tie_embeddings"]:
         names["head"] = (model.head, None)
-    for k in range(K):
-        mx, a = model.mixers[k], f"layers/{k:03d}/"
-        names.update({a + "norm": (model.norms[k], None), a + "in_proj": (mx.in_proj.weight, None),
-                      a + "conv_weight": (mx.conv1d.weight, (E, Kc)), a + "conv_bias": (mx.conv1d.bias, None),
-                      a + "x_proj": (mx.x_proj.weight, None), a + "dt_proj": (mx.dt_proj.weight, None),
-                      a + "dt_bias": (mx.dt_proj.bias, None), a + "A_log": (mx.A_log, None), a + "D": (mx.D, None),
-                      a + "out_proj": (mx.out_proj.weight, None)})
+    return names
+
+
+def load_into(torch, model, names, params, device, mutate, prog):
+    """Copies the checkpoint's tensors into the model by our names (every tensor of both, shapes
+    checked; names[n] = (parameter, our shape or None)); mutate: the conv taps the wrong way round."""
+    import numpy as np
     if sorted(names) != sorted(params) or sum(1 for _ in model.parameters()) != len(names):
-        raise SystemExit(f"mamba_block_vs_ash: the checkpoint's tensors {sorted(params)} are not the model's "
-                         f"{sorted(names)}")
+        raise SystemExit(f"{prog}: the checkpoint's tensors {sorted(params)} are not the model's {sorted(names)}")
     with torch.no_grad():
         for name, (p, shape) in names.items():
             value = params[name]
@@ -156,12 +182,9 @@ def build_model(torch, Mamba, checkpoint, device, mutate=False):
                 value = value[:, ::-1].copy()  # --mutate: the taps the wrong way round
             t = torch.from_numpy(np.ascontiguousarray(value)).to(device=device, dtype=torch.float32)
             if tuple(t.shape) != tuple(shape or p.shape):
-                raise SystemExit(f"mamba_block_vs_ash: /params/{name} has shape {tuple(t.shape)}, "
+                raise SystemExit(f"{prog}: /params/{name} has shape {tuple(t.shape)}, "
                                  f"the model's is {tuple(shape or p.shape)}")
             p.copy_(t.reshape(p.shape))
-    dims = {"vocab": V, "width": D, "state": N, "layers": K, "expand": m["expand"], "conv_kernel": Kc,
-            "dt_rank": R, "tie_embeddings": tied}
-    return model, dims, names
 
 
 def _param_names(f):
@@ -179,8 +202,6 @@ def their_tokens(torch, T, batch, vocab, device):
 
 def role_check(args):
     """The check (in a process of its own): theirs' loss and gradients against OUR gradient file."""
-    import h5py
-    import numpy as np
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -192,6 +213,17 @@ def role_check(args):
     x = their_tokens(torch, args.check_T, args.check_batch, dims["vocab"], device)
     loss = model(x)
     loss.backward()
+    return compare_with_ash(args, loss, names, {"mamba_ssm": version, "selective_scan_cuda": where, "conv": conv,
+                                                "device": _device_name(torch, device), "torch": torch.__version__,
+                                                **dims})
+
+
+def compare_with_ash(args, loss, names, context):
+    """Their loss and gradients (names: our /params path -> (parameter, ...)) against ash's gradient
+    file args.ash_grad: OUT/check.json (with the context fields) and one line; 0 when within the
+    tolerances, else 1."""
+    import h5py
+    import numpy as np
     with h5py.File(args.ash_grad, "r") as f:
         ash_loss = float(f["/loss"][()])
         worst, bad = (0.0, ""), []
@@ -209,8 +241,7 @@ def role_check(args):
     result = {"T": args.check_T, "batch": args.check_batch, "loss_mamba_ssm": loss.item(), "loss_ash": ash_loss,
               "loss_rel_error": loss_err, "loss_rtol": args.loss_rtol, "grad_worst_rel_error": worst[0],
               "grad_worst_tensor": worst[1], "grad_rtol": args.grad_rtol, "grad_failed": bad, "passed": bool(ok),
-              "mutate": args.mutate, "mamba_ssm": version, "selective_scan_cuda": where, "conv": conv,
-              "device": _device_name(torch, device), "torch": torch.__version__, **dims}
+              "mutate": args.mutate, **context}
     with open(os.path.join(args.out, "check.json"), "w") as f:
         json.dump(result, f, indent=1)
     over = f"; over it ({len(bad)} tensors): {', '.join(bad[:6])}{', ...' if len(bad) > 6 else ''}" if bad else ""
@@ -230,8 +261,7 @@ def role_sweep(args):
     import torch
     import torch.utils.checkpoint  # noqa: F401  (mode "checkpoint")
     sys.path.insert(0, HERE)
-    from side_by_side import (PEAK_TORCH, PROGRESS_HEAD, TIMER_TORCH_CPU, TIMER_TORCH_CUDA, make_row, measure,
-                              print_row, sweep_modes, train_step)
+    from side_by_side import PEAK_TORCH, PROGRESS_HEAD, TIMER_TORCH_CPU, TIMER_TORCH_CUDA
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if args.threads:
@@ -250,36 +280,46 @@ def role_sweep(args):
           f"conv {conv}; fast: {missing or 'mamba_inner_fn + causal-conv1d'}; selective_scan_cuda: {where}); "
           f"torch {torch.__version__}, {base['device']}, float32; {dims}", flush=True)
     print(PROGRESS_HEAD, flush=True)
+    return their_sweep(args, torch, device, model, dims["vocab"], base, modes, missing, "use_fast_path",
+                       lambda fast: {"use_fast_path": fast, "conv": "causal_conv1d" if fast else conv})
+
+
+def their_sweep(args, torch, device, model, vocab, base, modes, missing, fast_attr, extra):
+    """side_by_side's sweep of the stack `model` (its .mixers, .checkpoint) per T and mode: the mode
+    "fast" sets each mixer's fast_attr (read at each call: one model, one set of parameters), or,
+    where missing says why it cannot run, one row per T says so; extra(fast) adds fields to a row.
+    Rows go to OUT/mamba.jsonl with the fields of base."""
+    from side_by_side import make_row, measure, print_row, sweep_modes, train_step
+    cuda = device.type == "cuda"
 
     def point(T, mode):
         if mode == "fast" and missing:
             return make_row("mamba-ssm", mode, T, [], None, None, batch=args.batch, available=False,
                             note=f"fast path not available: {missing}")
-        x = their_tokens(torch, T, args.batch, dims["vocab"], device)
+        x = their_tokens(torch, T, args.batch, vocab, device)
         model.checkpoint = mode == "checkpoint"
-        for mixer in model.mixers:  # read by Mamba.forward at each call: one model, one set of parameters
-            mixer.use_fast_path = mode == "fast"
+        for mixer in model.mixers:
+            setattr(mixer, fast_attr, mode == "fast")
         try:
             times, loss, peak = measure(torch, train_step(model, x), args.reps, cuda)
         finally:
             model.zero_grad(set_to_none=True)
             model.checkpoint = False
             for mixer in model.mixers:
-                mixer.use_fast_path = False
-        return make_row("mamba-ssm", mode, T, times, peak, loss, batch=args.batch,
-                        use_fast_path=mode == "fast", conv="causal_conv1d" if mode == "fast" else conv)
+                setattr(mixer, fast_attr, False)
+        return make_row("mamba-ssm", mode, T, times, peak, loss, batch=args.batch, **extra(mode == "fast"))
 
     def emit(row):
         with open(os.path.join(args.out, "mamba.jsonl"), "a") as f:
             f.write(json.dumps({**base, **row}) + "\n")
         print_row(row)
 
+    Ts = [int(t) for t in args.T.split(",")]
     if missing:  # one row per T says so; the other modes' series go on
         modes = [m for m in modes if m != "fast"]
-        for T in [int(t) for t in args.T.split(",")]:
+        for T in Ts:
             emit(point(T, "fast"))
-    sweep_modes(torch, [int(t) for t in args.T.split(",")], modes, point, emit, args.reps, args.max_seconds,
-                args.deadline, args.batch)
+    sweep_modes(torch, Ts, modes, point, emit, args.reps, args.max_seconds, args.deadline, args.batch)
     return 0
 
 
@@ -305,8 +345,9 @@ def run(cmd, log, timeout=None):
     return r.returncode
 
 
-def summary(out, sweep_rtol):
-    """The joined rows (OUT/rows.jsonl, loss_ok set) and table; returns the T at which the losses disagree."""
+def summary(out, sweep_rtol, head_of, skipped=""):
+    """The joined rows (OUT/rows.jsonl, loss_ok set) and table under head_of(check.json's fields) (or
+    "no check ran" + skipped); returns the T at which the losses disagree."""
     rows = read_rows(os.path.join(out, "ash.jsonl")) + read_rows(os.path.join(out, "mamba.jsonl"))
     mismatched = mark_losses(rows, lambda r: r["T"], sweep_rtol)
     write_rows(os.path.join(out, "rows.jsonl"), rows)
@@ -314,12 +355,9 @@ def summary(out, sweep_rtol):
     if os.path.exists(os.path.join(out, "check.json")):
         with open(os.path.join(out, "check.json")) as f:
             check = json.load(f)
-    head = (f"Mamba D={check.get('width')} N={check.get('state')} K={check.get('layers')} "
-            f"V={check.get('vocab')} E={check.get('expand', 0) * (check.get('width') or 0)}, float; theirs: "
-            f"mamba-ssm {check.get('mamba_ssm')} Mamba (autograd and checkpoint: use_fast_path=False, conv "
-            f"{check.get('conv')}; fast: use_fast_path=True), {check.get('device')}; check at T={check.get('T')}: "
-            f"{'passed' if check.get('passed') else 'FAILED'} (loss {check.get('loss_rel_error', float('nan')):.1e}, "
-            f"gradients {check.get('grad_worst_rel_error', float('nan')):.1e})") if check else "no check ran"
+    head = (head_of(check) + f"; check at T={check.get('T')}: {'passed' if check.get('passed') else 'FAILED'} "
+            f"(loss {check.get('loss_rel_error', float('nan')):.1e}, gradients "
+            f"{check.get('grad_worst_rel_error', float('nan')):.1e})") if check else "no check ran" + skipped
     longest = []
     for side, mode in sorted({(r["side"], r["mode"]) for r in rows}):
         Ts = [r["T"] for r in rows if (r["side"], r["mode"]) == (side, mode) and r.get("median_s") is not None]
@@ -334,29 +372,26 @@ def summary(out, sweep_rtol):
     return mismatched
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def head_of_check(c):
+    return (f"Mamba D={c.get('width')} N={c.get('state')} K={c.get('layers')} V={c.get('vocab')} "
+            f"E={c.get('expand', 0) * (c.get('width') or 0)}, float; theirs: mamba-ssm {c.get('mamba_ssm')} Mamba "
+            f"(autograd and checkpoint: use_fast_path=False, conv {c.get('conv')}; fast: use_fast_path=True), "
+            f"{c.get('device')}")
+
+
+def driver_args(ap, T, modes, mamba_dir_help):
+    """The options the block scripts share (their model's sizes are their own)."""
     ap.add_argument("--out", required=True)
     ap.add_argument("--build", default="build", help="the ash build folder (a CUDA build on a GPU)")
     ap.add_argument("--ash", help="the ash executable (default: BUILD/src/ash)")
     ap.add_argument("--bench", help="ash_bench_grad (default: BUILD/perf_tests/ash_bench_grad)")
-    ap.add_argument("--mamba-dir", help="a folder with selective_scan_cuda*.so and mamba_ssm/ "
-                                        "(perf_tests/gpu/mamba_link.py, perf_tests/mamba_build.sh)")
-    ap.add_argument("--width", type=int, default=256, help="D")
-    ap.add_argument("--state", type=int, default=16, help="N")
-    ap.add_argument("--layers", type=int, default=4, help="K")
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--expand", type=int, default=2)
-    ap.add_argument("--conv-kernel", type=int, default=4)
-    ap.add_argument("--dt-rank", type=int, default=0, help="0: ceil(D / 16)")
-    ap.add_argument("--T", default=",".join(str(2**e) for e in range(12, 25)))
+    ap.add_argument("--mamba-dir", help=mamba_dir_help)
+    ap.add_argument("--T", default=T)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--check-T", type=int, default=2048)
     ap.add_argument("--check-batch", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions per T on each side, after one warm-up")
-    ap.add_argument("--modes", default="autograd,checkpoint,fast",
-                    help="mamba-ssm's: autograd (use_fast_path=False), checkpoint (the same, each block under "
-                         "torch.utils.checkpoint), fast (use_fast_path=True: mamba_inner_fn + causal-conv1d)")
+    ap.add_argument("--modes", default="autograd,checkpoint,fast", help=modes)
     ap.add_argument("--max-seconds", type=float, default=30, help="per-point cap: warm-up + reps of one T")
     ap.add_argument("--deadline", type=float, default=0, help="start no measurement after this many seconds")
     ap.add_argument("--loss-rtol", type=float, default=1e-5)
@@ -364,7 +399,8 @@ def main():
     ap.add_argument("--sweep-loss-rtol", type=float, default=1e-4, help="the two losses at every T measured")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
-    ap.add_argument("--quick", action="store_true", help="host smoke run: selective_scan_ref on the CPU, tiny sizes")
+    ap.add_argument("--quick", action="store_true",
+                    help="host smoke run: mamba-ssm's references on the CPU, tiny sizes")
     ap.add_argument("--mutate", action="store_true", help="their conv taps reversed: the check must fail")
     ap.add_argument("--mutate-sweep", action="store_true",
                     help="their conv taps reversed in the sweep only: every T's losses must be flagged")
@@ -372,24 +408,25 @@ def main():
     ap.add_argument("--role", choices=("check", "sweep"), help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
     ap.add_argument("--ash-grad", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.quick:
-        args.width, args.state, args.layers, args.vocab, args.conv_kernel = 16, 4, 2, 64, 3
-        args.T, args.check_T, args.check_batch, args.reps, args.device, args.threads = "64,128", 48, 2, 2, "cpu", 1
-    if args.role == "check":
-        return role_check(args)
-    if args.role == "sweep":
-        return role_sweep(args)
 
+
+def drive(args, script, arch, sizes, child_extra=(), head_of=head_of_check, missing=None):
+    """The driver (no CUDA in this process): `ash init` (model.arch=arch, model.<key>=<value> of sizes),
+    the check, their sweep (script --role sweep), ours (ash_bench_grad --arch arch, sizes as flags),
+    the summary. missing: why their side cannot run here (then ours runs alone). Returns the exit status."""
+    name = os.path.basename(script)[:-3]
     os.makedirs(args.out, exist_ok=True)
     # this run's rows only
-    for name in ("ash.jsonl", "mamba.jsonl", "rows.jsonl", "check.json", "log.txt", "summary.md"):
-        if os.path.exists(os.path.join(args.out, name)):
-            os.remove(os.path.join(args.out, name))
+    for f in ("ash.jsonl", "mamba.jsonl", "rows.jsonl", "check.json", "log.txt", "summary.md"):
+        if os.path.exists(os.path.join(args.out, f)):
+            os.remove(os.path.join(args.out, f))
     log = os.path.join(args.out, "log.txt")
     ash = args.ash or os.path.join(args.build, "src", "ash")
     bench = args.bench or os.path.join(args.build, "perf_tests", "ash_bench_grad")
     t_start = time.monotonic()
+    skipped = f": mamba-ssm's side skipped, {missing}" if missing else ""
+    if missing:
+        print(f"# {missing}: mamba-ssm's side (the check and their sweep) is skipped; ours runs alone", flush=True)
 
     def left():
         return max(1.0, args.deadline - (time.monotonic() - t_start)) if args.deadline else None
@@ -400,40 +437,43 @@ def main():
             return True
         return False
 
-    sizes = {"width": args.width, "state": args.state, "layers": args.layers, "vocab": args.vocab,
-             "expand": args.expand, "conv_kernel": args.conv_kernel, "dt_rank": args.dt_rank}
-    ckpt = os.path.join(args.out, "mamba.h5")
-    if run([ash, "init", "--precision", "float", "--out", ckpt, "--set", "model.arch=mamba"] +
+    def done(rc):
+        summary(args.out, args.sweep_loss_rtol, head_of, skipped)
+        return rc
+
+    ckpt = os.path.join(args.out, arch + ".h5")
+    if run([ash, "init", "--precision", "float", "--out", ckpt, "--set", f"model.arch={arch}"] +
            [a for k, v in sizes.items() for a in ("--set", f"model.{k}={v}")], log, left()):
         return 1
-    child = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--checkpoint", ckpt, "--device",
+    child = [sys.executable, os.path.abspath(script), "--out", args.out, "--checkpoint", ckpt, "--device",
              args.device, "--threads", str(args.threads), "--reps", str(args.reps), "--max-seconds",
              str(args.max_seconds), "--batch", str(args.batch), "--T", args.T, "--check-T", str(args.check_T),
              "--check-batch", str(args.check_batch), "--loss-rtol", str(args.loss_rtol), "--grad-rtol",
-             str(args.grad_rtol), "--modes", args.modes] + (["--mutate-sweep"] if args.mutate_sweep else []) + \
-        (["--mamba-dir", args.mamba_dir] if args.mamba_dir else [])
+             str(args.grad_rtol), "--modes", args.modes] + list(child_extra) + \
+        (["--mutate-sweep"] if args.mutate_sweep else []) + (["--mamba-dir", args.mamba_dir] if args.mamba_dir else [])
 
     # 1. the check: ash grad (E3) writes our loss and gradients, theirs compares in its own process
-    with tempfile.TemporaryDirectory() as tmp:
-        ids, grad = os.path.join(tmp, "ids.u32"), os.path.join(tmp, "grad.h5")
-        sys.path.insert(0, HERE)
-        from torch_baseline import synthetic_ids
-        synthetic_ids(args.check_batch * args.check_T, args.vocab).astype("<u4").tofile(ids)
-        rc = run([ash, "grad", "--checkpoint", ckpt, "--tokens", ids, "--engine", "adjoint-exact", "--set",
-                  f"data.seq_len={args.check_T}", "--set", f"data.batch={args.check_batch}", "--out", grad], log, left())
-        if rc == 0:
-            rc = run(child + ["--role", "check", "--ash-grad", grad] + (["--mutate"] if args.mutate else []), log,
+    if not missing:
+        with tempfile.TemporaryDirectory() as tmp:
+            ids, grad = os.path.join(tmp, "ids.u32"), os.path.join(tmp, "grad.h5")
+            sys.path.insert(0, HERE)
+            from torch_baseline import synthetic_ids
+            synthetic_ids(args.check_batch * args.check_T, args.vocab).astype("<u4").tofile(ids)
+            rc = run([ash, "grad", "--checkpoint", ckpt, "--tokens", ids, "--engine", "adjoint-exact", "--set",
+                      f"data.seq_len={args.check_T}", "--set", f"data.batch={args.check_batch}", "--out", grad], log,
                      left())
-    if rc != 0:
-        summary(args.out, args.sweep_loss_rtol)
-        print("mamba_block_vs_ash: the check against ash grad failed", file=sys.stderr)
-        return 1
+            if rc == 0:
+                rc = run(child + ["--role", "check", "--ash-grad", grad] + (["--mutate"] if args.mutate else []), log,
+                         left())
+        if rc != 0:
+            done(1)
+            print(f"{name}: the check against ash grad failed", file=sys.stderr)
+            return 1
     if args.no_sweep:
-        summary(args.out, args.sweep_loss_rtol)
-        return 0
+        return done(0)
 
     # 2. theirs (runs out of memory first): at most half of what is left
-    if not out_of_time("mamba-ssm's sweep"):
+    if not missing and not out_of_time("mamba-ssm's sweep"):
         share = max(1.0, left() / 2) if args.deadline else 0
         run(child + ["--role", "sweep", "--deadline", str(share)], log, share + 30 if share else None)
     # 3. ours: one process per T, so an out-of-memory ends the series and nothing else
@@ -449,10 +489,9 @@ def main():
         if os.path.exists(one):
             os.remove(one)
         cap = 2 * args.max_seconds + 30  # a point predicted under the cap that runs far over it is stopped
-        run([bench, "--arch", "mamba", "--engines", "adjoint-exact", "--T", str(T), "--batch", str(args.batch),
+        run([bench, "--arch", arch, "--engines", "adjoint-exact", "--T", str(T), "--batch", str(args.batch),
              "--reps", str(args.reps), "--warmup", "1", "--precision", "float", "--json", one] +
-            [a for k in ("width", "state", "layers", "vocab", "expand") for a in (f"--{k}", str(sizes[k]))] +
-            ["--conv-kernel", str(args.conv_kernel), "--dt-rank", str(args.dt_rank)], log,
+            [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))], log,
             min(cap, left()) if args.deadline else cap)
         new = read_rows(one)
         if os.path.exists(one):
@@ -462,15 +501,44 @@ def main():
         last = ash_row(new[-1], "E3")
         with open(os.path.join(args.out, "ash.jsonl"), "a") as f:
             f.write(json.dumps(last) + "\n")
-    mismatched = summary(args.out, args.sweep_loss_rtol)
-    measured = [len(read_rows(os.path.join(args.out, f))) for f in ("ash.jsonl", "mamba.jsonl")]
-    if min(measured) == 0:
-        print(f"mamba_block_vs_ash: no measurement of {'ash' if measured[0] == 0 else 'mamba-ssm'}", file=sys.stderr)
+    mismatched = summary(args.out, args.sweep_loss_rtol, head_of, skipped)
+    measured = {"ash": len(read_rows(os.path.join(args.out, "ash.jsonl"))),
+                "mamba-ssm": len(read_rows(os.path.join(args.out, "mamba.jsonl")))}
+    empty = [side for side, n in measured.items() if n == 0 and not (side == "mamba-ssm" and missing)]
+    if empty:
+        print(f"{name}: no measurement of {', '.join(empty)}", file=sys.stderr)
         return 1
     if mismatched:
-        print(f"mamba_block_vs_ash: the losses disagree at T = {mismatched}", file=sys.stderr)
+        print(f"{name}: the losses disagree at T = {mismatched}", file=sys.stderr)
         return 1
     return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    driver_args(ap, ",".join(str(2**e) for e in range(12, 25)),
+                "mamba-ssm's: autograd (use_fast_path=False), checkpoint (the same, each block under "
+                "torch.utils.checkpoint), fast (use_fast_path=True: mamba_inner_fn + causal-conv1d)",
+                "a folder with selective_scan_cuda*.so and mamba_ssm/ "
+                "(perf_tests/gpu/mamba_link.py, perf_tests/mamba_build.sh)")
+    ap.add_argument("--width", type=int, default=256, help="D")
+    ap.add_argument("--state", type=int, default=16, help="N")
+    ap.add_argument("--layers", type=int, default=4, help="K")
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--expand", type=int, default=2)
+    ap.add_argument("--conv-kernel", type=int, default=4)
+    ap.add_argument("--dt-rank", type=int, default=0, help="0: ceil(D / 16)")
+    args = ap.parse_args()
+    if args.quick:
+        args.width, args.state, args.layers, args.vocab, args.conv_kernel = 16, 4, 2, 64, 3
+        args.T, args.check_T, args.check_batch, args.reps, args.device, args.threads = "64,128", 48, 2, 2, "cpu", 1
+    if args.role == "check":
+        return role_check(args)
+    if args.role == "sweep":
+        return role_sweep(args)
+    return drive(args, __file__, "mamba", {"width": args.width, "state": args.state, "layers": args.layers,
+                                           "vocab": args.vocab, "expand": args.expand,
+                                           "conv_kernel": args.conv_kernel, "dt_rank": args.dt_rank})
 
 
 if __name__ == "__main__":

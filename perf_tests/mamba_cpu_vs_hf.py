@@ -79,19 +79,24 @@ def child_init(a):
     import torch
     from transformers import MambaForCausalLM
     torch.manual_seed(a.seed)
-    model = MambaForCausalLM(hf_config(a, False)).to(torch.float32)
+    save_model(a, MambaForCausalLM(hf_config(a, False)).to(torch.float32))
+
+
+def save_model(a, model):
+    """Saves transformers' model (and, with --mutate, the copy ash gets: its final norm scaled by 1.1,
+    which the loss check must catch); prints its parameter count and the versions."""
+    import torch
+    import transformers
     model.save_pretrained(a.model_dir)
-    if a.mutate:  # a different model for ash: the loss check must catch it
+    if a.mutate:
         with torch.no_grad():
             model.backbone.norm_f.weight.mul_(1.1)
         model.save_pretrained(a.model_dir + "_mutated")
-    import transformers
     print(json.dumps({"parameters": sum(p.numel() for p in model.parameters()), "torch": torch.__version__,
                       "transformers": transformers.__version__}))
 
 
 def child_hf(a):
-    import numpy as np
     import torch
     from transformers import MambaForCausalLM
     from transformers.models.mamba import modeling_mamba
@@ -103,8 +108,18 @@ def child_hf(a):
     model = MambaForCausalLM.from_pretrained(a.model_dir, use_mambapy=mambapy, dtype=torch.float32)
     assert model.config.use_mambapy == mambapy and model.dtype == torch.float32
     model.train()
+    timed_gradient(torch, model, read_ids(torch, a))
+
+
+def read_ids(torch, a):
+    """The first a.T tokens of a.tokens as a (1, T) id tensor."""
+    import numpy as np
     ids = np.fromfile(a.tokens, dtype="<u4", count=a.T).astype(np.int64)
-    x = torch.from_numpy(ids).reshape(1, a.T)
+    return torch.from_numpy(ids).reshape(1, a.T)
+
+
+def timed_gradient(torch, model, x):
+    """One gradient of transformers' loss on x, timed; prints the child's JSON line."""
     base = vm_kib("VmRSS")
     t0 = time.perf_counter()
     out = model(input_ids=x, labels=x, use_cache=False)
@@ -153,21 +168,20 @@ def mib(kib):
     return f"{kib / 1024:.0f} MiB" if kib else "-"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--T-list", default="4096,8192,16384,32768,65536")
+def common_args(ap, T_list, timeout, children):
+    """The options this script and mamba2_cpu_vs_hf.py share (the sweep, the caps, the model's common sizes,
+    the internal ones of the child processes)."""
+    ap.add_argument("--T-list", default=T_list)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads and BLAS threads")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per run (a child past it is killed)")
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds per run (a child past it is killed)")
     ap.add_argument("--json", help="append one JSON object per run to this file")
     ap.add_argument("--reps", type=int, default=1, help="runs (processes) per point, to show the spread")
-    ap.add_argument("--impls", default=",".join(IMPLS))
     ap.add_argument("--ash", default=os.path.join(ROOT, "build", "src", "ash"))
     ap.add_argument("--ash-set", action="append", default=[], help="extra --set KEY=VALUE for ash grad")
     ap.add_argument("--mem-cap", type=float, default=0,
                     help="GiB of RSS a child may reach (default: 80%% of MemAvailable at the start)")
     ap.add_argument("--work", help="folder for the model, tokens and gradients (default: a temporary one)")
     ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--state", type=int, default=16)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=256)
     ap.add_argument("--expand", type=int, default=2)
@@ -176,11 +190,44 @@ def main():
     ap.add_argument("--rtol", type=float, default=1e-4, help="largest relative loss difference between runs")
     ap.add_argument("--mutate", action="store_true", help="ash gets a perturbed model: the check must fail")
     # internal: the child processes
-    ap.add_argument("--child", choices=("init", "hf"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=children, help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
     ap.add_argument("--T", type=int, help=argparse.SUPPRESS)
+
+
+def prepare(a, me, sizes, n_tokens, import_ash, prog):
+    """The caps, the work folder, the children's environment; the model once (transformers initialises
+    and saves it in the child `me --child init`, ash imports that folder) and the tokens
+    (id_i = i * 2654435761 mod 2^64 mod V). Returns (cap_kib, work, env, made, hf_dir, checkpoint, tokens)."""
+    cap_kib = int((a.mem_cap * 2**30 if a.mem_cap else 0.80 * vm_kib_meminfo() * 1024) / 1024)
+    work = a.work or tempfile.mkdtemp(prefix=prog + ".")
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
+               MKL_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
+    hf_dir, ck = os.path.join(work, "hf"), os.path.join(work, "model.h5")
+    st, o, e, _, _ = run_child(me + ["--child", "init", "--model-dir", hf_dir] + sizes + ["--mutate"] * a.mutate,
+                               env, 600, 0)
+    if st != "ok":
+        sys.exit(f"{prog}: saving transformers' model failed:\n{e}")
+    made = json.loads(o.strip().splitlines()[-1])
+    if import_ash:
+        r = subprocess.run([a.ash, "import-hf", "--from", hf_dir + "_mutated" * a.mutate, "--out", ck,
+                            "--precision", "float"], capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"{prog}: ash import-hf failed:\n{r.stderr}")
+    tokens = os.path.join(work, "tokens.u32")
+    with open(tokens, "wb") as f:
+        f.write(b"".join(((i * 2654435761) % 2**64 % a.vocab).to_bytes(4, "little") for i in range(n_tokens)))
+    return cap_kib, work, env, made, hf_dir, ck, tokens
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    common_args(ap, "4096,8192,16384,32768,65536", 600, ("init", "hf"))
+    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--state", type=int, default=16)
     a = ap.parse_args()
     if a.child == "init":
         return child_init(a)
@@ -194,74 +241,19 @@ def main():
         ap.error(f"--impls from {','.join(IMPLS)}; --reps, --threads >= 1; T >= 2 ({bad or ''})")
     if "ash" in impls and not os.access(a.ash, os.X_OK):
         ap.error(f"no ash executable at {a.ash} (--ash)")
-    cap_kib = int((a.mem_cap * 2**30 if a.mem_cap else 0.80 * vm_kib_meminfo() * 1024) / 1024)
-    work = a.work or tempfile.mkdtemp(prefix="mamba_cpu_vs_hf.")
-    os.makedirs(work, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), OPENBLAS_NUM_THREADS=str(a.threads),
-               MKL_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
     me = [sys.executable, os.path.abspath(__file__)]
     sizes = ["--width", str(a.width), "--state", str(a.state), "--layers", str(a.layers), "--vocab", str(a.vocab),
              "--expand", str(a.expand), "--conv-kernel", str(a.conv_kernel), "--seed", str(a.seed)]
-
-    # The model once: transformers initialises and saves it, ash imports that folder.
-    hf_dir, ck = os.path.join(work, "hf"), os.path.join(work, "model.h5")
-    st, o, e, _, _ = run_child(me + ["--child", "init", "--model-dir", hf_dir] + sizes + ["--mutate"] * a.mutate,
-                               env, 600, 0)
-    if st != "ok":
-        sys.exit(f"mamba_cpu_vs_hf: saving transformers' model failed:\n{e}")
-    made = json.loads(o.strip().splitlines()[-1])
+    cap_kib, work, env, made, hf_dir, ck, tokens = prepare(a, me, sizes, max(Ts), "ash" in impls, "mamba_cpu_vs_hf")
     params = made["parameters"]
-    if "ash" in impls:
-        r = subprocess.run([a.ash, "import-hf", "--from", hf_dir + "_mutated" * a.mutate, "--out", ck,
-                            "--precision", "float"],
-                           capture_output=True, text=True)
-        if r.returncode:
-            sys.exit(f"mamba_cpu_vs_hf: ash import-hf failed:\n{r.stderr}")
-    tokens = os.path.join(work, "tokens.u32")
-    n = max(Ts)
-    with open(tokens, "wb") as f:
-        f.write(b"".join(((i * 2654435761) % 2**64 % a.vocab).to_bytes(4, "little") for i in range(n)))
 
     head = (f"# model: transformers MambaForCausalLM V={a.vocab} D={a.width} N={a.state} K={a.layers} "
             f"expand={a.expand} Kc={a.conv_kernel} dt_rank=auto tied, {params} parameters, float32, batch 1; "
             f"seed {a.seed}\n# torch {made['torch']}, transformers {made['transformers']}, "
             f"{a.threads} thread(s); per-run cap {a.timeout:.0f} s, {cap_kib / 2**20:.1f} GiB RSS; work {work}")
     print(head, flush=True)
-    rows, mismatches = [], []
-    stop = {}  # impl -> why larger T are not run
-    done = {}  # impl -> [(T, seconds, peak above base KiB)] of its measured runs, one per T
-    for T in Ts:
-        ref = None  # the first finished loss of this T
-        for impl in impls:
-            for rep in range(a.reps):
-                row = {"impl": impl, "T": T, "rep": rep, "threads": a.threads}
-                if impl in stop:
-                    row.update(status="skipped", why=stop[impl])
-                elif predict(done.get(impl, []), T, 1) > a.timeout:
-                    row.update(status="skipped", why=f"predicted {predict(done[impl], T, 1):.0f} s > --timeout "
-                                                     f"{a.timeout:.0f} s")
-                elif cap_kib and predict(done.get(impl, []), T, 2) > cap_kib:
-                    row.update(status="skipped", why=f"predicted {predict(done[impl], T, 2) / 2**20:.1f} GiB > the "
-                                                     f"cap {cap_kib / 2**20:.1f} GiB")
-                else:
-                    row.update(measure(a, impl, T, me, sizes, hf_dir, ck, tokens, work, env, cap_kib))
-                if row["status"] == "ok":
-                    if ref is None:
-                        ref = row["loss"]
-                    row["loss_rel_diff"] = abs(row["loss"] - ref) / abs(ref)
-                    if row["loss_rel_diff"] > a.rtol:
-                        mismatches.append(row)
-                    if not done.get(impl) or done[impl][-1][0] != T:
-                        done.setdefault(impl, []).append((T, row["seconds"], row["peak_kib"] - row.get("base_kib", 0)))
-                elif row["status"] in ("timeout", "memory") and impl not in stop:
-                    stop[impl] = f"T={T} ran out of {'time' if row['status'] == 'timeout' else 'memory'}"
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-                if a.json:
-                    with open(a.json, "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                if row["status"] == "skipped":
-                    break
+    rows, mismatches = sweep(a, impls, Ts, cap_kib, lambda impl, T: measure(a, impl, T, me, sizes, hf_dir, ck, tokens,
+                                                                         work, env, cap_kib))
     print()
     print(head)
     print(table(rows, impls))
@@ -276,6 +268,57 @@ def main():
         print("mamba_cpu_vs_hf: nothing was measured", file=sys.stderr)
         return 1
     return 0
+
+
+def sweep(a, impls, Ts, cap_kib, run_point, alternate=False, budget=0):
+    """Every T upward, each implementation a.reps times (run_point(impl, T) -> row); returns (rows,
+    mismatches). alternate: the reps interleaved (rep 0: impls in order, rep 1: reversed, ...), so
+    that a shared machine's slow spell hits both sides; else each implementation's reps in a row.
+    An implementation stops after a timeout or out-of-memory run, and a point whose extrapolated
+    time or memory passes the caps is skipped; budget: no run starts after that many seconds."""
+    rows, mismatches = [], []
+    stop = {}  # impl -> why larger T are not run
+    done = {}  # impl -> [(T, seconds, peak above base KiB)] of its measured runs, one per T
+    t_start = time.monotonic()
+    for T in Ts:
+        ref = None  # the first finished loss of this T
+        order = ([(i, r) for r in range(a.reps) for i in (impls if r % 2 == 0 else impls[::-1])] if alternate
+                 else [(i, r) for i in impls for r in range(a.reps)])
+        skipped = set()  # impls skipped at this T: one row says why
+        for impl, rep in order:
+            if impl in skipped:
+                continue
+            row = {"impl": impl, "T": T, "rep": rep, "threads": a.threads}
+            if impl in stop:
+                row.update(status="skipped", why=stop[impl])
+            elif budget and time.monotonic() - t_start > budget:
+                row.update(status="skipped", why=f"the measurement budget of {budget:.0f} s was spent")
+            elif predict(done.get(impl, []), T, 1) > a.timeout:
+                row.update(status="skipped", why=f"predicted {predict(done[impl], T, 1):.0f} s > --timeout "
+                                                 f"{a.timeout:.0f} s")
+            elif cap_kib and predict(done.get(impl, []), T, 2) > cap_kib:
+                row.update(status="skipped", why=f"predicted {predict(done[impl], T, 2) / 2**20:.1f} GiB > the "
+                                                 f"cap {cap_kib / 2**20:.1f} GiB")
+            else:
+                row.update(run_point(impl, T))
+            if row["status"] == "ok":
+                if ref is None:
+                    ref = row["loss"]
+                row["loss_rel_diff"] = abs(row["loss"] - ref) / abs(ref)
+                if row["loss_rel_diff"] > a.rtol:
+                    mismatches.append(row)
+                if not done.get(impl) or done[impl][-1][0] != T:
+                    done.setdefault(impl, []).append((T, row["seconds"], row["peak_kib"] - row.get("base_kib", 0)))
+            elif row["status"] in ("timeout", "memory") and impl not in stop:
+                stop[impl] = f"T={T} ran out of {'time' if row['status'] == 'timeout' else 'memory'}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            if a.json:
+                with open(a.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            if row["status"] == "skipped":
+                skipped.add(impl)
+    return rows, mismatches
 
 
 def predict(points, T, i):
@@ -340,8 +383,9 @@ def measure(a, impl, T, me, sizes, hf_dir, ck, tokens, work, env, cap_kib):
     return row
 
 
-def table(rows, impls):
+def table(rows, impls, labels=None):
     """One line per T: each implementation's time (median of the runs; min-max) and peak, and our ratios."""
+    labels = labels or LABEL
     def cell(rs):
         ok = [r for r in rs if r["status"] == "ok"]
         if not ok:
@@ -351,7 +395,7 @@ def table(rows, impls):
         spread = f" ({min(s):.3g}-{max(s):.3g}, {len(s)} runs)" if len(s) > 1 else ""
         peak = max(r["peak_kib"] for r in ok)
         return med, peak, f"{med:.3g} s{spread}, {mib(peak)}"
-    hdr = ["T"] + [LABEL[i] for i in impls]
+    hdr = ["T"] + [labels[i] for i in impls]
     both = "ash" in impls and any(i != "ash" for i in impls)
     if both:
         hdr += ["ash / faster HF: time", "ash / faster HF: peak"]

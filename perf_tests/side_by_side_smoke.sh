@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# ctest mamba_vs_ash_smoke / mamba_block_vs_ash_smoke: the side-by-side scripts on the host
-# (mamba-ssm's selective_scan_ref, tiny sizes) by perf_tests/side_by_side.py's protocol:
+# ctest mamba_vs_ash_smoke / mamba_block_vs_ash_smoke / mamba2_vs_ash_smoke: the side-by-side scripts
+# on the host (mamba-ssm's pure-PyTorch references: selective_scan_ref; for Mamba2 ssd_chunk_scan_combined_ref
+# and rms_norm_ref; tiny sizes) by perf_tests/side_by_side.py's protocol:
 # every row in OUT/rows.jsonl has the named fields, is warm, has min <= median, and the
 # losses agree at every T; mamba-ssm's rows come in both modes (autograd, checkpoint),
-# mamba_vs_ash.py's kernel-only rows on both sides, mamba_block_vs_ash.py's fast-path row
-# (measured, or saying why not). Then a deliberate loss mismatch (--mutate-sweep: their
+# mamba_vs_ash.py's kernel-only rows on both sides, mamba_block_vs_ash.py's and mamba2_vs_ash.py's
+# fast-path row (measured, or saying why not). Then a deliberate loss mismatch (--mutate-sweep: their
 # model changed in the sweep only) must be flagged (rows "loss_ok": false, exit 1); for the
-# block script the check with their conv taps reversed (--mutate) must fail too.
+# block scripts the check with their conv taps reversed (--mutate) must fail too.
 # Exit 77 (skipped) without torch, einops or mamba_ssm.
-#   side_by_side_smoke.sh vs|block PYTHON BUILD WORKDIR [extra arguments of the script]
+#   side_by_side_smoke.sh vs|block|mamba2 PYTHON BUILD WORKDIR [extra arguments of the script]
 set -uo pipefail
 kind=$1 py=$2 build=$3 work=$4
 shift 4
@@ -19,7 +20,8 @@ fi
 case "$kind" in
   vs) script=(mamba_vs_ash.py --python "$py") modes=autograd,checkpoint,kernel mismatch=(--kernel-T "" --batch8-T 0) ;;
   block) script=(mamba_block_vs_ash.py) modes=autograd,checkpoint,fast mismatch=() ;;
-  *) echo "side_by_side_smoke.sh: vs or block, not '$kind'" >&2; exit 2 ;;
+  mamba2) script=(mamba2_vs_ash.py) modes=autograd,checkpoint,fast mismatch=() ;;
+  *) echo "side_by_side_smoke.sh: vs, block or mamba2, not '$kind'" >&2; exit 2 ;;
 esac
 fail() { echo "side_by_side_smoke ($kind): $*" >&2; exit 1; }
 rm -rf "$work" && mkdir -p "$work"
@@ -57,7 +59,7 @@ if "$py" "$here/${script[0]}" "${script[@]:1}" --quick --out "$work/mismatch" --
 fi
 grep -q '"loss_ok": false' "$work/mismatch/rows.jsonl" || fail "--mutate-sweep: no row has loss_ok false"
 grep -qE 'MISMATCH|DISAGREE' "$work/mismatch/summary.md" || fail "--mutate-sweep: the summary does not say so"
-if [ "$kind" = block ]; then
+if [ "$kind" != vs ]; then
   echo "--- their conv taps reversed must fail the check:"
   "$py" "$here/${script[0]}" --quick --no-sweep --mutate --out "$work/mutate" --build "$build" "$@" &&
     fail "--mutate passed the check"

@@ -121,9 +121,14 @@ check_bundle() {
     echo "STALE bin/ash_bench_grad writes no per-rep times (the side-by-side protocol's min and median); rebuild the bundle"
     miss=$((miss + 1))
   fi
+  if [ -f "$dir/bin/ash_bench_grad" ] && ! grep -qa -- '--n-groups' "$dir/bin/ash_bench_grad"; then
+    echo "STALE bin/ash_bench_grad has no --arch mamba2 (perf_tests/mamba2_vs_ash.py); rebuild the bundle"
+    miss=$((miss + 1))
+  fi
   if [ -d "$dir/mamba" ]; then
     for need in BUILD_INFO.json csrc/selective_scan.cpp mamba_ssm/modules/mamba_simple.py \
-                mamba_ssm/ops/selective_scan_interface.py mamba_ssm/ops/triton/layer_norm.py; do
+                mamba_ssm/ops/selective_scan_interface.py mamba_ssm/ops/triton/layer_norm.py \
+                mamba_ssm/modules/mamba2.py mamba_ssm/ops/triton/ssd_combined.py; do
       [ -e "$dir/mamba/$need" ] || { echo "MISSING mamba/$need"; miss=$((miss + 1)); }
     done
     ls "$dir"/mamba/obj/*.o >/dev/null 2>&1 || { echo "MISSING mamba/obj/*.o"; miss=$((miss + 1)); }

@@ -19,7 +19,8 @@
 #      extension linked here first).
 #   B  scale: our Mamba (D=256 N=16 K=4, E3) against mamba-ssm's Mamba blocks (checked,
 #      then T=2^12 upward to out of memory; mamba's extension linked first unless an earlier
-#      call on this machine linked it); the longest T that the planner fits, then one
+#      call on this machine linked it), then our Mamba-2 (D=256 N=64 head_dim=64 K=4) against
+#      mamba-ssm's Mamba2 blocks (its Triton SSD) the same way; the longest T that the planner fits, then one
 #      gradient at it; run.matmul fp32/tf32/bf16 at P=1024; MPI with 2 ranks on the GPU
 #      (CUDA-aware detected, never assumed); the 1.36 B model (P=4096 N=16 K=80 V=256) at
 #      T=100K with E3, bf16 storage and layer checkpointing, 3 AdamW steps; last, SSMStack on
@@ -167,44 +168,50 @@ skip() {  # skip NAME REASON
 }
 have_mamba_py() { "$PY" -c "import torch, einops, importlib.util as u; assert u.find_spec('mamba_ssm')" 2>/dev/null; }
 
-# mamba_ready LINK_STEP USER_STEP: sets MDIR to the folder with mamba's linked extension
+# mamba_ready LINK_STEP "USER_STEP...": sets MDIR to the folder with mamba's linked extension
 # (empty on the host: --quick uses the interpreter's mamba_ssm sources). The link runs as
 # step LINK_STEP, or not at all where an earlier call on this machine left it in the cache.
-# It is USER_STEP's prerequisite: with --from USER_STEP it runs although it comes earlier.
-# Returns 1, having skipped USER_STEP with the reason, where there is no mamba-ssm.
+# It is the USER_STEPs' prerequisite: with --from one of them it runs although it comes earlier.
+# Returns 1, having skipped the USER_STEPs with the reason, where there is no mamba-ssm.
 MDIR=""
+is_from() { [ -n "$FROM" ] && [[ " $1 " == *" $FROM "* ]]; }  # is_from "STEP...": --from names one
 mamba_ready() {
   local link=$1 user=$2 key
   MDIR=""
   if [ "$QUICK" = 1 ]; then
-    have_mamba_py || { skip "$user" "torch, einops or mamba_ssm missing for $PY"; return 1; }
+    have_mamba_py || { for u in $user; do skip "$u" "torch, einops or mamba_ssm missing for $PY"; done; return 1; }
     return 0
   fi
-  [ -d "$B/mamba" ] || { skip "$link" "the bundle has no mamba/ (bundle.sh --no-mamba)"; skip "$user" "no mamba-ssm"; return 1; }
+  [ -d "$B/mamba" ] || { skip "$link" "the bundle has no mamba/ (bundle.sh --no-mamba)"
+    for u in $user; do skip "$u" "no mamba-ssm"; done; return 1; }
   key="$( { cat "$B/mamba/BUILD_INFO.json"; "$PY" -c 'import sys, torch; print(sys.version, torch.__version__)' 2>&1; } |
           sha256sum | cut -c1-16)"
   MDIR="${ASH_GPU_CACHE:-/tmp/ash-gpu-cache}/mamba-$key"
   if [ -f "$MDIR/.linked" ] && ls "$MDIR"/selective_scan_cuda*.so >/dev/null 2>&1; then
-    [ "$REACHED" = 1 ] || [ "$user" = "$FROM" ] || { record "$link" before_from 0 0 0 "before --from $FROM"; return 0; }
+    [ "$REACHED" = 1 ] || is_from "$user" || { record "$link" before_from 0 0 0 "before --from $FROM"; return 0; }
     record "$link" passed 0 0 0 "linked by an earlier call on this machine: $MDIR"
     say "$(printf '%-3s %-28s cached   (%s)' "$STAGE" "$link" "$MDIR")"
     return 0
   fi
   local reached=$REACHED
-  [ "$user" = "$FROM" ] && REACHED=1  # the prerequisite of the step to start from
+  is_from "$user" && REACHED=1  # the prerequisite of the step to start from
   rm -rf "$MDIR"
   step "$link" 120 "$PY" "$ROOT/perf_tests/gpu/mamba_link.py" --bundle-mamba "$B/mamba" --out "$MDIR"
-  [ "$reached" = 1 ] || [ "$user" != "$FROM" ] || REACHED=0  # the user step itself opens the --from range
+  [ "$reached" = 1 ] || ! is_from "$user" || REACHED=0  # the user step itself opens the --from range
   local last; last="$(tail -1 "$RES/steps.jsonl")"
   if [[ "$last" == *'"status":"not_run"'* ]]; then  # no time for the link: none for its user either
-    NOT_RUN+=("$user"); record "$user" not_run 0 0 0 "budget: $link did not run"
-    say "$(printf '%-3s %-28s not run (%s did not run)' "$STAGE" "$user" "$link")"
+    for u in $user; do
+      NOT_RUN+=("$u"); record "$u" not_run 0 0 0 "budget: $link did not run"
+      say "$(printf '%-3s %-28s not run (%s did not run)' "$STAGE" "$u" "$link")"
+    done
     return 1
   fi
   if ls "$MDIR"/selective_scan_cuda*.so >/dev/null 2>&1 && [[ "$last" == *'"status":"passed"'* ]]; then
     touch "$MDIR/.linked"
   fi
-  [ -f "$MDIR/.linked" ] || { skip "$user" "mamba's extension was not linked (or failed its check: $link)"; return 1; }
+  [ -f "$MDIR/.linked" ] && return 0
+  for u in $user; do skip "$u" "mamba's extension was not linked (or failed its check: $link)"; done
+  return 1
 }
 
 # --- sizes --------------------------------------------------------------------------------------
@@ -218,6 +225,7 @@ if [ "$QUICK" = 1 ]; then
   TEST_FILTERS=("test_adjoint_exact:AdjointExact.Fused*:AdjointExact.Deterministic" "test_matmul:*")
   MAMBA_ARGS=(--quick)
   MAMBA_BLOCK_ARGS=(--quick)
+  MAMBA2_ARGS=(--quick)
 else
   BENCH=(--width 256 --state 16 --layers 8 --vocab 256) BENCH_T=1048576 REPS=2 LONGEST_MAX=1073741824
   BIG=(model.width=4096 model.state=16 model.layers=80 model.vocab=256) BIG_T=100000
@@ -242,6 +250,9 @@ else
   # issue 34's GPU line: the Mamba of D=256 N=16 K=4 (V=256, E=512) at batch 1, T=2^12 upward
   MAMBA_BLOCK_ARGS=(--width 256 --state 16 --layers 4 --vocab 256 --reps 3 --max-seconds 20 --check-T 2048
                     --T 4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152,4194304,8388608)
+  # issue 43's: a Mamba-2 of D=256 N=64 head_dim=64 (H=8) K=4, n_groups 1 (mamba-ssm's default), T=2^12 upward
+  MAMBA2_ARGS=(--width 256 --state 64 --head-dim 64 --n-groups 1 --layers 4 --vocab 256 --reps 5 --max-seconds 20
+               --check-T 2048 --T 4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152,4194304)
 fi
 
 # BENCH as config keys (model.width=... for ash init / plan / grad)
@@ -283,11 +294,16 @@ stage_B() {
   # Issue 34's GPU line first: short (about 2 minutes, the link cached after stage A), so it
   # also fits the tail of a window that stage A took most of; the 1.36 B run needs a call of
   # its own anyway.
-  if mamba_ready b_mamba_link b_mamba_block_vs_ash; then
+  if mamba_ready b_mamba_link "b_mamba_block_vs_ash b_mamba2_vs_ash"; then
     local cap=180 left=$((BUDGET - RESERVE - (SECONDS - T_START)))
     step b_mamba_block_vs_ash "$cap" "$PY" "$ROOT/perf_tests/mamba_block_vs_ash.py" --out "$RES/mamba_block" \
       --ash "$ASH" --bench "$G" ${MDIR:+--mamba-dir "$MDIR"} --deadline $(((cap < left ? cap : left) - 15)) \
       "${MAMBA_BLOCK_ARGS[@]}"
+    # issue 43's GPU line: our Mamba-2 against mamba-ssm's Mamba2 blocks (Triton SSD), the same protocol
+    cap=180 left=$((BUDGET - RESERVE - (SECONDS - T_START)))
+    step b_mamba2_vs_ash "$cap" "$PY" "$ROOT/perf_tests/mamba2_vs_ash.py" --out "$RES/mamba2" \
+      --ash "$ASH" --bench "$G" ${MDIR:+--mamba-dir "$MDIR"} --deadline $(((cap < left ? cap : left) - 15)) \
+      "${MAMBA2_ARGS[@]}"
   fi
   # The longest T the planner fits for the bench model's exact gradient in the GPU's memory
   # (one window, E3 + bf16 storage + layer checkpointing), then `ash grad` at it.
@@ -444,7 +460,7 @@ EOF
     echo "Every step of stage(s) $STAGES ran; $FAILED failed."
   fi
   echo; echo "## Benchmark rows"; echo
-  for f in "$RES"/*.jsonl "$RES"/mamba/summary.md "$RES"/mamba_block/summary.md "$RES"/ssmstack/check.json \
+  for f in "$RES"/*.jsonl "$RES"/mamba/summary.md "$RES"/mamba_block/summary.md "$RES"/mamba2/summary.md "$RES"/ssmstack/check.json \
            "$RES"/ssmstack/sweep.jsonl; do
     [ -f "$f" ] && [ "$(basename "$f")" != steps.jsonl ] || continue
     echo "### ${f#"$RES"/}"; echo '```'; head -c 4000 "$f"; echo '```'
