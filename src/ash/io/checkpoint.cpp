@@ -94,8 +94,8 @@ Handle open_dataset(const Reader& r, const std::string& path, const std::vector<
                                             "; checkpoints hold float32 or float64");
   // Formats 2 and 3 always checksum; a dataset without the filter was altered.
   require(r.info.format_version < 2 || has_fletcher32(ds), "'" + r.path + "': dataset " + path +
-                                                                " has no Fletcher-32 checksum (format " +
-                                                                std::to_string(r.info.format_version) + " has one)");
+                                                               " has no Fletcher-32 checksum (format " +
+                                                               std::to_string(r.info.format_version) + " has one)");
   return ds;
 }
 
@@ -147,7 +147,8 @@ void write_header(hid_t file, const Config& cfg, const ModelDims& d, std::int64_
   write_attr_i64(file, "data_cursor", cursor);
   // Batches are a pure function of (model.seed, step) and the cursor (see
   // TokenDataset), so this names the generator state rather than dumping one.
-  write_attr_str(file, "rng_state", "splitmix64(seed=" + std::to_string(d.seed) + ", step=" + std::to_string(step) + ")");
+  write_attr_str(file, "rng_state",
+                 "splitmix64(seed=" + std::to_string(d.seed) + ", step=" + std::to_string(step) + ")");
   write_attr_str(file, "engine", method_name(cfg.settings().grad.method));
   write_attr_str(file, "config", cfg.stored_json().dump());
 }
@@ -322,22 +323,16 @@ void read_header(Reader& r) {
   info.config.merge(parse_json_strict(read_attr_str(file, "config", path), "'" + path + "': config attribute"),
                     path + " (config attribute)");
 
-  // The architecture and its Mamba sizes are in the stored configuration only
-  // (the attributes are format 3's, unchanged); a file without model.arch is an SSM-ResNet.
-  const auto cd = info.config.model();
-  info.dims.arch = cd.arch;
-  info.dims.expand = cd.expand;
-  info.dims.conv_kernel = cd.conv_kernel;
-  info.dims.dt_rank = cd.dt_rank;
-  info.dims.tie_embeddings = cd.tie_embeddings;
-  info.dims.norm_eps = cd.norm_eps;
-  info.dims.mixer_rms_eps = cd.mixer_rms_eps;
-  info.dims.head_dim = cd.head_dim;
-  info.dims.heads = cd.heads;
-  info.dims.n_groups = cd.n_groups;
-  info.dims.time_step_limit_min = cd.time_step_limit_min;
-  info.dims.time_step_limit_max = cd.time_step_limit_max;
-  require(cd == info.dims, "'" + path + "': model sizes in the attributes and in the stored config disagree");
+  // The architecture and its sizes beyond the attributes' are in the stored
+  // configuration only (the attributes are format 3's, unchanged; a file without
+  // model.arch is an SSM-ResNet): the dims are the configuration's, whose sizes
+  // must be the attributes', and the seed is the attributes'.
+  const ModelDims attrs = info.dims;
+  info.dims = info.config.model();
+  require(info.dims.vocab == attrs.vocab && info.dims.width == attrs.width && info.dims.state == attrs.state &&
+              info.dims.layers == attrs.layers,
+          "'" + path + "': model sizes in the attributes and in the stored config disagree");
+  info.dims.seed = attrs.seed;
   // Sizes from a file are checked before they size an allocation, as a
   // configuration's are. (The rest of the stored configuration is validated by
   // whoever uses it, after --config / --set, so an old file with a
@@ -416,8 +411,8 @@ bool load_carried_state(const std::string& path, const std::vector<View2<S>>& st
     require(ds.ok(), "'" + path + "': cannot open " + name);
     Handle sp(H5Dget_space(ds), H5Sclose);
     hsize_t dims[3] = {0, 0, 0};
-    require(H5Sget_simple_extent_ndims(sp) == 3 && H5Sget_simple_extent_dims(sp, dims, nullptr) == 3 &&
-                dims[0] == K && dims[1] == R && dims[2] == N,
+    require(H5Sget_simple_extent_ndims(sp) == 3 && H5Sget_simple_extent_dims(sp, dims, nullptr) == 3 && dims[0] == K &&
+                dims[1] == R && dims[2] == N,
             "'" + path + "': " + name + " does not match this run's layers, batch and sizes [" + std::to_string(K) +
                 "," + std::to_string(R) + "," + std::to_string(N) + "]");
   }
