@@ -26,7 +26,8 @@ void rms_norm_forward(const X& x, const W& w, const R& rstd, const Y& yhat, cons
         const S ss = team_block_sum<S>(team, P, [&](const index_t p) { return x(m, p) * x(m, p); });
         const S r = S(1) / kmath::sqrt(ss / S(P) + e);
         Kokkos::single(Kokkos::PerTeam(team), [&]() { rstd(m) = r; });
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t p) { yhat(m, p) = w(p) * x(m, p) * r; });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P),
+                             [&](const index_t p) { yhat(m, p) = w(p) * x(m, p) * r; });
       });
 }
 
@@ -44,32 +45,21 @@ void rms_norm_backward(const X& x, const W& w, const R& rstd, const G& gyhat, co
   const index_t nblk = row_blocks(Rn);
   ash::require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == P,
                "rms_norm_backward: the workspace is smaller than [row_blocks(R), P]");
-  Kokkos::parallel_for(
-      "ash::rms_norm_backward_w", Range(exec, 0, nblk * P), KOKKOS_LAMBDA(const index_t i) {
-        const index_t blk = i / P, p = i % P;
-        const index_t r1 = (blk + 1) * reduce_rows < Rn ? (blk + 1) * reduce_rows : Rn;
-        S acc = 0;
-        for (index_t r = blk * reduce_rows; r < r1; ++r) {
-          const index_t m = map(r);
-          acc += gyhat(r, p) * x(m, p) * rstd(m);
-        }
-        part(blk, p) = acc;
-      });
-  Kokkos::parallel_for(
-      "ash::rms_norm_backward_w_sum", block_sum_policy(exec, P),
-      KOKKOS_LAMBDA(const BlockSumMember& team) {
-        const index_t p = team.league_rank();
-        const S acc = team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, p); });
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { gw(p) += acc; });
-      });
+  column_sums(
+      "ash::rms_norm_backward_w", exec, Rn, P, part,
+      KOKKOS_LAMBDA(const index_t r, const index_t p) {
+        const index_t m = map(r);
+        return gyhat(r, p) * x(m, p) * rstd(m);
+      },
+      gw);
   if (gx.extent(0) == 0) return;
   const S keep = accumulate_gx ? S(1) : S(0);
   Kokkos::parallel_for(
       "ash::rms_norm_backward_x", block_sum_policy(exec, Rn), KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t r = team.league_rank(), m = map(r);
         const S rs = rstd(m);
-        const S dot = team_block_sum<S>(team, P, [&](const index_t p) { return gyhat(r, p) * w(p) * x(m, p) * rs; }) /
-                      S(P);
+        const S dot =
+            team_block_sum<S>(team, P, [&](const index_t p) { return gyhat(r, p) * w(p) * x(m, p) * rs; }) / S(P);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const index_t p) {
           const S v = rs * (gyhat(r, p) * w(p) - x(m, p) * rs * dot);
           gx(m, p) = keep * gx(m, p) + v;
@@ -101,8 +91,7 @@ void rms_norm_weightless_backward(const V& vhat, const R& rstd, const G& g, cons
   using S = typename G::non_const_value_type;
   const index_t M = vhat.extent(0), P = vhat.extent(1);
   Kokkos::parallel_for(
-      "ash::rms_norm_weightless_backward", block_sum_policy(exec, M),
-      KOKKOS_LAMBDA(const BlockSumMember& team) {
+      "ash::rms_norm_weightless_backward", block_sum_policy(exec, M), KOKKOS_LAMBDA(const BlockSumMember& team) {
         const index_t m = team.league_rank();
         const S r = rstd(m);
         const S dot = team_block_sum<S>(team, P, [&](const index_t p) { return g(m, p) * vhat(m, p); }) / S(P);

@@ -192,31 +192,17 @@ void mamba_gate_backward_second(const Mamba2LayerParams<S>&, const MambaActivati
   const index_t M = act.z.extent(0), E = act.z.extent(1), G = act.mixer_rstd.extent(1), Eg = E / G;
   impl::gemm<S>(exec, "T", "N", S(1), g, act.o, S(1), grad.out_proj);
   // w_g's gradient Σ_m ∂L/∂o ⊙ v̂ in two levels (kernels/row_sums.hpp): bitwise repeatable.
-  const index_t nblk = impl::row_blocks(M);
   auto part = cot.gate_part;
-  require(index_t(part.extent(0)) >= nblk && index_t(part.extent(1)) == E,
+  require(index_t(part.extent(0)) >= impl::row_blocks(M) && index_t(part.extent(1)) == E,
           "mamba_gate_backward_second: gated-norm partial sums of another size");
   auto go = cot.go;
   auto so = act.s;
   auto z = act.z;
   auto r = act.mixer_rstd;
-  Kokkos::parallel_for(
-      "ash::mamba2::gated_norm_w", Range(exec, 0, nblk * E), KOKKOS_LAMBDA(const index_t i) {
-        const index_t blk = i / E, e = i % E;
-        const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
-        S acc = 0;
-        for (index_t m = blk * impl::reduce_rows; m < r1; ++m)
-          acc += go(m, e) * (so(m, e) * silu(z(m, e)) * r(m, e / Eg));
-        part(blk, e) = acc;
-      });
-  auto gw = grad.gated_norm;
-  Kokkos::parallel_for(
-      "ash::mamba2::gated_norm_w_sum", impl::block_sum_policy(exec, E),
-      KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
-        const index_t e = team.league_rank();
-        const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, e); });
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { gw(e) += acc; });
-      });
+  impl::column_sums(
+      "ash::mamba2::gated_norm_w", exec, M, E, part,
+      KOKKOS_LAMBDA(const index_t m, const index_t e) { return go(m, e) * (so(m, e) * silu(z(m, e)) * r(m, e / Eg)); },
+      grad.gated_norm);
 }
 
 template <class S>
@@ -267,24 +253,10 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
   // dt_bias's gradient Σ_m ∂L/∂δ in two levels, in conv_part's first H columns
   // (free until the conv's VJP: C·(Kc+1) ≥ E ≥ H).
   {
-    const index_t nblk = impl::row_blocks(M);
-    auto part = cot.conv_part;
     auto gdt = cot.gdlow;
-    Kokkos::parallel_for(
-        "ash::mamba2::dt_bias_backward", Range(exec, 0, nblk * H), KOKKOS_LAMBDA(const index_t i) {
-          const index_t blk = i / H, h = i % H;
-          const index_t r1 = (blk + 1) * impl::reduce_rows < M ? (blk + 1) * impl::reduce_rows : M;
-          S acc = 0;
-          for (index_t m = blk * impl::reduce_rows; m < r1; ++m) acc += gdt(m, h);
-          part(blk, h) = acc;
-        });
-    auto gb = grad.dt_bias;
-    Kokkos::parallel_for(
-        "ash::mamba2::dt_bias_sum", impl::block_sum_policy(exec, H), KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
-          const index_t h = team.league_rank();
-          const S acc = impl::team_block_sum<S>(team, nblk, [&](const index_t blk) { return part(blk, h); });
-          Kokkos::single(Kokkos::PerTeam(team), [&]() { gb(h) += acc; });
-        });
+    impl::column_sums(
+        "ash::mamba2::dt_bias_backward", exec, M, H, cot.conv_part,
+        KOKKOS_LAMBDA(const index_t m, const index_t h) { return gdt(m, h); }, grad.dt_bias);
   }
   // A_log and D per head: the scan core's per-channel sums, added over the head in order.
   {
