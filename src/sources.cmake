@@ -12,6 +12,7 @@ set(ASH_LIBRARY_SOURCES
   ash/model/params.cpp
   ash/model/ssm_layer.cpp
   ash/model/mamba_layer.cpp
+  ash/model/ssd_scan.cpp
   ash/model/mamba2_layer.cpp
   ash/model/embedding.cpp
   ash/model/head.cpp
@@ -25,6 +26,7 @@ set(ASH_LIBRARY_SOURCES
   ash/grad/workspace.cpp
   ash/grad/ssm_resnet_kind.cpp
   ash/grad/mamba_kind.cpp
+  ash/grad/mamba2_kind.cpp
   ash/io/tokens.cpp
   ash/io/hdf5_objects.cpp
   ash/io/hdf5_digest.cpp

@@ -148,7 +148,9 @@ def hf_loss_grads(model, rows):
 
 # (K, T, batch, conv kernel, tied, time_step_limit, chunk_size, n_groups)
 CASES = [(1, 9, 2, 4, True, (0.0, INF), 256, 1), (2, 7, 1, 2, False, LIMIT, 3, 1), (3, 11, 2, 3, False, LIMIT, 256, 1),
-         (2, 10, 2, 3, True, (0.3, INF), 4, 1), (2, 9, 2, 3, False, LIMIT, 4, 2), (1, 8, 1, 4, True, (0.0, INF), 256, 4)]
+         (2, 10, 2, 3, True, (0.3, INF), 4, 1), (2, 9, 2, 3, False, LIMIT, 4, 2), (1, 8, 1, 4, True, (0.0, INF), 256, 4),
+         # past ash's SSD chunk of 64 tokens (E3's chunked form: three chunks, the last of 22)
+         (2, 150, 2, 3, False, LIMIT, 32, 2)]
 
 
 @pytest.mark.parametrize("K,T,B,Kc,tied,limit,chunk_size,groups", CASES)

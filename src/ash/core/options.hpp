@@ -125,7 +125,9 @@ struct EngineOptions {
   // E3's per-token state VJPs fused into per-chunk kernels (C++ API only;
   // docs/design.md §6): h, A and μ of a chunk stay in team scratch instead of
   // [wave, P, N] buffers, with either h form. Exact and detached modes (a
-  // window keeps the wave buffers). On by default; tests run both.
+  // window keeps the wave buffers). On by default; tests run both. For a
+  // Mamba-2 it selects the SSD's chunked matrix form (model/ssd_scan.hpp), off
+  // the per-channel wave form.
   bool e3_fused = true;
   index_t e3_channel_block = 0;  // the fused form's channels per team (0: auto, impl::fused_shape)
   index_t e3_fused_launch = 0;   // the fused form's tokens per kernel launch within a wave (0: auto, e3_fused_waves)

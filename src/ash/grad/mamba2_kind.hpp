@@ -34,6 +34,18 @@ struct Mamba2Kind : MambaKind {
     f("gated_norm", p.gated_norm, E, index_t(-1));
     f("out_proj", p.out_proj, D, E);
   }
+
+  // E3 on a whole window in the SSD's chunked matrix form (model/ssd_scan.hpp):
+  // the block's activations through the gate, the gate's VJP, the scan's VJP
+  // chunk by chunk (GEMMs per chunk and head, the chunk states kept), the dense
+  // VJPs. Token blocks and windows keep MambaKind's wave form (their carries are
+  // per channel).
+  template <class S, class P>
+  static void backward_exact(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, int k,
+                             ActivationStore<S>& store, const View2<S>& g, const P& grad);
+  // backward_exact's buffers beside the kept activations: the cotangents and the SSD plan's.
+  static PlanRows exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
+                                    std::size_t elem);
 };
 
 }  // namespace ash

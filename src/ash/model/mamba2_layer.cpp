@@ -85,14 +85,21 @@ void forward_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqSh
     auto dt = act.dlow;
     auto b = p.dt_bias;
     const S lo = S(d.time_step_limit_min), hi = S(d.time_step_limit_max);
+    const index_t H = d.head_count();
     Kokkos::parallel_for(
-        "ash::mamba2::delta", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
-          const index_t h = e / P;
-          delta(m, e) = limited(softplus(dt(m, h) + b(h)), lo, hi);
+        "ash::mamba2::delta", Range2(exec, {0, 0}, {M, H}), KOKKOS_LAMBDA(const index_t m, const index_t h) {
+          const S v = limited(softplus(dt(m, h) + b(h)), lo, hi);  // once per head, then its P channels
+          for (index_t q = 0; q < P; ++q) delta(m, h * P + q) = v;
         });
   }
   if (upto == MambaUpTo::scan_inputs) return;
-  selective_scan_forward(scan_core_D(p, act), s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
+  // From a zero state and with no per-token states to keep, the SSD's chunked
+  // matrix form; else (a carried state, E1's and E2's h and A) the per-channel
+  // scan, which runs the same bits whatever the token blocks.
+  if (!carry && sc.hprev.extent(0) == 0)
+    SsdScan<S>(ssd_shape(d, s), false).forward(sc, scan_core_D(p, act), s.docs, act.s, View2<S>(), exec);
+  else
+    selective_scan_forward(scan_core_D(p, act), s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   // The gated norm, a team per (token, group): o = w_g ⊙ v r, v = s ⊙ SiLU(z).
   {
     auto so = act.s;
@@ -227,7 +234,8 @@ namespace {
 template <class S>
 void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s, const View2<S>& y_in,
                       const MambaActivations<S>& act, const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
-                      const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, index_t own, const ExecSpace& exec) {
+                      const View2<S>& g, const View2<S>& cb, const View2<S>& gcs, index_t own, const ExecSpace& exec,
+                      bool heads_done = false) {
   const bool block = gcs.extent(0) > 0;
   require(!block || (index_t(cb.extent(0)) == s.batch * d.conv_dim() && index_t(cb.extent(1)) == d.conv_kernel - 1 &&
                      cb.extent(0) == gcs.extent(0) && cb.extent(1) == gcs.extent(1)),
@@ -236,8 +244,8 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
                 H = d.head_count();
   const auto& sg = cot.scan;
   // ∂L/∂δ per head: the scan's ∂L/∂(Δ before softplus) summed over the head's
-  // channels, zero where the limit clamps Δ.
-  {
+  // channels, zero where the limit clamps Δ (the chunked form's are per head already).
+  if (!heads_done) {
     auto gdt = cot.gdlow;
     auto gz = sg.gz;
     auto dt = act.dlow;
@@ -259,7 +267,7 @@ void mixer_dense_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const S
         KOKKOS_LAMBDA(const index_t m, const index_t h) { return gdt(m, h); }, grad.dt_bias);
   }
   // A_log and D per head: the scan core's per-channel sums, added over the head in order.
-  {
+  if (!heads_done) {
     auto ga = cot.ga_channels;
     auto gd = cot.gd_channels;
     auto gA = grad.A_log;
@@ -309,6 +317,48 @@ void mamba_mixer_backward_dense(const Mamba2LayerParams<S>& p, const ModelDims& 
 }
 
 template <class S>
+void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                  const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                  const Mamba2LayerParams<S>& grad, const ExecSpace& exec) {
+  const index_t M = s.rows(), H = d.head_count(), P = d.head_dim;
+  require(index_t(cot.scan.gyhat.extent(0)) == M && index_t(cot.gdlow.extent(0)) == M,
+          "mamba2_scan_backward_chunked: cotangents of another window");
+  const View1<S> heads("ash::mamba2::head_grads", 2 * H);  // ∂L/∂a_h, ∂L/∂D_h
+  const SsdGrads<S> out{cot.scan.gyhat, cot.gdlow, cot.scan.gbeta, cot.scan.ggamma,
+                        Kokkos::subview(heads, Kokkos::make_pair(index_t(0), H)),
+                        Kokkos::subview(heads, Kokkos::make_pair(H, 2 * H))};
+  SsdScan<S>(ssd_shape(d, s), true).backward(act.scan, scan_core_D(p, act), s.docs, cot.gs, out, exec);
+  // ∂L/∂δ = ∂L/∂Δ softplus'(δ + b) = ∂L/∂Δ (1 − e^{−Δ}), zero where the limit clamps Δ.
+  auto gdt = cot.gdlow;
+  auto dt = act.dlow;
+  auto b = p.dt_bias;
+  const S lo = S(d.time_step_limit_min), hi = S(d.time_step_limit_max);
+  Kokkos::parallel_for(
+      "ash::mamba2::delta_backward_heads", Range2(exec, {0, 0}, {M, H}), KOKKOS_LAMBDA(const index_t m, const index_t h) {
+        const S v = softplus(dt(m, h) + b(h));
+        gdt(m, h) = clamped(v, lo, hi) ? S(0) : -gdt(m, h) * kmath::expm1(-v);
+      });
+  // A_log: ∂a/∂A_log = a = −exp(A_log); D per head.
+  auto gA = grad.A_log;
+  auto gD = grad.D;
+  auto alog = p.A_log;
+  Kokkos::parallel_for(
+      "ash::mamba2::head_params_chunked", Range(exec, 0, H), KOKKOS_LAMBDA(const index_t h) {
+        gA(h) += heads(h) * -kmath::exp(alog(h));
+        gD(h) += heads(H + h);
+      });
+  (void)P;
+}
+
+template <class S>
+void mamba2_mixer_backward_dense_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                         const View2<S>& y_in, const MambaActivations<S>& act,
+                                         const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
+                                         const View2<S>& g, const ExecSpace& exec) {
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, View2<S>(), View2<S>(), s.T, exec, true);
+}
+
+template <class S>
 void mamba_mixer_backward_block(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                 const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
                                 const Mamba2LayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
@@ -343,7 +393,13 @@ void mamba_mixer_backward_block(const Mamba2LayerParams<S>& p, const ModelDims& 
   template void mamba_mixer_backward_block<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,         \
                                               const View2<S>&, const MambaActivations<S>&, const MambaCotangents<S>&, \
                                               const Mamba2LayerParams<S>&, const View2<S>&, const View2<S>&,          \
-                                              const View2<S>&, index_t, const ExecSpace&);
+                                              const View2<S>&, index_t, const ExecSpace&);                   \
+  template void mamba2_scan_backward_chunked<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,       \
+                                                const MambaActivations<S>&, const MambaCotangents<S>&,               \
+                                                const Mamba2LayerParams<S>&, const ExecSpace&);                      \
+  template void mamba2_mixer_backward_dense_chunked<S>(                                                               \
+      const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&, const View2<S>&, const MambaActivations<S>&,    \
+      const MambaCotangents<S>&, const Mamba2LayerParams<S>&, const View2<S>&, const ExecSpace&);
 ASH_INSTANTIATE(float)
 ASH_INSTANTIATE(double)
 #undef ASH_INSTANTIATE

@@ -18,6 +18,7 @@
 // comments say what each view holds for a Mamba-2), so MambaKind's engine forms
 // run it by overload (grad/mamba2_kind.hpp).
 #include "ash/model/mamba_layer.hpp"
+#include "ash/model/ssd_scan.hpp"
 
 namespace ash {
 
@@ -86,6 +87,25 @@ void mamba_mixer_backward_block(const Mamba2LayerParams<S>& p, const ModelDims& 
                                 const View2<S>& y_in, const MambaActivations<S>& act, const MambaCotangents<S>& cot,
                                 const Mamba2LayerParams<S>& grad, const View2<S>& g, const View2<S>& conv_before,
                                 const View2<S>& gconv, index_t own_T = 0, const ExecSpace& exec = ExecSpace());
+
+// E3 on a whole window in the SSD's chunked matrix form (model/ssd_scan.hpp):
+// between the gate's halves (act through the gate, from a zero state), the
+// scan's VJP from cot.gs into cot.scan's ∂L/∂x, ∂L/∂B, ∂L/∂C and cot.gdlow (∂L/∂δ
+// per head), A_log's and D's gradients added; then the dense VJPs with those
+// per-head gradients already formed.
+template <class S>
+void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                  const MambaActivations<S>& act, const MambaCotangents<S>& cot,
+                                  const Mamba2LayerParams<S>& grad, const ExecSpace& exec = ExecSpace());
+template <class S>
+void mamba2_mixer_backward_dense_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                         const View2<S>& y_in, const MambaActivations<S>& act,
+                                         const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
+                                         const View2<S>& g, const ExecSpace& exec = ExecSpace());
+// The SSD scan's shape for a Mamba-2 of d on s.
+inline SsdShape ssd_shape(const ModelDims& d, const SeqShape& s) {
+  return SsdShape{s.batch, s.T, d.head_count(), d.head_dim, d.n_groups, d.state, ssd_chunk(s.T)};
+}
 
 // f(layer k's parameters) for a Mamba-1 or Mamba-2 ParamSet: model/'s one
 // dispatch between the two blocks (the engines' is the layer kind).
