@@ -7,6 +7,7 @@
 #include <random>
 
 #include "ash/model/ssd_scan.hpp"
+#include "ash/plan/memory_plan.hpp"
 #include "test_helpers.hpp"
 
 namespace ash::test {
@@ -229,6 +230,99 @@ TEST(SsdScan, ChunkLengthDoesNotChangeTheResult) {
 
 TEST(SsdScan, RefusesHeadsThatAreNoMultipleOfTheGroups) {
   expect_error([] { SsdScan<double>(SsdShape{1, 8, 3, 2, 2, 4, 4}, false); }, "multiple of the groups");
+}
+
+namespace {  // kernels outside the TEST body: nvcc refuses extended lambdas in its private member
+
+// Every input a function of the token's place in its document of `len` tokens
+// (a document starts every len tokens): every document the same.
+void fill_periodic(const LayerActivations<float>& act, const View2<float>& g, index_t len) {
+  const index_t E = act.yhat.extent(1), GN = act.beta.extent(1), M = act.yhat.extent(0);
+  auto x = act.yhat;
+  auto dl = act.delta;
+  auto b = act.beta;
+  auto c = act.gamma;
+  Kokkos::parallel_for(
+      "fill_periodic", Range(0, M), KOKKOS_LAMBDA(const index_t m) {
+        const double t = double(m % len);
+        for (index_t e = 0; e < E; ++e) {
+          x(m, e) = float(kmath::sin(0.37 * t + 0.11 * double(e)));
+          g(m, e) = float(kmath::cos(0.23 * t - 0.07 * double(e)));
+          dl(m, e) = float(0.05 + 0.04 * (1.0 + kmath::sin(0.5 * t)));
+        }
+        for (index_t n = 0; n < GN; ++n) {
+          b(m, n) = float(kmath::cos(0.29 * t + 0.13 * double(n)));
+          c(m, n) = float(kmath::sin(0.31 * t - 0.17 * double(n)));
+        }
+      });
+  Kokkos::deep_copy(act.a, -0.7f);
+}
+
+// max over the columns and the `len` rows from `r0` of |v(r0 + i) − v(i)|, and of |v(i)|.
+std::pair<double, double> first_vs_rows(const View2<float>& v, index_t r0, index_t len) {
+  const index_t C = v.extent(1);
+  double diff = 0, scale = 0;
+  Kokkos::parallel_reduce(
+      "first_vs_rows", Range(0, len * C),
+      KOKKOS_LAMBDA(const index_t i, double& d) {
+        const double x = kmath::fabs(double(v(r0 + i / C, i % C)) - double(v(i / C, i % C)));
+        d = x > d ? x : d;
+      },
+      Kokkos::Max<double>(diff));
+  Kokkos::parallel_reduce(
+      "first_rows_max", Range(0, len * C),
+      KOKKOS_LAMBDA(const index_t i, double& d) {
+        const double x = kmath::fabs(double(v(i / C, i % C)));
+        d = x > d ? x : d;
+      },
+      Kokkos::Max<double>(scale));
+  return {diff, scale};
+}
+
+}  // namespace
+
+// 64-bit indices (mamba-ssm's int32 offsets overflowed above ~61K tokens): a
+// window of T tokens with T·H·P·N > 2^31 (one head of 64 channels, 64 states),
+// packed with identical documents of 97 tokens (not a multiple of the chunk):
+// the last document's outputs and gradients, past 2^31 state entries of the
+// window, equal the first one's. About 1.6 GB; skipped where memory is short.
+TEST(SsdScan, PastTwoTo31StateEntriesEveryDocumentIsTheFirst) {
+  const index_t len = 97, docs = 5500, T = len * docs;
+  const SsdShape sh{1, T, 1, 64, 1, 64, ssd_chunk(T)};
+  const index_t E = sh.heads * sh.head_dim, N = sh.state;
+  ASSERT_GT(T * E * N, index_t(1) << 31);
+  const double need = 4.0 * double(T) * double(10 * E + 5 * N) + 4.0 * double(T) * double(E * N) / double(sh.chunk);
+  const auto cap = memory_space_capacity();
+  if (double(cap.bytes) < 1.5 * need)
+    GTEST_SKIP() << "needs about " << format_bytes(std::uint64_t(1.5 * need)) << " of " << MemSpace::name()
+                 << " memory (" << cap.what << ": " << format_bytes(cap.bytes) << ")";
+  TokenView x("x", 1, T);
+  {
+    Kokkos::View<index_t*, MemSpace> sv("starts", docs);
+    Kokkos::parallel_for(
+        "doc_starts", Range(0, docs), KOKKOS_LAMBDA(const index_t k) { sv(k) = k * len; });
+    set_document_starts(x, sv);
+  }
+  const SeqShape s{1, T, DocStarts(x)};
+  const LayerActivations<float> act(s, E, N, LayerActivations<float>::projections_only, 1);
+  View2<float> g("g", T, E), out("s", T, E);
+  fill_periodic(act, g, len);
+  View1<float> D("D", E);
+  Kokkos::deep_copy(D, 0.5f);
+  const Unmanaged1<float> Du(D.data(), E);
+  SsdScan<float>(sh, false).forward(act, Du, s.docs, out, View2<float>(), ExecSpace());
+  SsdGrads<float> gr{View2<float>("gx", T, E), View2<float>("gdelta", T, 1), View2<float>("gb", T, N),
+                     View2<float>("gc", T, N), View1<float>("ga", 1), View1<float>("gD", 1)};
+  SsdScan<float>(sh, true).backward(act, Du, s.docs, g, gr, ExecSpace());
+  const index_t last = T - len;
+  ASSERT_GT(last * E * N, index_t(1) << 31);
+  const std::pair<const char*, View2<float>> views[] = {
+      {"s", out}, {"dL/dx", gr.gx}, {"dL/dDelta", gr.gdelta}, {"dL/dB", gr.gbeta}, {"dL/dC", gr.ggamma}};
+  for (const auto& [what, v] : views) {
+    const auto [diff, scale] = first_vs_rows(v, last, len);
+    EXPECT_GT(scale, 1e-3) << what;
+    EXPECT_LE(diff, 1e-4 * scale) << what;
+  }
 }
 
 }  // namespace ash::test
