@@ -258,6 +258,15 @@ void fill_periodic(const LayerActivations<float>& act, const View2<float>& g, in
   Kokkos::deep_copy(act.a, -0.7f);
 }
 
+// A document starts every len tokens of x's one window.
+void set_periodic_starts(const TokenView& x, index_t len) {
+  const index_t docs = index_t(x.extent(1)) / len;
+  Kokkos::View<index_t*, MemSpace> sv("starts", docs);
+  Kokkos::parallel_for(
+      "doc_starts", Range(0, docs), KOKKOS_LAMBDA(const index_t k) { sv(k) = k * len; });
+  set_document_starts(x, sv);
+}
+
 // max over the columns and the `len` rows from `r0` of |v(r0 + i) − v(i)|, and of |v(i)|.
 std::pair<double, double> first_vs_rows(const View2<float>& v, index_t r0, index_t len) {
   const index_t C = v.extent(1);
@@ -297,12 +306,7 @@ TEST(SsdScan, PastTwoTo31StateEntriesEveryDocumentIsTheFirst) {
     GTEST_SKIP() << "needs about " << format_bytes(std::uint64_t(1.5 * need)) << " of " << MemSpace::name()
                  << " memory (" << cap.what << ": " << format_bytes(cap.bytes) << ")";
   TokenView x("x", 1, T);
-  {
-    Kokkos::View<index_t*, MemSpace> sv("starts", docs);
-    Kokkos::parallel_for(
-        "doc_starts", Range(0, docs), KOKKOS_LAMBDA(const index_t k) { sv(k) = k * len; });
-    set_document_starts(x, sv);
-  }
+  set_periodic_starts(x, len);
   const SeqShape s{1, T, DocStarts(x)};
   const LayerActivations<float> act(s, E, N, LayerActivations<float>::projections_only, 1);
   View2<float> g("g", T, E), out("s", T, E);
