@@ -106,7 +106,13 @@ void ssd_pack(const SsdShape& sh, const typename SsdScan<S>::Chunk& ck, const Se
       });
 }
 
-// MD(h, s, j) = (C_s·B_j) e^{L_s−L_j} Δ_j for j ≤ s in one segment, else 0: s = MD x.
+// The decay mask dec_sj of head h: e^{L_s−L_j} for j ≤ s in one segment, else 0.
+template <class S>
+KOKKOS_INLINE_FUNCTION S masked_decay(const SegView& seg, const View2<S>& L, index_t h, index_t s, index_t j) {
+  return j <= s && seg(j) == seg(s) ? decay(L(h, s) - L(h, j)) : S(0);
+}
+
+// MD(h, s, j) = (C_s·B_j) dec_sj Δ_j: s = MD x.
 template <class S>
 void ssd_intra_matrix(const SsdShape& sh, const typename SsdScan<S>::Chunk& ck, const SegView& seg,
                       const ExecSpace& exec) {
@@ -118,9 +124,7 @@ void ssd_intra_matrix(const SsdShape& sh, const typename SsdScan<S>::Chunk& ck, 
   Kokkos::parallel_for(
       "ash::ssd::intra_matrix", Range(exec, 0, H * Q), KOKKOS_LAMBDA(const index_t i) {
         const index_t h = i / Q, s = i % Q, g = h / Hg;
-        const S Ls = L(h, s);
-        for (index_t j = 0; j < Q; ++j)
-          MD(h, s, j) = j <= s && seg(j) == seg(s) ? CB(g, s, j) * decay(Ls - L(h, j)) * dt(h, j) : S(0);
+        for (index_t j = 0; j < Q; ++j) MD(h, s, j) = CB(g, s, j) * masked_decay(seg, L, h, s, j) * dt(h, j);
       });
 }
 
@@ -181,21 +185,14 @@ void ssd_reverse_matrices(const SsdShape& sh, const typename SsdScan<S>::Chunk& 
   Kokkos::parallel_for(
       "ash::ssd::reverse_matrices", Range(exec, 0, H * Q), KOKKOS_LAMBDA(const index_t i) {
         const index_t h = i / Q, s = i % Q, g = h / Hg;
-        const S Ls = L(h, s);
         S row = 0;
         for (index_t j = 0; j < Q; ++j) {
-          if (j <= s && seg(j) == seg(s)) {
-            const S dec = decay(Ls - L(h, j)), gx = GX(h, s, j) * dec, cb = CB(g, s, j);
-            MD(h, s, j) = cb * dec * dt(h, j);
-            WD(h, s, j) = gx * dt(h, j);
-            const S k = gx * cb;
-            GX(h, s, j) = k;
-            if (j < s) row += k * dt(h, j);
-          } else {
-            MD(h, s, j) = 0;
-            WD(h, s, j) = 0;
-            GX(h, s, j) = 0;
-          }
+          const S dec = masked_decay(seg, L, h, s, j), gx = GX(h, s, j) * dec, cb = CB(g, s, j);
+          MD(h, s, j) = cb * dec * dt(h, j);
+          WD(h, s, j) = gx * dt(h, j);
+          const S k = gx * cb;
+          GX(h, s, j) = k;
+          if (j < s) row += k * dt(h, j);
         }
         dl(h, s) = row;
       });
