@@ -142,6 +142,7 @@ int main(int argc, char* argv[]) {
               cmd.c_str(), KOKKOS_VERSION, ash::ExecSpace::name(), int(ash::ExecSpace().concurrency()),
               arch.c_str(), (long long)d.vocab, (long long)d.width, (long long)d.state, (long long)d.layers, batch,
               precision.c_str());
+  if (const std::string blas = ash::blas_core_note(); !blas.empty()) std::printf("# %s\n", blas.c_str());
   std::printf("%-28s %8s %12s %14s %14s %8s %10s\n", "engine", "T", "seconds", "us/token", "peak", "vs E1",
               "loss");
   std::map<long long, double> e1_peak;

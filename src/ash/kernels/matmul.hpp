@@ -10,6 +10,7 @@
 // input rounding with another summation order, for studying the error, and
 // slower than fp32. Double products are never rounded.
 #include <cstdint>
+#include <string>
 
 #include "ash/core/options.hpp"
 #include "ash/kernels/half_storage.hpp"
@@ -18,6 +19,13 @@ namespace ash {
 
 // The mode in effect (process-wide; fp32 unless a MatmulScope says otherwise).
 Matmul matmul_mode();
+
+// Which kernels the host BLAS runs, when it is OpenBLAS ("" otherwise): its
+// core name, and a warning when that core is one of its generic SSE ones on a
+// CPU with AVX2 (OpenBLAS falls back to Prescott for a CPU model its table does
+// not know, as on some VMs: its products are then about 2x slower; setting
+// OPENBLAS_CORETYPE, e.g. to SkylakeX or Haswell, picks the right kernels).
+std::string blas_core_note();
 
 // Sets the mode for its lifetime (an engine's compute, a training run); S is
 // the compute type: a rounding mode with double is an ash::Error.

@@ -9,6 +9,8 @@
 
 namespace ash::impl {
 
+using RowTeams = Kokkos::TeamPolicy<ExecSpace>;  // a team per token row
+
 // SiLU(v) = v σ(v) and its derivative σ(v) (1 + v (1 - σ(v))).
 template <class S>
 KOKKOS_INLINE_FUNCTION S sigmoid(S v) {
@@ -34,20 +36,27 @@ void causal_conv_forward(const SeqShape& s, const View2<S>& x, const W& w, const
   const index_t M = x.extent(0), C = x.extent(1), T = s.T, Kc = w.extent(1);
   const bool carry = cs.extent(0) > 0;
   const DocStarts docs = s.docs;
+  // A team per token, its threads over channels (coalesced on a GPU; a host's
+  // team walks the channels in a loop it vectorises): the token's taps are
+  // found once, then every channel adds them in the same order.
   Kokkos::parallel_for(
-      "ash::mamba::conv_forward", Range2(exec, {0, 0}, {M, C}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
-        const index_t b = m / T, t = m % T;
-        S acc = bias(e);
-        for (index_t k = 0; k < Kc; ++k) {
-          if (k > t) {  // before the window: the state's column of the token k - t before it
-            if (!carry) break;
-            acc += w(e, Kc - 1 - k) * cs(b * C + e, Kc - 1 - (k - t));
-            continue;
-          }
-          acc += w(e, Kc - 1 - k) * x(m - k, e);
-          if (docs.at(b, t - k)) break;
+      "ash::mamba::conv_forward", RowTeams(exec, league_size(M), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const RowTeams::member_type& team) {
+        const index_t m = team.league_rank(), b = m / T, t = m % T;
+        index_t nk = 0;  // taps 0..nk-1 read the window: back to the document's first token or the window's
+        while (nk < Kc && nk <= t) {
+          ++nk;
+          if (docs.at(b, t - nk + 1)) break;
         }
-        out(m, e, acc);
+        // the rest read the carried state, unless a document start cut the taps (at token 0 too)
+        const bool state_taps = carry && nk == t + 1 && nk < Kc && !docs.at(b, 0);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](const index_t e) {
+          S acc = bias(e);
+          for (index_t k = 0; k < nk; ++k) acc += w(e, Kc - 1 - k) * x(m - k, e);
+          if (state_taps)
+            for (index_t k = nk; k < Kc; ++k) acc += w(e, Kc - 1 - k) * cs(b * C + e, Kc - 1 - (k - t));
+          out(m, e, acc);
+        });
       });
 }
 
@@ -90,14 +99,16 @@ void causal_conv_backward(const SeqShape& s, const W& w, const View2<S>& x, cons
   const index_t M = x.extent(0), E = x.extent(1), T = s.T, Bt = s.batch, Kc = w.extent(1);
   const DocStarts docs = s.docs;
   Kokkos::parallel_for(
-      "ash::mamba::conv_backward_x", Range2(exec, {0, 0}, {M, E}), KOKKOS_LAMBDA(const index_t m, const index_t e) {
-        const index_t b = m / T, t = m % T;
-        S acc = 0;
-        for (index_t k = 0; k < Kc && t + k < T; ++k) {
-          if (k > 0 && docs.at(b, t + k)) break;
-          acc += w(e, Kc - 1 - k) * gc(m + k, e);
-        }
-        gx(m, e) = acc;
+      "ash::mamba::conv_backward_x", RowTeams(exec, league_size(M), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const RowTeams::member_type& team) {
+        const index_t m = team.league_rank(), b = m / T, t = m % T;
+        index_t nk = 0;  // the later tokens whose taps read this one: up to the next document start
+        while (nk < Kc && t + nk < T && !(nk > 0 && docs.at(b, t + nk))) ++nk;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, E), [&](const index_t e) {
+          S acc = 0;
+          for (index_t k = 0; k < nk; ++k) acc += w(e, Kc - 1 - k) * gc(m + k, e);
+          gx(m, e) = acc;
+        });
       });
   // Across the block's start: the later blocks' cotangent of the conv state
   // after this block goes to the x rows it holds (older columns, of a block
