@@ -201,7 +201,7 @@ WorkspaceSpec MambaKind::cotangents_spec(const ModelDims& d, index_t rows, bool 
       .add("ash::mamba::cot::gyhat", elem, {rows, d.width}, true)
       .add("ash::mamba::cot::norm_part", elem, {rb, d.width}, false)
       .add("ash::mamba::cot::conv_part", elem, {rb, C * (d.conv_kernel + 1)}, false);
-  w = w.cotangents(rows, E, d.state, scan_partials, elem, d.mamba2() ? d.n_groups : 1);
+  w = w.cotangents(rows, E, d.state, scan_partials, elem, d.mamba2() ? d.n_groups : 1, false);
   if (d.mamba2())
     w.add("ash::mamba::cot::go", elem, {rows, E}, true)
         .add("ash::mamba::cot::gc", elem, {rows, C}, true)

@@ -32,14 +32,14 @@ WorkspaceSpec& WorkspaceSpec::add(const std::string& label, std::size_t elem, st
 // As LayerCotangents' constructor (model/ssm_layer.cpp) allocates them;
 // Workspace::plan checks the two agree.
 WorkspaceSpec& WorkspaceSpec::cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem,
-                                         index_t groups) {
+                                         index_t groups, bool gather_rows) {
   const index_t rb = impl::row_blocks(rows);
   const std::size_t first = buffers_.size();
   add("ash::cot::gyhat", elem, {rows, P}, true);
   add("ash::cot::gz", elem, {rows, P}, true);
   add("ash::cot::gbeta", elem, {rows, groups * N}, true);
   add("ash::cot::ggamma", elem, {rows, groups * N}, true);
-  add("ash::cot::yhat_rows", elem, {rows, P}, true);
+  if (gather_rows) add("ash::cot::yhat_rows", elem, {rows, P}, true);
   add("ash::cot::norm_part", elem, {rb, P}, false);
   if (row_partials) {
     add("ash::cot::alog_part", elem, {rb, P, N}, true);
@@ -225,7 +225,8 @@ void Workspace<S>::plan(const WorkspaceSpec& spec) {
     const BufferSpec* alog = spec.find("ash::cot::alog_part");
     // N from the A_log partials [rb, P, N] when there are any; β's columns are groups·N.
     const index_t N = alog ? alog->extents.at(2) : gb.extents.at(1), groups = gb.extents.at(1) / N;
-    auto c = std::make_unique<LayerCotangents<S>>(gy.extents[0], gy.extents.at(1), N, alog != nullptr, groups);
+    auto c = std::make_unique<LayerCotangents<S>>(gy.extents[0], gy.extents.at(1), N, alog != nullptr, groups,
+                                                  spec.find("ash::cot::yhat_rows") != nullptr);
     std::size_t found = 0;
     const bool ok = matches(cot, c->gyhat, 2, found) && matches(cot, c->gz, 2, found) &&
                     matches(cot, c->gbeta, 2, found) && matches(cot, c->ggamma, 2, found) &&

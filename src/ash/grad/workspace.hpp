@@ -61,7 +61,7 @@ class WorkspaceSpec {
                      index_t copies = 1);
   // LayerCotangents(rows, {P, N}, row_partials): its buffers, as its constructor allocates them.
   WorkspaceSpec& cotangents(index_t rows, index_t P, index_t N, bool row_partials, std::size_t elem,
-                            index_t groups = 1);
+                            index_t groups = 1, bool gather_rows = true);
   // LayerActivations of `rows` tokens, projections only (ŷ, r, Δ, β, γ and the decay rates a).
   WorkspaceSpec& projections(index_t rows, index_t P, index_t N, std::size_t elem, index_t groups = 1);
   // LayerActivations of `rows` tokens: projections, with h_and_A also h^{t-1} and A [rows, P, N]

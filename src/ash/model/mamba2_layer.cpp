@@ -113,15 +113,18 @@ void forward_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqSh
         "ash::mamba2::gated_norm", impl::block_sum_policy(exec, M * G),
         KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
           const index_t m = team.league_rank() / G, g0 = (team.league_rank() % G) * Eg;
+          // v = s ⊙ SiLU(z) into o on the way (one SiLU per element), then scaled in place.
           const S ss = impl::team_block_sum<S>(team, Eg, [&](const index_t j) {
             const S v = so(m, g0 + j) * silu(z(m, g0 + j));
+            o(m, g0 + j) = v;
             return v * v;
           });
           const S rr = S(1) / kmath::sqrt(ss / S(Eg) + eps);
           Kokkos::single(Kokkos::PerTeam(team), [&]() { r(m, g0 / Eg) = rr; });
+          team.team_barrier();
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Eg), [&](const index_t j) {
             const index_t e = g0 + j;
-            o(m, e) = w(e) * (so(m, e) * silu(z(m, e)) * rr);
+            o(m, e) = w(e) * (o(m, e) * rr);
           });
         });
   }
@@ -167,27 +170,25 @@ void mamba_gate_backward_first(const Mamba2LayerParams<S>& p, const MambaActivat
   auto gz = cot.gz;
   auto so = act.s;
   auto z = act.z;
+  auto o = act.o;
   auto r = act.mixer_rstd;
   auto w = p.gated_norm;
-  // ∂L/∂v = r (ĝ − v̂ mean(ĝ ⊙ v̂)) per group, ĝ = ∂L/∂o ⊙ w_g, v̂ = v r; then
-  // ∂L/∂s = ∂L/∂v ⊙ SiLU(z), ∂L/∂z = ∂L/∂v ⊙ s ⊙ SiLU'(z).
+  // ∂L/∂v = r (ĝ − v̂ mean(ĝ ⊙ v̂)) per group, ĝ = ∂L/∂o ⊙ w_g, v̂ = v r (so ĝ ⊙ v̂
+  // = ∂L/∂o ⊙ o); then ∂L/∂s = ∂L/∂v ⊙ SiLU(z), ∂L/∂z = ∂L/∂v ⊙ s ⊙ SiLU'(z), from
+  // one σ(z).
   Kokkos::parallel_for(
       "ash::mamba2::gated_norm_backward", impl::block_sum_policy(exec, M * G),
       KOKKOS_LAMBDA(const impl::BlockSumMember& team) {
         const index_t m = team.league_rank() / G, g0 = (team.league_rank() % G) * Eg;
         const S rr = r(m, g0 / Eg);
-        const S dot = impl::team_block_sum<S>(team, Eg,
-                                              [&](const index_t j) {
-                                                const index_t e = g0 + j;
-                                                return go(m, e) * w(e) * (so(m, e) * silu(z(m, e)) * rr);
-                                              }) /
-                      S(Eg);
+        const S dot =
+            impl::team_block_sum<S>(team, Eg, [&](const index_t j) { return go(m, g0 + j) * o(m, g0 + j); }) / S(Eg);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Eg), [&](const index_t j) {
           const index_t e = g0 + j;
-          const S sz = silu(z(m, e)), vh = so(m, e) * sz * rr;
+          const S zv = z(m, e), sg = impl::sigmoid(zv), sz = zv * sg, vh = so(m, e) * sz * rr;
           const S gv = rr * (go(m, e) * w(e) - vh * dot);
           gs(m, e) = gv * sz;
-          gz(m, e) = gv * so(m, e) * silu_grad(z(m, e));
+          gz(m, e) = gv * so(m, e) * (sg * (S(1) + zv * (S(1) - sg)));  // SiLU'(z)
         });
       });
 }

@@ -50,7 +50,7 @@ MambaCotangents<S>::MambaCotangents(index_t rows, const ModelDims& d, bool scan_
                 impl::row_blocks(rows), d.width),
       conv_part(Kokkos::view_alloc(std::string("ash::mamba::cot::conv_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), d.conv_dim() * (d.conv_kernel + 1)),
-      scan(rows, d.inner(), d.state, scan_partials, d.mamba2() ? d.n_groups : 1) {
+      scan(rows, d.inner(), d.state, scan_partials, d.mamba2() ? d.n_groups : 1, false) {
   if (!d.mamba2()) return;
   go = View2<S>("ash::mamba::cot::go", rows, d.inner());
   gc = View2<S>("ash::mamba::cot::gc", rows, d.conv_dim());

@@ -20,12 +20,13 @@ LayerActivations<S>::LayerActivations(const SeqShape& s, index_t P, index_t N, S
 }
 
 template <class S>
-LayerCotangents<S>::LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials, index_t groups)
+LayerCotangents<S>::LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials, index_t groups,
+                                    bool gather_rows)
     : gyhat("ash::cot::gyhat", rows, P),
       gz("ash::cot::gz", rows, P),
       gbeta("ash::cot::gbeta", rows, groups * N),
       ggamma("ash::cot::ggamma", rows, groups * N),
-      yhat_rows("ash::cot::yhat_rows", rows, P),
+      yhat_rows(gather_rows ? View2<S>("ash::cot::yhat_rows", rows, P) : View2<S>()),
       norm_part(Kokkos::view_alloc(std::string("ash::cot::norm_part"), Kokkos::WithoutInitializing),
                 impl::row_blocks(rows), P) {
   if (!row_partials) return;

@@ -139,7 +139,7 @@ struct LayerCotangents {
   View2<S> gz;         // ∂L/∂(Wδ ŷ + bδ) [R, P]
   View2<S> gbeta;      // ∂L/∂β  [R, N]
   View2<S> ggamma;     // ∂L/∂γ  [R, N]
-  View2<S> yhat_rows;  // ŷ of the block's rows [R, P] (batches > 1: one GEMM over all sequences)
+  View2<S> yhat_rows;  // ŷ of the block's rows [R, P] (batches > 1: one GEMM over all sequences; empty: gather_rows false)
   View3<S> alog_part;  // Σ_i μ^i h^{i-1} A^i Δ^i per row block [R/reduce_rows, P, N]
   View2<S> d_part;     // Σ_i g^i ŷ^i per row block [R/reduce_rows, P]
   View2<S> bd_part;    // Σ_i ∂L/∂z^i per row block [R/reduce_rows, P]
@@ -148,7 +148,9 @@ struct LayerCotangents {
   // kernels keep their own per chunk).
   LayerCotangents(index_t rows, const ModelDims& d, bool row_partials = true)
       : LayerCotangents(rows, d.width, d.state, row_partials) {}
-  LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials = true, index_t groups = 1);
+  // gather_rows = false leaves yhat_rows empty: the Mamba kinds' dense VJPs never gather ŷ.
+  LayerCotangents(index_t rows, index_t P, index_t N, bool row_partials = true, index_t groups = 1,
+                  bool gather_rows = true);
 };
 
 // First-level partial sums of the A_log, D and bδ gradients over n blocks of
