@@ -201,6 +201,74 @@ INSTANTIATE_TEST_SUITE_P(Groups, SsdScanGroups, ::testing::Values(index_t(1), in
 INSTANTIATE_TEST_SUITE_P(GroupsDocs, SsdScanReverse,
                          ::testing::Combine(::testing::Values(index_t(1), index_t(2)), ::testing::Bool()));
 
+// A token block's reverse mode: from a start state h0, with ∂L/∂ the end state
+// given (a later block's), L = Σ w ⊙ s + Σ v ⊙ h_end; ∂L/∂h0 (what the block
+// before receives), ∂L/∂x, ∂L/∂Δ and ∂L/∂B against central differences.
+TEST(SsdScan, ABlockFromAStateWithItsEndStateCotangent) {
+  const SsdShape sh = shape(2);
+  const index_t H = sh.heads, P = sh.head_dim, E = H * P, N = sh.state, GN = sh.groups * N, M = sh.batch * sh.T;
+  // A document starts in sequence 0 only: sequence 1 carries h0 to its end.
+  Problem pb = make_problem(sh, {5}, 17);
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<double> u(-1, 1);
+  const auto random = [&](const char* label, index_t r, index_t c) {
+    View2<double> v(std::string(label), r, c);
+    auto h = Kokkos::create_mirror_view(v);
+    for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = u(rng);
+    Kokkos::deep_copy(v, h);
+    return v;
+  };
+  const View2<double> w = random("w", M, E), v = random("v", sh.batch * E, N), h0 = random("h0", sh.batch * E, N);
+  const auto wv = host(w), vv = host(v);
+  const auto loss = [&]() {
+    View2<double> s("s", M, E), st("st", sh.batch * E, N);
+    Kokkos::deep_copy(st, h0);
+    SsdScan<double>(sh, false).forward(pb.act, unmanaged(pb.D), pb.s.docs, s, st, ExecSpace());
+    const auto sv = host(s), hv = host(st);
+    double l = 0;
+    for (std::size_t i = 0; i < sv.size(); ++i) l += wv[i] * sv[i];
+    for (std::size_t i = 0; i < hv.size(); ++i) l += vv[i] * hv[i];
+    return l;
+  };
+  SsdGrads<double> g{View2<double>("gx", M, E), View2<double>("gdelta", M, H), View2<double>("gb", M, GN),
+                     View2<double>("gc", M, GN), View1<double>("ga", H), View1<double>("gD", H)};
+  View2<double> r("r", sh.batch * E, N);
+  Kokkos::deep_copy(r, v);
+  SsdScan<double>(sh, true).backward(pb.act, unmanaged(pb.D), pb.s.docs, w, g, ExecSpace(), h0, r);
+  const double eps = 1e-6;
+  const auto fd = [&](const View2<double>& view, const std::vector<std::size_t>& flat) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), view);
+    const auto bump = [&](double dv) {
+      for (std::size_t i : flat) h.data()[i] += dv;
+      Kokkos::deep_copy(view, h);
+    };
+    bump(eps);
+    const double lp = loss();
+    bump(-2 * eps);
+    const double lm = loss();
+    bump(eps);
+    return (lp - lm) / (2 * eps);
+  };
+  const auto check = [&](const char* what, const View2<double>& view, const std::vector<double>& got, index_t rows,
+                         index_t cols, index_t group) {
+    double worst = 0, scale = 0;
+    for (index_t i = 0; i < rows; ++i)
+      for (index_t j = 0; j < cols; ++j) {
+        std::vector<std::size_t> flat;
+        for (index_t q = 0; q < group; ++q) flat.push_back(std::size_t(i * cols * group + j * group + q));
+        const double ref = fd(view, flat);
+        worst = std::max(worst, std::abs(got[std::size_t(i * cols + j)] - ref));
+        scale = std::max(scale, std::abs(ref));
+      }
+    EXPECT_GT(scale, 1e-3) << what;
+    EXPECT_LE(worst, 2e-8 * std::max(1.0, scale)) << what;
+  };
+  check("dL/dh0", h0, host(r), sh.batch * E, N, 1);
+  check("dL/dx", pb.act.yhat, host(g.gx), M, E, 1);
+  check("dL/dB", pb.act.beta, host(g.gbeta), M, GN, 1);
+  check("dL/dDelta", pb.act.delta, host(g.gdelta), M, H, P);
+}
+
 // A chunk as long as the window, and chunks of one token: the same numbers.
 TEST(SsdScan, ChunkLengthDoesNotChangeTheResult) {
   SsdShape sh = shape(2);

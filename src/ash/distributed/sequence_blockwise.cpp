@@ -346,7 +346,7 @@ class SequencePass {
     layers_top_down([&](int k) {
       const State first = replayed_start(k);
       carry_in(views);
-      carry.mu.valid = !tail_range();
+      K::carry_arrived(carry, !tail_range());
       backward_blocks(k, g, first, carry);
       carry_out(views);
     });

@@ -14,11 +14,12 @@
 //   backward_exact                               E3 on a whole window
 //   Scratch<S>                                   what the kind keeps from layer to layer of a pass
 //   stack_whole_window, stack_input_again        how a layer stack alone runs E3 (grad/stack_adjoint.hpp)
-// and for sequence ranks (dist::SequenceBlockwise; Carry<S>::mu is an ExactCarry):
+// and for sequence ranks (dist::SequenceBlockwise; with range maps Carry<S>::mu is an ExactCarry):
 //   for_each_view                                the state's views, sent range to range
 //   range_maps                                   true: block_carry_map (the ranges scan μ's carry
-//                                                maps at once); false: make_range_carry and
-//                                                for_each_carry_view (a reverse wavefront)
+//                                                maps at once); false: make_range_carry,
+//                                                for_each_carry_view and carry_arrived (a reverse
+//                                                wavefront)
 //   replays_cut_block                            a range cut inside a block always takes one
 //                                                process's replay there (false: only 16-bit storage)
 //   for_each_window_carry_view, backward_window_range   the window T̄ on a range + halo

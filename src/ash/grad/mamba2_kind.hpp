@@ -1,11 +1,12 @@
 #pragma once
 // The Mamba-2 layer kind (model.arch = "mamba2", docs/design.md §1,
-// transformers' Mamba2Block, n_groups = 1): the SSD block to the engines
-// through the Mamba kind's members, which run its block (model/mamba2_layer.hpp)
-// by overload. The state, carries and scratch are MambaKind's, sized by the
-// model (the conv's state and carry over C = E + 2N channels, h over E); its own
-// are its name, its parameter type and views, and the gated norm's place: the
-// gate's VJP reads s, so E3 forms a block's activations through the gate.
+// transformers' Mamba2Block): the SSD block to the engines through the Mamba
+// kind's members, which run its block (model/mamba2_layer.hpp) by overload. The
+// state and scratch are MambaKind's, sized by the model (the conv's state over
+// C = E + 2GN channels, h over E); its own are its name, its parameter type and
+// views, and E3 in the SSD's chunked form (whole windows and token blocks, with
+// its own carry): the gated norm reads s, so E3 forms a block's activations
+// through the gate.
 #include "ash/grad/mamba_kind.hpp"
 
 namespace ash {
@@ -35,11 +36,62 @@ struct Mamba2Kind : MambaKind {
     f("out_proj", p.out_proj, D, E);
   }
 
+  // E3 on a token block in the SSD's chunked form: the carry between blocks is
+  // ∂L/∂ the block's end state, h over E channels [Bt·E, N] (SsdScan's R), and
+  // ∂L/∂ the conv state; the block's forward again from `before`, the gate's
+  // VJP, the SSD's reverse mode from `before`'s h, the dense VJPs with the conv's
+  // carry. A window T̄ (grad.truncate) and e3_fused = false keep MambaKind's wave
+  // form, with its μ/A carry: the carry holds both.
+  template <class S>
+  struct Carry : MambaKind::Carry<S> {
+    View2<S> R;  // ∂L/∂ h after the block [Bt·E, N] (zero after the window)
+  };
+  template <class S>
+  static Carry<S> make_carry(const ModelDims& d, index_t Bt) {
+    Carry<S> c;
+    static_cast<MambaKind::Carry<S>&>(c) = MambaKind::make_carry<S>(d, Bt);
+    c.R = make_view2<S>(carry_spec(d, Bt, sizeof(S)).buffers().at(1));
+    return c;
+  }
+  template <class S>
+  static Carry<S> make_range_carry(const ModelDims& d, index_t Bt) {
+    Carry<S> c = make_carry<S>(d, Bt);
+    static_cast<MambaKind::Carry<S>&>(c) = MambaKind::make_range_carry<S>(d, Bt);
+    return c;
+  }
+  template <class S, class F>
+  static void for_each_carry_view(Carry<S>& c, F&& f) {
+    MambaKind::for_each_carry_view(static_cast<MambaKind::Carry<S>&>(c), f);
+    f(c.R);
+  }
+  template <class S, class F>
+  static void for_each_window_carry_view(Carry<S>& c, F&& f) {
+    f(c.gconv);
+  }
+  template <class S>
+  static void carry_arrived(Carry<S>& c, bool from_next_range) {
+    MambaKind::carry_arrived(static_cast<MambaKind::Carry<S>&>(c), from_next_range);
+  }
+
+  template <class S, class P>
+  static void backward_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& s,
+                             const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
+                             Carry<S>& carry, bool carries, const P& grad);
+  template <class S, class P>
+  static void backward_window_range(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d,
+                                    const SeqShape& s_ext, const View2<S>& y_ext, const View2<S>& g_ext,
+                                    const State<S>& before, index_t own_T, Carry<S>& carry, const P& grad);
+  // A block's SSD forward depends on where the block starts (its chunks do):
+  // a range cut inside one of one process's blocks replays it.
+  static constexpr bool replays_cut_block = true;
+  static WorkspaceSpec carry_spec(const ModelDims& d, index_t Bt, std::size_t elem);  // make_carry's
+  static PlanRows exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool halo,
+                                   std::size_t elem);
+
   // E3 on a whole window in the SSD's chunked matrix form (model/ssd_scan.hpp):
   // the block's activations through the gate, the gate's VJP, the scan's VJP
   // chunk by chunk (GEMMs per chunk and head, the chunk states kept), the dense
-  // VJPs. Token blocks and windows keep MambaKind's wave form (their carries are
-  // per channel).
+  // VJPs.
   template <class S, class P>
   static void backward_exact(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, int k,
                              ActivationStore<S>& store, const View2<S>& g, const P& grad);

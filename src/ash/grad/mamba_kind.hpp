@@ -151,6 +151,11 @@ struct MambaKind {
     f(c.mu.mu);
     f(c.mu.A);
   }
+  // Whether the carry's views came from a next range (the last range's are zero: μ's carry is then none).
+  template <class S>
+  static void carry_arrived(Carry<S>& c, bool from_next_range) {
+    c.mu.valid = from_next_range;
+  }
   // Its block forward run again from a kept state gives the forward's bits, so
   // a range cut inside one of one process's blocks needs that block's replay
   // only when the inputs were rounded to 16 bits (run.storage).

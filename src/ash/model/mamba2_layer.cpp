@@ -93,11 +93,13 @@ void forward_impl(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqSh
         });
   }
   if (upto == MambaUpTo::scan_inputs) return;
-  // From a zero state and with no per-token states to keep, the SSD's chunked
-  // matrix form; else (a carried state, E1's and E2's h and A) the per-channel
-  // scan, which runs the same bits whatever the token blocks.
-  if (!carry && sc.hprev.extent(0) == 0)
-    SsdScan<S>(ssd_shape(d, s), false).forward(sc, scan_core_D(p, act), s.docs, act.s, View2<S>(), exec);
+  // With no per-token states to keep, the SSD's chunked matrix form, from a
+  // zero or a carried state; E1's and E2's h and A, and a carried state over
+  // fewer than ssd_min_tokens (generation's one-token steps) take the
+  // per-channel scan.
+  if (sc.hprev.extent(0) == 0 && (!carry || s.T >= ssd_min_tokens))
+    SsdScan<S>(ssd_shape(d, s), false).forward(sc, scan_core_D(p, act), s.docs, act.s, carry ? state->ssm : View2<S>(),
+                                               exec);
   else
     selective_scan_forward(scan_core_D(p, act), s, View2<S>(), sc, act.s, carry ? state->ssm : View2<S>(), exec);
   // The gated norm, a team per (token, group): o = w_g ⊙ v r, v = s ⊙ SiLU(z).
@@ -320,7 +322,8 @@ void mamba_mixer_backward_dense(const Mamba2LayerParams<S>& p, const ModelDims& 
 template <class S>
 void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                   const MambaActivations<S>& act, const MambaCotangents<S>& cot,
-                                  const Mamba2LayerParams<S>& grad, const ExecSpace& exec) {
+                                  const Mamba2LayerParams<S>& grad, const ExecSpace& exec, const View2<S>& h0,
+                                  const View2<S>& r_io) {
   const index_t M = s.rows(), H = d.head_count(), P = d.head_dim;
   require(index_t(cot.scan.gyhat.extent(0)) == M && index_t(cot.gdlow.extent(0)) == M,
           "mamba2_scan_backward_chunked: cotangents of another window");
@@ -328,7 +331,7 @@ void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims
   const SsdGrads<S> out{cot.scan.gyhat, cot.gdlow, cot.scan.gbeta, cot.scan.ggamma,
                         Kokkos::subview(heads, Kokkos::make_pair(index_t(0), H)),
                         Kokkos::subview(heads, Kokkos::make_pair(H, 2 * H))};
-  SsdScan<S>(ssd_shape(d, s), true).backward(act.scan, scan_core_D(p, act), s.docs, cot.gs, out, exec);
+  SsdScan<S>(ssd_shape(d, s), true).backward(act.scan, scan_core_D(p, act), s.docs, cot.gs, out, exec, h0, r_io);
   // ∂L/∂δ = ∂L/∂Δ softplus'(δ + b) = ∂L/∂Δ (1 − e^{−Δ}), zero where the limit clamps Δ.
   auto gdt = cot.gdlow;
   auto dt = act.dlow;
@@ -357,6 +360,16 @@ void mamba2_mixer_backward_dense_chunked(const Mamba2LayerParams<S>& p, const Mo
                                          const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
                                          const View2<S>& g, const ExecSpace& exec) {
   mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, View2<S>(), View2<S>(), s.T, exec, true);
+}
+
+template <class S>
+void mamba2_mixer_backward_block_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                         const View2<S>& y_in, const MambaActivations<S>& act,
+                                         const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
+                                         const View2<S>& g, const View2<S>& conv_before, const View2<S>& gconv,
+                                         const ExecSpace& exec) {
+  require(gconv.extent(0) > 0 || d.conv_kernel == 1, "mamba_mixer_backward_block: needs the conv state's cotangent");
+  mixer_dense_impl(p, d, s, y_in, act, cot, grad, g, conv_before, gconv, s.T, exec, true);
 }
 
 template <class S>
@@ -397,7 +410,12 @@ void mamba_mixer_backward_block(const Mamba2LayerParams<S>& p, const ModelDims& 
                                               const View2<S>&, index_t, const ExecSpace&);                   \
   template void mamba2_scan_backward_chunked<S>(const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&,       \
                                                 const MambaActivations<S>&, const MambaCotangents<S>&,               \
-                                                const Mamba2LayerParams<S>&, const ExecSpace&);                      \
+                                                const Mamba2LayerParams<S>&, const ExecSpace&, const View2<S>&,      \
+                                                const View2<S>&);                                                    \
+  template void mamba2_mixer_backward_block_chunked<S>(                                                               \
+      const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&, const View2<S>&, const MambaActivations<S>&,    \
+      const MambaCotangents<S>&, const Mamba2LayerParams<S>&, const View2<S>&, const View2<S>&, const View2<S>&,      \
+      const ExecSpace&);                                                                                              \
   template void mamba2_mixer_backward_dense_chunked<S>(                                                               \
       const Mamba2LayerParams<S>&, const ModelDims&, const SeqShape&, const View2<S>&, const MambaActivations<S>&,    \
       const MambaCotangents<S>&, const Mamba2LayerParams<S>&, const View2<S>&, const ExecSpace&);

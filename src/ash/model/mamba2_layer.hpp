@@ -93,15 +93,27 @@ void mamba_mixer_backward_block(const Mamba2LayerParams<S>& p, const ModelDims& 
 // scan's VJP from cot.gs into cot.scan's ∂L/∂x, ∂L/∂B, ∂L/∂C and cot.gdlow (∂L/∂δ
 // per head), A_log's and D's gradients added; then the dense VJPs with those
 // per-head gradients already formed.
+// A token block's: from the state h0 before it, r_io as SsdScan::backward's.
 template <class S>
 void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                   const MambaActivations<S>& act, const MambaCotangents<S>& cot,
-                                  const Mamba2LayerParams<S>& grad, const ExecSpace& exec = ExecSpace());
+                                  const Mamba2LayerParams<S>& grad, const ExecSpace& exec = ExecSpace(),
+                                  const View2<S>& h0 = View2<S>(), const View2<S>& r_io = View2<S>());
 template <class S>
 void mamba2_mixer_backward_dense_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
                                          const View2<S>& y_in, const MambaActivations<S>& act,
                                          const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
                                          const View2<S>& g, const ExecSpace& exec = ExecSpace());
+// On a token block, with the conv's carry (mamba_mixer_backward_block's).
+template <class S>
+void mamba2_mixer_backward_block_chunked(const Mamba2LayerParams<S>& p, const ModelDims& d, const SeqShape& s,
+                                         const View2<S>& y_in, const MambaActivations<S>& act,
+                                         const MambaCotangents<S>& cot, const Mamba2LayerParams<S>& grad,
+                                         const View2<S>& g, const View2<S>& conv_before, const View2<S>& gconv,
+                                         const ExecSpace& exec = ExecSpace());
+// A carried state runs the SSD form from this many tokens on (mamba_layer_forward):
+// generation's one-token steps keep the recurrent step.
+constexpr index_t ssd_min_tokens = 2;
 // The SSD scan's shape for a Mamba-2 of d on s.
 inline SsdShape ssd_shape(const ModelDims& d, const SeqShape& s) {
   return SsdShape{s.batch, s.T, d.head_count(), d.head_dim, d.n_groups, d.state, ssd_chunk(s.T)};

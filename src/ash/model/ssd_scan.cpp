@@ -408,13 +408,18 @@ void SsdScan<S>::forward(const LayerActivations<S>& act, const Unmanaged1<S>& D,
 
 template <class S>
 void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D, const DocStarts& docs,
-                          const View2<S>& gs, const SsdGrads<S>& out, const ExecSpace& exec) {
+                          const View2<S>& gs, const SsdGrads<S>& out, const ExecSpace& exec, const View2<S>& h0,
+                          const View2<S>& r_io) {
   const SsdShape& sh = sh_;
   const index_t H = sh.heads, G = sh.groups, Hg = H / G, Q = sh.chunk, nc = sh.chunks(), P = sh.head_dim;
   require(starts_.extent(0) == std::size_t(sh.batch * nc * H), "SsdScan::backward: a plan made for the forward only");
   require(index_t(gs.extent(0)) == sh.batch * sh.T && index_t(gs.extent(1)) == H * P &&
               index_t(out.gdelta.extent(1)) == H && out.gx.extent(0) == gs.extent(0),
           "SsdScan::backward: cotangents of another shape");
+  const bool from_state = h0.extent(0) > 0, carries = r_io.extent(0) > 0;
+  require((!from_state || index_t(h0.extent(0)) == sh.batch * H * P) &&
+              (!carries || index_t(r_io.extent(0)) == sh.batch * H * P),
+          "SsdScan::backward: a state or state cotangent of another shape");
   const Chunk& ck = c_;
   auto dout = ck.dout;
   auto dt = ck.dt;
@@ -422,8 +427,11 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
   auto starts = starts_;
   Kokkos::deep_copy(exec, ck.acc, S(0));
   for (index_t b = 0; b < sh.batch; ++b) {
-    // Every chunk's start state, chunk by chunk from zero (kept: the reverse pass reads them backwards).
-    Kokkos::deep_copy(exec, ck.H0, S(0));
+    // Every chunk's start state, chunk by chunk from h0 (kept: the reverse pass reads them backwards).
+    if (from_state)
+      impl::ssd_state_io(h0, ck.H0, b, false, exec);
+    else
+      Kokkos::deep_copy(exec, ck.H0, S(0));
     for (index_t c = 0; c < nc; ++c) {
       const index_t k0 = (b * nc + c) * H;
       Kokkos::deep_copy(exec, Kokkos::subview(starts, Kokkos::make_pair(k0, k0 + H), Kokkos::ALL(), Kokkos::ALL()),
@@ -438,7 +446,10 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
       Kokkos::deep_copy(exec, ck.H0, ck.Hn);
     }
     // The chunks backwards, R = ∂L/∂ the chunk's end state carried.
-    Kokkos::deep_copy(exec, ck.R, S(0));
+    if (carries)
+      impl::ssd_state_io(r_io, ck.R, b, false, exec);
+    else
+      Kokkos::deep_copy(exec, ck.R, S(0));
     for (index_t c = nc - 1; c >= 0; --c) {
       const index_t t0 = c * Q, k0 = (b * nc + c) * H;
       impl::ssd_pack<S>(sh, ck, seg_, act, gs, docs, b, t0, exec);
@@ -478,7 +489,7 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
             });
       }
       impl::ssd_unpack_grads<S>(sh, ck, D, out, b, t0, exec);
-      if (c == 0) break;
+      if (c == 0 && !carries) break;
       // R of the chunk before: din_{Q−1} R + Σ_s din_s g_s C_sᵀ.
       impl::ssd_carry_state<S>(ck.Hn, ck.R, ck.din, exec);
       auto Gv = ck.G;
@@ -492,6 +503,7 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
         impl::gemm<S>(exec, "T", "N", S(1), sub(ck.Tp, h), sub(ck.Cq, h / Hg), S(1), sub(ck.Hn, h));
       Kokkos::deep_copy(exec, ck.R, ck.Hn);
     }
+    if (carries) impl::ssd_state_io(r_io, ck.R, b, true, exec);  // ∂L/∂ h0
   }
   impl::ssd_accumulate_heads<S>(ck.acc, out, H, exec);
 }

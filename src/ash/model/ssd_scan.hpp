@@ -60,9 +60,12 @@ class SsdScan {
   // channel e = h·P + p), the scan starts from it and leaves the end state in it.
   void forward(const LayerActivations<S>& act, const Unmanaged1<S>& D, const DocStarts& docs, const View2<S>& s,
                const View2<S>& state_io, const ExecSpace& exec);
-  // The VJP of forward (from a zero state) with cotangent gs = ∂L/∂s [M, E].
+  // The VJP of forward with cotangent gs = ∂L/∂s [M, E], from the state h0
+  // [Bt·E, N] (empty: zero). r_io [Bt·E, N] (empty: none): in, ∂L/∂ the end
+  // state (a later token block's); out, ∂L/∂ h0 (what the block before gets).
   void backward(const LayerActivations<S>& act, const Unmanaged1<S>& D, const DocStarts& docs, const View2<S>& gs,
-                const SsdGrads<S>& out, const ExecSpace& exec);
+                const SsdGrads<S>& out, const ExecSpace& exec, const View2<S>& h0 = View2<S>(),
+                const View2<S>& r_io = View2<S>());
 
   // Per (head or group, chunk row, ·): one chunk of one sequence at a time (the
   // host's order: its operands stay in cache; the chunk recurrence is serial).
