@@ -4,7 +4,22 @@
 
 namespace ash {
 
-WorkspaceSpec ssd_spec(const ModelDims& d, index_t Bt, index_t T, std::size_t elem);
+namespace {
+
+// A Mamba-2's SSD plan's buffers (SsdScan's) as a WorkspaceSpec (rank 1 extents as [1, n]).
+WorkspaceSpec ssd_spec(const ModelDims& d, index_t Bt, index_t T, std::size_t elem) {
+  WorkspaceSpec ssd;
+  const SsdShape sh{Bt, T, d.head_count(), d.head_dim, d.n_groups, d.state, ssd_chunk(T)};
+  for (const SsdBuffer& b : ssd_buffers(sh, true)) {
+    std::vector<index_t> e = b.extents;
+    if (e.size() == 1) e.insert(e.begin(), 1);  // WorkspaceSpec's buffers are of rank 2 or 3
+    ssd.add(b.label, b.label == "ash::ssd::seg" ? sizeof(index_t) : elem, e, true);
+  }
+  ssd.add("ash::mamba2::head_grads", elem, {1, 2 * d.head_count()}, true);
+  return ssd;
+}
+
+}  // namespace
 
 template <class S, class P>
 void Mamba2Kind::backward_exact(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, int k,
@@ -23,8 +38,8 @@ void Mamba2Kind::backward_exact(AdjointExactLayer<S>& e3, const P& p, const Mode
   mamba_gate_backward_first(p, act, g, cot, exec);
   mamba2_scan_backward_chunked(p, d, s, act, cot, grad, exec);
   mamba_gate_backward_second(p, act, g, cot, grad, exec);
-  mamba2_mixer_backward_dense_chunked(p, d, s, store.input(k), act, cot, grad,
-                                      e3.options().detach_inputs ? View2<S>() : g, exec);
+  mamba2_mixer_backward_dense_chunked(p, d, s, store.input(k), act, cot, grad, o.detach_inputs ? View2<S>() : g,
+                                      exec);
 }
 
 template <class S, class P>
@@ -38,25 +53,13 @@ void Mamba2Kind::backward_block(AdjointExactLayer<S>& e3, const P& p, const Mode
     return;
   }
   const ExecSpace& exec = e3.execution_space();
-  auto& sc = e3.scratch().template get<MambaKind>();
-  const index_t rows = s.rows();
-  if (!sc.act || index_t(sc.act->x.extent(0)) != rows) {
-    sc.act.reset();  // the old ones freed first
-    sc.act = std::make_unique<MambaActivations<S>>(s, d, LayerActivations<S>::projections_only);
-  }
-  if (index_t(sc.state.ssm.extent(0)) != index_t(before.ssm.extent(0))) sc.state = MambaState<S>(s.batch, d);
-  const MambaActivations<S>& act = *sc.act;
-  const auto& cot = sc.cotangents(rows, d, false);
-  // The block's forward again, bit for bit the forward's, from a copy of the
-  // state it started from; its output lands in ∂ŷ's rows, unused until the norm's VJP.
-  Kokkos::deep_copy(exec, sc.state.conv, before.conv);
-  Kokkos::deep_copy(exec, sc.state.ssm, before.ssm);
-  mamba_layer_forward(p, d, s, y, act, cot.gyhat, sc.state, exec);
+  const MambaActivations<S>& act = replay_block(e3, p, d, s, y, before);
+  const auto& cot = e3.scratch().template get<MambaKind>().cotangents(s.rows(), d, false);
   mamba_gate_backward_first(p, act, g, cot, exec);
   mamba2_scan_backward_chunked(p, d, s, act, cot, grad, exec, before.ssm, carries ? carry.R : View2<S>());
   mamba_gate_backward_second(p, act, g, cot, grad, exec);
-  mamba2_mixer_backward_block_chunked(p, d, s, y, act, cot, grad, e3.options().detach_inputs ? View2<S>() : g,
-                                      before.conv, carry.gconv, exec);
+  mamba2_mixer_backward_block_chunked(p, d, s, y, act, cot, grad, o.detach_inputs ? View2<S>() : g, before.conv,
+                                      carry.gconv, exec);
 }
 
 template <class S, class P>
@@ -69,19 +72,6 @@ void Mamba2Kind::backward_window_range(AdjointExactLayer<S>& e3, const P& p, con
 
 WorkspaceSpec Mamba2Kind::carry_spec(const ModelDims& d, index_t Bt, std::size_t elem) {
   return MambaKind::carry_spec(d, Bt, elem).add("ash::ssd::state_carry", elem, {Bt * d.inner(), d.state}, true);
-}
-
-// Its SSD plan's buffers, in a WorkspaceSpec (rank 1 extents as [1, n]).
-WorkspaceSpec ssd_spec(const ModelDims& d, index_t Bt, index_t T, std::size_t elem) {
-  WorkspaceSpec ssd;
-  const SsdShape sh{Bt, T, d.head_count(), d.head_dim, d.n_groups, d.state, ssd_chunk(T)};
-  for (const SsdBuffer& b : ssd_buffers(sh, true)) {
-    std::vector<index_t> e = b.extents;
-    if (e.size() == 1) e.insert(e.begin(), 1);  // WorkspaceSpec's buffers are of rank 2 or 3
-    ssd.add(b.label, b.label == "ash::ssd::seg" ? sizeof(index_t) : elem, e, true);
-  }
-  ssd.add("ash::mamba2::head_grads", elem, {1, 2 * d.head_count()}, true);
-  return ssd;
 }
 
 PlanRows Mamba2Kind::exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool halo,

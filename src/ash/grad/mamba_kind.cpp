@@ -56,21 +56,8 @@ void exact_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const
                  const View2<S>& g_blk, const MambaState<S>& before, ExactCarry<S>* carry, const View2<S>& gconv,
                  const P& grad, index_t own_T) {
   const ExecSpace& exec = e3.execution_space();
-  auto& sc = e3.scratch().template get<MambaKind>();
-  const index_t rows = sb.rows();
-  if (!sc.act || index_t(sc.act->x.extent(0)) != rows) {
-    sc.act.reset();  // the old ones freed first
-    sc.act = std::make_unique<MambaActivations<S>>(sb, d, LayerActivations<S>::projections_only);
-  }
-  if (index_t(sc.state.ssm.extent(0)) != index_t(before.ssm.extent(0))) sc.state = MambaState<S>(sb.batch, d);
-  const MambaActivations<S>& act = *sc.act;
-  const auto& cot = sc.cotangents(rows, d, false);
-  // The block's forward again, bit for bit the forward's: from a copy of the
-  // state it started from (the forward advances the state it is given); its
-  // output lands in ∂ŷ's rows, unused until the norm's VJP.
-  Kokkos::deep_copy(exec, sc.state.conv, before.conv);
-  Kokkos::deep_copy(exec, sc.state.ssm, before.ssm);
-  mamba_layer_forward(p, d, sb, y_blk, act, cot.gyhat, sc.state, exec);
+  const MambaActivations<S>& act = MambaKind::replay_block(e3, p, d, sb, y_blk, before);
+  const auto& cot = e3.scratch().template get<MambaKind>().cotangents(sb.rows(), d, false);
   // The gate's VJP split around the scan (∂L/∂s first, which μ reads, also in
   // a halo): with a halo, its rows' g, ∂L/∂o and scan cotangents are zeroed
   // between, so they add nothing to W_out's gradient or the dense VJPs.
@@ -95,6 +82,25 @@ void exact_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const
 }
 
 }  // namespace
+
+template <class S, class P>
+const MambaActivations<S>& MambaKind::replay_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d,
+                                                   const SeqShape& s, const View2<S>& y, const State<S>& before) {
+  const ExecSpace& exec = e3.execution_space();
+  auto& sc = e3.scratch().template get<MambaKind>();
+  const index_t rows = s.rows();
+  if (!sc.act || index_t(sc.act->x.extent(0)) != rows) {
+    sc.act.reset();  // the old ones freed first
+    sc.act = std::make_unique<MambaActivations<S>>(s, d, LayerActivations<S>::projections_only);
+  }
+  if (index_t(sc.state.ssm.extent(0)) != index_t(before.ssm.extent(0))) sc.state = MambaState<S>(s.batch, d);
+  const auto& cot = sc.cotangents(rows, d, false);
+  // From a copy of the state the block started from (the forward advances the state it is given).
+  Kokkos::deep_copy(exec, sc.state.conv, before.conv);
+  Kokkos::deep_copy(exec, sc.state.ssm, before.ssm);
+  mamba_layer_forward(p, d, s, y, *sc.act, cot.gyhat, sc.state, exec);
+  return *sc.act;
+}
 
 template <class S, class P>
 void MambaKind::backward_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& s,
@@ -227,6 +233,8 @@ PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d
 }
 
 #define ASH_INSTANTIATE_P(S, P)                                                                                   \
+  template const MambaActivations<S>& MambaKind::replay_block<S, P<S>>(                                           \
+      AdjointExactLayer<S>&, const P<S>&, const ModelDims&, const SeqShape&, const View2<S>&, const State<S>&);   \
   template void MambaKind::backward_block<S, P<S>>(AdjointExactLayer<S>&, const P<S>&, const ModelDims&,          \
                                                    const SeqShape&, const View2<S>&, const View2<S>&,             \
                                                    const State<S>&, bool, Carry<S>&, bool, const P<S>&);          \

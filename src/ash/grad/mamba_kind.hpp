@@ -123,6 +123,12 @@ struct MambaKind {
   static void backward_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const SeqShape& s,
                              const View2<S>& y, const View2<S>& g, const State<S>& before, bool zero_before,
                              Carry<S>& carry, bool carries, const P& grad);
+  // E3's replay of a token block (or a range + halo): its forward again, bit for
+  // bit the forward's, from `before`, into Scratch's activations (returned); its
+  // output lands in the cotangents' ∂ŷ rows, unused until the norm's VJP.
+  template <class S, class P>
+  static const MambaActivations<S>& replay_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d,
+                                                 const SeqShape& s, const View2<S>& y, const State<S>& before);
 
   // A sequence rank's pass (dist::SequenceBlockwise): the state's views in a
   // fixed order, what a range sends the next one: the conv's last Kc − 1

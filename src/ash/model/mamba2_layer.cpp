@@ -324,7 +324,7 @@ void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims
                                   const MambaActivations<S>& act, const MambaCotangents<S>& cot,
                                   const Mamba2LayerParams<S>& grad, const ExecSpace& exec, const View2<S>& h0,
                                   const View2<S>& r_io) {
-  const index_t M = s.rows(), H = d.head_count(), P = d.head_dim;
+  const index_t M = s.rows(), H = d.head_count();
   require(index_t(cot.scan.gyhat.extent(0)) == M && index_t(cot.gdlow.extent(0)) == M,
           "mamba2_scan_backward_chunked: cotangents of another window");
   const View1<S> heads("ash::mamba2::head_grads", 2 * H);  // ∂L/∂a_h, ∂L/∂D_h
@@ -351,7 +351,6 @@ void mamba2_scan_backward_chunked(const Mamba2LayerParams<S>& p, const ModelDims
         gA(h) += heads(h) * -kmath::exp(alog(h));
         gD(h) += heads(H + h);
       });
-  (void)P;
 }
 
 template <class S>

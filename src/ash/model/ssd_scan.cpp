@@ -340,6 +340,29 @@ Unmanaged2<S> sub(const View3<S>& v, index_t i) {
 
 }  // namespace
 
+namespace impl {
+
+// CB(g) = C Bᵀ of every group's chunk.
+template <class S>
+void ssd_gram(const typename SsdScan<S>::Chunk& ck, index_t G, const ExecSpace& exec) {
+  for (index_t g = 0; g < G; ++g) gemm<S>(exec, "N", "T", S(1), sub(ck.Cq, g), sub(ck.Bq, g), S(0), sub(ck.CB, g));
+}
+
+// cur ← din_{Q−1} cur + Σ_r w(h, r) V(h, r)ᵀ right(g(h), r) per head: a state carried
+// across the chunk (forward: H₀ with V = x, w = dout Δ, right = B; reverse: R with
+// V = g, w = din, right = C).
+template <class S, class W>
+void ssd_next_state(const char* label, const typename SsdScan<S>::Chunk& ck, const View3<S>& cur, const View3<S>& V,
+                    const W& w, const View3<S>& right, index_t Hg, const ExecSpace& exec) {
+  ssd_scale_rows<S>(label, ck.Tp, V, 1, w, exec);
+  ssd_carry_state<S>(ck.Hn, cur, ck.din, exec);
+  for (index_t h = 0; h < index_t(cur.extent(0)); ++h)
+    gemm<S>(exec, "T", "N", S(1), sub(ck.Tp, h), sub(right, h / Hg), S(1), sub(ck.Hn, h));
+  Kokkos::deep_copy(exec, cur, ck.Hn);
+}
+
+}  // namespace impl
+
 template <class S>
 SsdScan<S>::SsdScan(const SsdShape& sh, bool backward) : sh_(sh) {
   require(sh.heads >= 1 && sh.groups >= 1 && sh.heads % sh.groups == 0 && sh.chunk >= 1 && sh.T >= 1,
@@ -384,7 +407,7 @@ void SsdScan<S>::forward(const LayerActivations<S>& act, const Unmanaged1<S>& D,
     for (index_t c = 0; c < nc; ++c) {
       const index_t t0 = c * Q;
       impl::ssd_pack<S>(sh, ck, seg_, act, View2<S>(), docs, b, t0, exec);
-      for (index_t g = 0; g < G; ++g) impl::gemm<S>(exec, "N", "T", S(1), sub(ck.Cq, g), sub(ck.Bq, g), S(0), sub(ck.CB, g));
+      impl::ssd_gram<S>(ck, G, exec);
       impl::ssd_intra_matrix<S>(sh, ck, seg_, exec);
       impl::ssd_scale_rows<S>("ash::ssd::scale_c", ck.Ts, ck.Cq, Hg,
                               KOKKOS_LAMBDA(index_t h, index_t r) { return din(h, r); }, exec);
@@ -395,12 +418,9 @@ void SsdScan<S>::forward(const LayerActivations<S>& act, const Unmanaged1<S>& D,
       impl::ssd_unpack_output<S>(sh, ck, D, s, b, t0, exec);
       if (c + 1 == nc && !carry) break;
       // H₀ of the next chunk: din_{Q−1} H₀ + Σ_j dout_j Δ_j x_j B_jᵀ.
-      impl::ssd_scale_rows<S>("ash::ssd::scale_x", ck.Tp, ck.X, 1,
-                              KOKKOS_LAMBDA(index_t h, index_t r) { return dout(h, r) * dt(h, r); }, exec);
-      impl::ssd_carry_state<S>(ck.Hn, ck.H0, ck.din, exec);
-      for (index_t h = 0; h < H; ++h)
-        impl::gemm<S>(exec, "T", "N", S(1), sub(ck.Tp, h), sub(ck.Bq, h / Hg), S(1), sub(ck.Hn, h));
-      Kokkos::deep_copy(exec, ck.H0, ck.Hn);
+      impl::ssd_next_state<S>(
+          "ash::ssd::scale_x", ck, ck.H0, ck.X, KOKKOS_LAMBDA(index_t h, index_t r) { return dout(h, r) * dt(h, r); },
+          ck.Bq, Hg, exec);
     }
     if (carry) impl::ssd_state_io(state_io, ck.H0, b, true, exec);
   }
@@ -438,12 +458,9 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
                         ck.H0);
       if (c + 1 == nc) break;
       impl::ssd_pack<S>(sh, ck, seg_, act, View2<S>(), docs, b, c * Q, exec);
-      impl::ssd_scale_rows<S>("ash::ssd::scale_x", ck.Tp, ck.X, 1,
-                              KOKKOS_LAMBDA(index_t h, index_t r) { return dout(h, r) * dt(h, r); }, exec);
-      impl::ssd_carry_state<S>(ck.Hn, ck.H0, ck.din, exec);
-      for (index_t h = 0; h < H; ++h)
-        impl::gemm<S>(exec, "T", "N", S(1), sub(ck.Tp, h), sub(ck.Bq, h / Hg), S(1), sub(ck.Hn, h));
-      Kokkos::deep_copy(exec, ck.H0, ck.Hn);
+      impl::ssd_next_state<S>(
+          "ash::ssd::scale_x", ck, ck.H0, ck.X, KOKKOS_LAMBDA(index_t h, index_t r) { return dout(h, r) * dt(h, r); },
+          ck.Bq, Hg, exec);
     }
     // The chunks backwards, R = ∂L/∂ the chunk's end state carried.
     if (carries)
@@ -454,7 +471,7 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
       const index_t t0 = c * Q, k0 = (b * nc + c) * H;
       impl::ssd_pack<S>(sh, ck, seg_, act, gs, docs, b, t0, exec);
       Kokkos::deep_copy(exec, ck.H0, Kokkos::subview(starts, Kokkos::make_pair(k0, k0 + H), Kokkos::ALL(), Kokkos::ALL()));
-      for (index_t g = 0; g < G; ++g) impl::gemm<S>(exec, "N", "T", S(1), sub(ck.Cq, g), sub(ck.Bq, g), S(0), sub(ck.CB, g));
+      impl::ssd_gram<S>(ck, G, exec);
       for (index_t h = 0; h < H; ++h) impl::gemm<S>(exec, "N", "T", S(1), sub(ck.G, h), sub(ck.X, h), S(0), sub(ck.GX, h));
       impl::ssd_reverse_matrices<S>(sh, ck, seg_, exec);
       impl::ssd_scale_rows<S>("ash::ssd::scale_b", ck.Ts, ck.Bq, Hg,
@@ -491,17 +508,9 @@ void SsdScan<S>::backward(const LayerActivations<S>& act, const Unmanaged1<S>& D
       impl::ssd_unpack_grads<S>(sh, ck, D, out, b, t0, exec);
       if (c == 0 && !carries) break;
       // R of the chunk before: din_{Q−1} R + Σ_s din_s g_s C_sᵀ.
-      impl::ssd_carry_state<S>(ck.Hn, ck.R, ck.din, exec);
-      auto Gv = ck.G;
-      auto Tp = ck.Tp;
-      Kokkos::parallel_for(
-          "ash::ssd::scale_g", Range(exec, 0, H * Q), KOKKOS_LAMBDA(const index_t i) {
-            const index_t h = i / Q, r = i % Q;
-            for (index_t p = 0; p < P; ++p) Tp(h, r, p) = din(h, r) * Gv(h, r, p);
-          });
-      for (index_t h = 0; h < H; ++h)
-        impl::gemm<S>(exec, "T", "N", S(1), sub(ck.Tp, h), sub(ck.Cq, h / Hg), S(1), sub(ck.Hn, h));
-      Kokkos::deep_copy(exec, ck.R, ck.Hn);
+      impl::ssd_next_state<S>(
+          "ash::ssd::scale_g", ck, ck.R, ck.G, KOKKOS_LAMBDA(index_t h, index_t r) { return din(h, r); }, ck.Cq, Hg,
+          exec);
     }
     if (carries) impl::ssd_state_io(r_io, ck.R, b, true, exec);  // ∂L/∂ h0
   }
