@@ -2,7 +2,7 @@
 //   ash_bench_grad [--engines forward,backprop,adjoint,adjoint:256,adjoint-exact] [--T 256,1024,4096]
 //                  [--width 64 --state 16 --layers 2 --vocab 256] [--chunk 64] [--wave 0] [--batch 1]
 //                  [--reps 3] [--precision double|float] [--json FILE] [--max-work W] [--profile]
-//                  [--e3-form auto|waves|fused] [--matmul fp32|tf32|bf16] [--warmup 0]
+//                  [--e3-form auto|waves|fused|walk] [--matmul fp32|tf32|bf16] [--warmup 0]
 //                  [--arch ssm-resnet|mamba|mamba2 [--expand 2 --conv-kernel 4 --dt-rank 0]
 //                   [--head-dim 64 --n-groups 1]]
 // An engine "adjoint:256" is E2 with T̄ = 256; "forward" is the loss alone
@@ -12,7 +12,8 @@
 // excluded) in the default memory space; "vs E1" is the ratio to backprop's
 // peak at the same T in the same run. --e3-form picks E3's per-chunk backward
 // (docs/design.md §6): the backend's default, the wave buffers (a host's) or
-// the fused kernels (every backend's default); rows carry it as "e3_form".
+// the fused kernels (every backend's default) or the reverse walk (the fused
+// form's waves, a team per chunk over every channel); rows carry it as "e3_form".
 // --matmul is run.matmul (float only; docs/design.md §6) for the forward and
 // every engine; rows carry it as "matmul".
 // --arch mamba benchmarks a stack of Mamba blocks (model.arch=mamba, width = D;
@@ -24,6 +25,8 @@
 // buffers and the token windows included, as a framework's allocator counts it.
 // "seconds" is the median of the timed reps, "min_seconds" the fastest, "times"
 // every rep in order: each the steady_clock around one compute and the fence after it.
+// "allocations" and "allocated_bytes": the Views the last timed rep allocated in the
+// default memory space (what a warm engine still pays cudaMalloc and zero-fill for).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -60,8 +63,10 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   std::vector<double> times;
   std::uint64_t peak = 0, peak_total = 0;
   double loss = 0;
+  std::uint64_t allocs = 0, alloc_bytes = 0;  // the last timed rep's
   for (int r = -warmup; r < reps; ++r) {
     const auto base = ash::MemoryTracker::current(space);
+    const auto a0 = ash::MemoryTracker::allocations(space), b0 = ash::MemoryTracker::allocated_bytes(space);
     ash::MemoryTracker::reset_peak();
     if (profile && r + 1 == reps) ash::KernelProfiler::start();
     const auto t0 = std::chrono::steady_clock::now();
@@ -70,6 +75,8 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (profile && r + 1 == reps) ash::KernelProfiler::stop();
     if (r < 0) continue;  // warm-up: neither timed nor counted
+    allocs = ash::MemoryTracker::allocations(space) - a0;
+    alloc_bytes = ash::MemoryTracker::allocated_bytes(space) - b0;
     times.push_back(dt);
     peak = std::max(peak, ash::MemoryTracker::peak(space) - base);
     peak_total = std::max(peak_total, ash::MemoryTracker::peak(space));
@@ -81,10 +88,11 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
   const bool fused = e3 && !d.mamba() && ash::e3_fused_form(o, T);  // a Mamba's E3 runs the scan waves
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
-          {"e3_form", !e3 ? "-" : fused ? "fused" : "waves"}, {"matmul", ash::matmul_name(o.matmul)},
+          {"e3_form", !e3 ? "-" : !fused ? "waves" : o.e3_walk ? "walk" : "fused"}, {"matmul", ash::matmul_name(o.matmul)},
           {"seconds", med},           {"min_seconds", times.front()}, {"times", in_order},
           {"us_per_token", 1e6 * med / double(batch * T)},
-          {"peak_bytes", peak},       {"peak_total_bytes", peak_total}, {"space", space}, {"loss", loss},
+          {"peak_bytes", peak},       {"peak_total_bytes", peak_total},
+          {"allocations", allocs},    {"allocated_bytes", alloc_bytes}, {"space", space}, {"loss", loss},
           {"width", d.width},         {"state", d.state}, {"layers", d.layers}, {"vocab", d.vocab},
           {"arch", ash::arch_name(d.arch)}, {"head_dim", d.mamba2() ? d.head_dim : 0},
           {"n_groups", d.mamba2() ? d.n_groups : 0}};
@@ -125,8 +133,8 @@ int main(int argc, char* argv[]) {
   app.add_option("--n-groups", d.n_groups, "Mamba-2: the groups of B and C (divides the heads)");
   app.add_option("--precision", precision)->check(CLI::IsMember({"float", "double"}));
   app.add_option("--json", json_out, "also write the rows as JSON lines");
-  app.add_option("--e3-form", e3_form, "E3's per-chunk backward: auto (the backend's), waves or fused")
-      ->check(CLI::IsMember({"auto", "waves", "fused"}));
+  app.add_option("--e3-form", e3_form, "E3's per-chunk backward: auto (the backend's), waves, fused or walk")
+      ->check(CLI::IsMember({"auto", "waves", "fused", "walk"}));
   app.add_option("--matmul", matmul, "run.matmul: fp32, tf32 or bf16 (float only)")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
@@ -157,7 +165,8 @@ int main(int argc, char* argv[]) {
     if (e.find(':') != std::string::npos) o.truncate = std::stoll(e.substr(e.find(':') + 1));
     o.chunk = chunk;
     o.wave = wave;
-    if (e3_form != "auto") o.e3_fused = e3_form == "fused";
+    if (e3_form != "auto") o.e3_fused = e3_form != "waves";
+    o.e3_walk = e3_form == "walk";
     o.matmul = ash::parse_matmul(matmul);
     for (long long T : parse_list(Ts)) {
       const double work = double(T) * double(o.truncate > 0 && o.truncate < T ? o.truncate : T) *
@@ -174,7 +183,7 @@ int main(int argc, char* argv[]) {
         char ratio[32] = "-";
         if (e1_peak.count(T)) std::snprintf(ratio, sizeof ratio, "%.3f", peak / e1_peak[T]);
         const std::string label =
-            row["engine"].get<std::string>() + (row["e3_form"] == "fused" ? " fused" : "") +
+            row["engine"].get<std::string>() + (row["e3_form"] == "fused" || row["e3_form"] == "walk" ? " " + row["e3_form"].get<std::string>() : "") +
             (matmul != "fp32" ? " " + matmul : "");
         std::printf("%-28s %8lld %12.4f %14.2f %14s %8s %10.4f\n", label.c_str(), T,
                     row["seconds"].get<double>(), row["us_per_token"].get<double>(),

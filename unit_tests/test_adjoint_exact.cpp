@@ -138,7 +138,8 @@ TEST(AdjointExact, FusedLaunchesWithinAWaveEqualTheWaveForm) {
     const auto ref = grad_of(engine_options(detach ? "adjoint" : "backprop"), ps, x);
     for (const index_t wave : {index_t(12), index_t(1024)}) {
       const auto unfused = grad_of(e3(4, wave, detach, 0, E3Form::chunked), ps, x);
-      for (const E3Form form : {E3Form::fused_sequential, E3Form::fused_chunked})
+      for (const E3Form form :
+           {E3Form::fused_sequential, E3Form::fused_chunked, E3Form::walk_sequential, E3Form::walk_chunked})
         for (const index_t launch : {index_t(4), index_t(8)})
           for (const index_t Pt : {index_t(3), index_t(100)}) {
             EngineOptions o = e3(4, wave, detach, 0, form);
@@ -151,6 +152,44 @@ TEST(AdjointExact, FusedLaunchesWithinAWaveEqualTheWaveForm) {
             expect_close(g, ref, d, 1e-10, what);
           }
     }
+  }
+}
+
+// The reverse walk (impl/e3_walk.hpp) against the fused form to 1e-12 in
+// double: chunks (segments) of one sub-range (C = 5), of whole sub-ranges
+// (16), with a shorter last sub-range (20, 29) and of the whole window (64 >
+// T); T = 37 ends in a short chunk; documents start inside and at the first
+// token of chunks and sub-ranges; three sequences; exact and detached; both h
+// forms; one, three (the last step narrower) and all eight channels a step.
+// Bitwise repeatable.
+TEST(AdjointExact, WalkEqualsTheFusedForm) {
+  const auto d = tiny_dims(2, 17, 8, 4);
+  auto ps = random_model<double>(d, 171);
+  auto x = random_tokens(3, 37, d.vocab, 172);
+  {
+    auto h = Kokkos::create_mirror_view(x);
+    Kokkos::deep_copy(h, x);
+    for (const index_t t : {index_t(3), index_t(8), index_t(16), index_t(21)}) h(1, t) |= doc_start_bit;
+    h(2, 20) |= doc_start_bit;
+    Kokkos::deep_copy(x, h);
+  }
+  for (const bool detach : {false, true}) {
+    const auto ref = grad_of(engine_options(detach ? "adjoint" : "backprop"), ps, x);
+    for (const index_t C : {index_t(5), index_t(16), index_t(20), index_t(29), index_t(64)})
+      for (const bool chunked : {false, true}) {
+        const auto fused = grad_of(e3(C, 1024, detach, 0, chunked ? E3Form::fused_chunked : E3Form::fused_sequential),
+                                   ps, x);
+        for (const index_t Qc : {index_t(0), index_t(1), index_t(3), index_t(8)}) {  // channels a step
+          EngineOptions o = e3(C, 1024, detach, 0, chunked ? E3Form::walk_chunked : E3Form::walk_sequential);
+          o.e3_channel_block = Qc;
+          const auto walk = grad_of(o, ps, x);
+          const std::string what = "C=" + std::to_string(C) + " Qc=" + std::to_string(Qc) +
+                                   (chunked ? " chunked" : " sequential") + (detach ? " detached" : "");
+          expect_close(walk, fused, d, 1e-12, what);
+          expect_close(walk, ref, d, 1e-10, what);
+          EXPECT_EQ(walk, grad_of(o, ps, x)) << what;
+        }
+      }
   }
 }
 

@@ -240,7 +240,7 @@ TEST(Distributed, ShardedAdamWStepEqualsOneProcess) {
 // The backend's E3 form and the other backend's (fused, chunked or
 // sequential h): a range takes the later ranges' carry into its last chunk.
 TEST(Distributed, SequenceRanksMatchOneProcess) {
-  for (const E3Form f : {E3Form::fused_sequential, E3Form::fused_chunked}) {
+  for (const E3Form f : {E3Form::fused_sequential, E3Form::fused_chunked, E3Form::walk_chunked}) {
     SCOPED_TRACE(e3_form_name(f));
     for (int K : {4, 5}) {
       auto o = with_e3_form(engine_options("adjoint-exact"), f);

@@ -195,14 +195,16 @@ inline EngineOptions engine_options(const std::string& name, index_t Tbar = 0, b
   return o;
 }
 
-// E3's four forms in one source (docs/design.md §6): h replayed sequentially
+// E3's six forms in one source (docs/design.md §6): h replayed sequentially
 // through the waves (a host's default) or from chunk-boundary states (a
-// GPU's), each with the per-token state VJPs from [wave, P, N] buffers or
-// fused into per-chunk kernels (the default). Tests run every form on every backend.
-enum class E3Form { sequential, chunked, fused_sequential, fused_chunked };
+// GPU's), each with the per-token state VJPs from [wave, P, N] buffers, fused
+// into per-chunk kernels (the default), or in the reverse walk (threads over
+// tokens, every channel in one team). Tests run every form on every backend.
+enum class E3Form { sequential, chunked, fused_sequential, fused_chunked, walk_sequential, walk_chunked };
 inline const std::vector<E3Form>& e3_forms() {
-  static const std::vector<E3Form> forms{E3Form::sequential, E3Form::chunked, E3Form::fused_sequential,
-                                         E3Form::fused_chunked};
+  static const std::vector<E3Form> forms{E3Form::sequential,       E3Form::chunked,
+                                         E3Form::fused_sequential, E3Form::fused_chunked,
+                                         E3Form::walk_sequential,  E3Form::walk_chunked};
   return forms;
 }
 inline E3Form default_e3_form() { return host_backend ? E3Form::fused_sequential : E3Form::fused_chunked; }
@@ -211,12 +213,15 @@ inline std::string e3_form_name(E3Form f) {
     case E3Form::sequential: return "sequential h, wave buffers";
     case E3Form::chunked: return "chunked h, wave buffers";
     case E3Form::fused_sequential: return "sequential h, fused";
-    default: return "chunked h, fused";
+    case E3Form::fused_chunked: return "chunked h, fused";
+    case E3Form::walk_sequential: return "sequential h, walk";
+    default: return "chunked h, walk";
   }
 }
 inline EngineOptions with_e3_form(EngineOptions o, E3Form f) {
-  o.e3_chunked_h = f == E3Form::chunked || f == E3Form::fused_chunked;
-  o.e3_fused = f == E3Form::fused_sequential || f == E3Form::fused_chunked;
+  o.e3_chunked_h = f == E3Form::chunked || f == E3Form::fused_chunked || f == E3Form::walk_chunked;
+  o.e3_walk = f == E3Form::walk_sequential || f == E3Form::walk_chunked;
+  o.e3_fused = f != E3Form::sequential && f != E3Form::chunked;
   return o;
 }
 

@@ -265,6 +265,18 @@ done
 stage_A() {
   step a_bench_e3 "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps "$REPS" --warmup 1 \
     "${BENCH[@]}" --json "$RES/a_bench_e3.jsonl"
+  # The reverse walk beside the fused default at each chunk length (the walk's segment),
+  # both warm, 5 reps; its correctness first (the walk against the fused form and E1 to
+  # 1e-12 / 1e-10 in double).
+  step a_walk_test "$CAP_TEST" "$B/bin/test_adjoint_exact" \
+    '--gtest_filter=AdjointExact.Walk*:AdjointExact.EqualsBackprop*:AdjointExact.FusedLaunches*' --gtest_brief=1
+  local ch form
+  for ch in 64 128; do
+    for form in fused walk; do
+      step "a_e3_${form}_chunk$ch" "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" \
+        --reps 5 --warmup 1 "${BENCH[@]}" --chunk "$ch" --e3-form "$form" --json "$RES/a_e3_${form}_chunk$ch.jsonl"
+    done
+  done
   step a_bench_e3_wave4096 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps "$REPS" \
     --warmup 1 "${BENCH[@]}" --wave 4096 --json "$RES/a_bench_e3_wave4096.jsonl"
   step a_bench_e3_chunk32 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps 1 --warmup 1 \
@@ -277,7 +289,7 @@ stage_A() {
   done
   if command -v compute-sanitizer >/dev/null; then
     step a_memcheck_e3_fused 120 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 1 \
-      "$B/bin/test_adjoint_exact" '--gtest_filter=AdjointExact.Fused*:AdjointExact.Deterministic'
+      "$B/bin/test_adjoint_exact" '--gtest_filter=AdjointExact.Fused*:AdjointExact.Walk*:AdjointExact.Deterministic'
     step a_memcheck_forward 90 compute-sanitizer --tool memcheck --leak-check no --error-exitcode 1 \
       "$B/bin/test_forward" --gtest_brief=1
   else
@@ -409,7 +421,7 @@ stage_C() {
   fi
   if command -v compute-sanitizer >/dev/null; then
     step c_racecheck_e3_fused 240 compute-sanitizer --tool racecheck --error-exitcode 1 \
-      "$B/bin/test_adjoint_exact" '--gtest_filter=AdjointExact.Fused*:AdjointExact.Deterministic'
+      "$B/bin/test_adjoint_exact" '--gtest_filter=AdjointExact.Fused*:AdjointExact.Walk*:AdjointExact.Deterministic'
   else
     skip c_racecheck_e3_fused "compute-sanitizer not found"
   fi

@@ -35,6 +35,8 @@ void on_alloc(const Kokkos::Tools::SpaceHandle h, const char* label, const void*
   auto& u = s.spaces[h.name];
   u.space = h.name;
   u.current += size;
+  u.allocations += 1;
+  u.allocated_bytes += size;
   auto& live = s.live[h.name];
   live[label ? label : ""] += size;
   if (u.current > u.peak) {
@@ -97,6 +99,20 @@ std::uint64_t MemoryTracker::peak(const std::string& space) {
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.spaces.find(space);
   return it == s.spaces.end() ? 0 : it->second.peak;
+}
+
+std::uint64_t MemoryTracker::allocations(const std::string& space) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.spaces.find(space);
+  return it == s.spaces.end() ? 0 : it->second.allocations;
+}
+
+std::uint64_t MemoryTracker::allocated_bytes(const std::string& space) {
+  auto& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.spaces.find(space);
+  return it == s.spaces.end() ? 0 : it->second.allocated_bytes;
 }
 
 void MemoryTracker::reset_peak() {

@@ -13,6 +13,8 @@ struct SpaceUsage {
   std::string space;   // Kokkos memory space name ("Host", "Cuda", ...)
   std::uint64_t current = 0;
   std::uint64_t peak = 0;
+  std::uint64_t allocations = 0;      // Views allocated so far (a workspace that is reused adds none)
+  std::uint64_t allocated_bytes = 0;  // their bytes, summed
 };
 
 class MemoryTracker {
@@ -24,6 +26,9 @@ class MemoryTracker {
   static std::vector<SpaceUsage> usage();
   static std::uint64_t current(const std::string& space);
   static std::uint64_t peak(const std::string& space);
+  // Allocations (count and bytes) in the space since the process started.
+  static std::uint64_t allocations(const std::string& space);
+  static std::uint64_t allocated_bytes(const std::string& space);
   // Peak := current, for measuring one phase.
   static void reset_peak();
   // The live bytes per allocation label at the space's peak (since the last

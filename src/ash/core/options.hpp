@@ -129,7 +129,12 @@ struct EngineOptions {
   // Mamba-2 it selects the SSD's chunked matrix form (model/ssd_scan.hpp), off
   // the per-channel wave form.
   bool e3_fused = true;
-  index_t e3_channel_block = 0;  // the fused form's channels per team (0: auto, impl::fused_shape)
+  // Within the fused form, E3's reverse walk (grad/impl/e3_walk.hpp; C++ API
+  // and the benches only): a team per (sequence, chunk) over every channel,
+  // threads over tokens with a two-level scan, one exp serving h and μ, the
+  // channel sums in scratch. Off by default until a GPU measures it.
+  bool e3_walk = false;
+  index_t e3_channel_block = 0;  // the fused form's channels per team, the walk's per step (0: auto)
   index_t e3_fused_launch = 0;   // the fused form's tokens per kernel launch within a wave (0: auto, e3_fused_waves)
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the
   // block-wise engine of ash/grad/blockwise_engine.hpp):

@@ -8,6 +8,7 @@
 #include "ash/model/forward.hpp"
 #include "ash/grad/impl/e3_fused.hpp"
 #include "ash/grad/impl/e3_scans.hpp"
+#include "ash/grad/impl/e3_walk.hpp"
 #include "ash/kernels/chunked_scan.hpp"
 #include "ash/kernels/row_sums.hpp"
 
@@ -43,6 +44,8 @@ constexpr const char* carry_A = "ash::e3::carry_A";
 // The fused form's team shape for this layer shape (its chunks: grad.chunk, at most T).
 impl::FusedShape fused_shape(const EngineOptions& opts, const LayerShape& sh) {
   const index_t C = opts.chunk < sh.T ? opts.chunk : sh.T;
+  if (opts.e3_walk)
+    return impl::walk_shape(sh.P, sh.N, C, impl::lane_tile(sh.N), opts.e3_channel_block, sh.scalar_bytes);
   return impl::fused_shape(sh.P, sh.N, C, impl::lane_tile(sh.N), opts.e3_channel_block, sh.scalar_bytes, sh.batch,
                            index_t(ExecSpace().concurrency()));
 }
@@ -132,7 +135,8 @@ WorkspaceSpec adjoint_exact_workspace(const EngineOptions& opts, const LayerShap
     }
     w.add(buf::fused_d_part, e, {Bt * ncw, P}, false);
     w.add(buf::fused_bd_part, e, {Bt * ncw, P}, false);
-    const double per_team = 2 * double(C) * (double(fs.Pt) * double(N) + 1) * double(e);  // two [C, Pt·N + 1]
+    const double per_team = opts.e3_walk ? double(impl::walk_scratch_scalars(C, N, fs.Pt)) * double(e)
+                                         : 2 * double(C) * (double(fs.Pt) * double(N) + 1) * double(e);  // two [C, Pt·N + 1]
     const double conc = double(ExecSpace().concurrency());
     const bool level1 = !host_backend && per_team + 8.0 * (fs.team + 2) > 48.0 * 1024;
     const double league = double(Bt) * (chunked_h ? double(ncl) : 1.0) * double(fs.nPB);
@@ -450,8 +454,13 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
       const index_t Ww = (w0 + W < T) ? W : T - w0;
       for (index_t l0 = w0; l0 < w0 + Ww; l0 += fw.launch) {  // in order, as the waves
         const index_t Wl = l0 + fw.launch < w0 + Ww ? fw.launch : w0 + Ww - l0;
-        ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
-                                                             l0, Wl, fs, out, exec));
+        if (opts_.e3_walk) {
+          ASH_WITH_LANE_TILE(N, impl::walk_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
+                                                              l0, Wl, fs, out, exec));
+        } else {
+          ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
+                                                               l0, Wl, fs, out, exec));
+        }
       }
       const ParamPartials<S> parts{out.alog_part, out.d_part, out.bd_part, Bt * ((Ww + C - 1) / C)};
       ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs, exec);
