@@ -34,6 +34,7 @@ in the sweep only: the smoke test's proof that a loss mismatch is flagged.
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -152,6 +153,8 @@ def main():
     ap.add_argument("--mutate-sweep", action="store_true",
                     help="mamba-ssm's sweep without its D term (the check stays right): every T's losses must then "
                          "be flagged")
+    ap.add_argument("--ash-args", default="", help="more ash_bench_grad options for our E3 rows (e.g. '--e3-form walk "
+                    "--chunk 128'); the rows carry them as ash_args")
     ap.add_argument("--quick", action="store_true", help="host smoke run: selective_scan_ref on the CPU, tiny sizes")
     args = ap.parse_args()
     if args.quick:
@@ -228,11 +231,12 @@ def main():
                     os.remove(one)
                 run([bench, "--engines", "adjoint-exact", "--T", str(T), "--width", str(P), "--state", "16",
                      "--layers", str(K), "--vocab", "256", "--batch", str(batch), "--reps", str(args.reps),
-                     "--warmup", "1", "--precision", "float", "--json", one], log, left())
+                     "--warmup", "1", "--precision", "float", "--json", one] + shlex.split(args.ash_args), log, left())
                 new = read_rows(one)
                 if not new:  # out of memory or another failure: the rest of the series is larger
                     break
                 last = ash_row(new[-1], "E3")
+                last["ash_args"] = args.ash_args
                 with open(os.path.join(args.out, "ash.jsonl"), "a") as f:
                     f.write(json.dumps(last) + "\n")
     bad = summary(args.out, args.sweep_loss_rtol)

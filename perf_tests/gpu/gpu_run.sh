@@ -262,6 +262,24 @@ for ((j = 0; j < ${#BENCH[@]}; j += 2)); do
   BENCH_SET+=("model.$k=${BENCH[$((j + 1))]}")
 done
 
+# The faster E3 form of stage A's side-by-side steps (the lower median of the fused form and
+# the walk at each chunk length), as ash_bench_grad options for the mamba-ssm comparisons:
+# "--e3-form F --chunk C", or nothing when none of them ran.
+fastest_e3() {
+  python3 - "$RES" <<'PY' 2>/dev/null || true
+import glob, json, os, re, sys
+best = None
+for f in glob.glob(os.path.join(sys.argv[1], "a_e3_*_chunk*.jsonl")):
+    m = re.search(r"a_e3_(fused|walk)_chunk(\d+)\.jsonl$", f)
+    for line in open(f) if m else []:
+        s = json.loads(line).get("seconds")
+        if s is not None and (best is None or s < best[0]):
+            best = (s, m.group(1), m.group(2))
+if best:
+    print(f"--e3-form {best[1]} --chunk {best[2]}")
+PY
+}
+
 stage_A() {
   step a_bench_e3 "$CAP_BENCH" "$G" --precision float --engines forward,adjoint-exact --T "$BENCH_T" --reps "$REPS" --warmup 1 \
     "${BENCH[@]}" --json "$RES/a_bench_e3.jsonl"
@@ -297,9 +315,12 @@ stage_A() {
     skip a_memcheck_forward "compute-sanitizer not found"
   fi
   mamba_ready a_mamba_link a_mamba_vs_ash || return 0
+  local e3args
+  e3args=$(fastest_e3)
+  say "a_mamba_vs_ash: our E3 with ${e3args:-the default form}"
   step a_mamba_vs_ash 420 "$PY" "$ROOT/perf_tests/mamba_vs_ash.py" --out "$RES/mamba" --python "$PY" --kernels "$KB" \
     --ash "$ASH" --bench "$G" ${MDIR:+--mamba-dir "$MDIR"} --deadline $((BUDGET - RESERVE - (SECONDS - T_START) - 10)) \
-    "${MAMBA_ARGS[@]}"
+    ${e3args:+--ash-args "$e3args"} "${MAMBA_ARGS[@]}"
 }
 
 stage_B() {
