@@ -86,9 +86,10 @@ nlohmann::json run(const ash::ModelDims& d, const ash::EngineOptions& o, bool fw
   const double med = times[times.size() / 2];
   if (profile) std::printf("%s", ash::KernelProfiler::table(times.back()).c_str());
   const bool e3 = !fwd && o.method == ash::Method::adjoint_exact;
-  const bool fused = e3 && !d.mamba() && ash::e3_fused_form(o, T);  // a Mamba's E3 runs the scan waves
+  // A Mamba's scan core runs the fused form where e3_scan_fused says; a Mamba-2's "fused" is the SSD's form (no walk).
+  const bool fused = e3 && ash::e3_fused_form(o, T) && (d.mamba2() || !d.mamba() || o.e3_scan_fused);
   return {{"engine", fwd ? std::string("forward") : engine->name()}, {"T", T}, {"batch", batch},
-          {"e3_form", !e3 ? "-" : !fused ? "waves" : o.e3_walk ? "walk" : "fused"}, {"matmul", ash::matmul_name(o.matmul)},
+          {"e3_form", !e3 ? "-" : !fused ? "waves" : o.e3_walk && !d.mamba2() ? "walk" : "fused"}, {"matmul", ash::matmul_name(o.matmul)},
           {"seconds", med},           {"min_seconds", times.front()}, {"times", in_order},
           {"us_per_token", 1e6 * med / double(batch * T)},
           {"peak_bytes", peak},       {"peak_total_bytes", peak_total},
@@ -165,7 +166,7 @@ int main(int argc, char* argv[]) {
     if (e.find(':') != std::string::npos) o.truncate = std::stoll(e.substr(e.find(':') + 1));
     o.chunk = chunk;
     o.wave = wave;
-    if (e3_form != "auto") o.e3_fused = e3_form != "waves";
+    if (e3_form != "auto") o.e3_fused = o.e3_scan_fused = e3_form != "waves";
     o.e3_walk = e3_form == "walk";
     o.matmul = ash::parse_matmul(matmul);
     for (long long T : parse_list(Ts)) {

@@ -222,6 +222,7 @@ inline EngineOptions with_e3_form(EngineOptions o, E3Form f) {
   o.e3_chunked_h = f == E3Form::chunked || f == E3Form::fused_chunked || f == E3Form::walk_chunked;
   o.e3_walk = f == E3Form::walk_sequential || f == E3Form::walk_chunked;
   o.e3_fused = f != E3Form::sequential && f != E3Form::chunked;
+  o.e3_scan_fused = o.e3_fused;  // a Mamba's scan core too
   return o;
 }
 

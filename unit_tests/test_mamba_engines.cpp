@@ -36,16 +36,17 @@ TEST_P(MambaE3, EqualsBackprop) {
     x = with_document_starts(x, c.batch == 2 ? std::vector<index_t>{2, 6, c.T + 4} : std::vector<index_t>{3, 4, 8});
   double l1 = 0;
   const auto e1 = grad_of(EngineOptions{}, ps, x, &l1);
-  for (const bool chunked_h : {false, true})
-    for (const auto& [chunk, wave] : std::vector<std::pair<index_t, index_t>>{{64, 0}, {3, 3}, {2, 4}, {4, 0}}) {
-      EngineOptions o = engine_options("adjoint-exact");
+  // The scan core in E3's every form: the wave buffers, the fused kernels
+  // (the default) and the reverse walk, each with both h forms.
+  for (const E3Form form : e3_forms())
+    for (const auto& [chunk, wave] : std::vector<std::pair<index_t, index_t>>{{64, 0}, {3, 3}, {2, 4}, {4, 0}, {9, 0}}) {
+      EngineOptions o = with_e3_form(engine_options("adjoint-exact"), form);
       o.chunk = chunk;
       o.wave = wave;
-      o.e3_chunked_h = chunked_h;
       double l3 = 0;
       const auto e3 = grad_of(o, ps, x, &l3);
       const std::string what =
-          "(chunk " + std::to_string(chunk) + ", wave " + std::to_string(wave) + (chunked_h ? ", chunked h)" : ")");
+          "(chunk " + std::to_string(chunk) + ", wave " + std::to_string(wave) + ", " + e3_form_name(form) + ")";
       EXPECT_NEAR(l3, l1, 1e-14 * l1) << what;
       expect_close(e3, e1, d, 1e-12, what);
     }

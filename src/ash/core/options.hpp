@@ -134,6 +134,11 @@ struct EngineOptions {
   // threads over tokens with a two-level scan, one exp serving h and μ, the
   // channel sums in scratch. Off by default until a GPU measures it.
   bool e3_walk = false;
+  // A kind's scan core (a Mamba's, a FalconMamba's) on a whole window in the
+  // fused form (or the walk) as well, not the wave form (C++ API and the
+  // benches): a GPU's default; on a host the waves are faster (one forward
+  // scan fewer). Tests run both.
+  bool e3_scan_fused = !host_backend;
   index_t e3_channel_block = 0;  // the fused form's channels per team, the walk's per step (0: auto)
   index_t e3_fused_launch = 0;   // the fused form's tokens per kernel launch within a wave (0: auto, e3_fused_waves)
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the

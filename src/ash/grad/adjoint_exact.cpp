@@ -226,6 +226,48 @@ void e3_waves(const ScanView<S>& L, const Chunks chunks, index_t Bt, const View3
   }
 }
 
+// E3's fused form (or, with opts.e3_walk, the reverse walk) over the tokens
+// [0, own) of every sequence, once h (Hb or hrun) and μ at chunk starts (Ms)
+// are known: per wave, the fused kernel (or the walk) in launches of part of
+// the wave into the workspace's cotangent rows and partial sums, then
+// on_wave for its rows. Shared by AdjointExactLayer::run and
+// adjoint_exact_scan_fused (a kind's scan core).
+template <class S>
+void e3_fused_waves_run(const EngineOptions& opts, const ScanView<S>& L, const Chunks chunks, index_t Bt,
+                        const View3<S>& Hb, const View2<S>& hrun, const View2<S>& h0, const View3<S>& Ms,
+                        const ExactCarry<S>& cin, const Unmanaged1<S>& D, index_t own, const LayerShape& sh,
+                        const Workspace<S>& w, const ScanFusedFn<S>& on_wave, const ExecSpace& exec) {
+  const index_t T = L.T, N = L.a.extent(1), C = chunks.len;
+  const E3FusedWaves fw = e3_fused_waves(opts, sh);
+  const impl::FusedShape fs = ash::fused_shape(opts, sh);
+  const bool split = fs.nPB > 1;
+  const LayerCotangents<S>& cot = w.cotangents();
+  const impl::FusedOut<S> out{cot.gz,
+                              cot.gyhat,
+                              split ? w.view3(buf::fused_beta_part) : View3<S>(),
+                              split ? w.view3(buf::fused_gamma_part) : View3<S>(),
+                              cot.gbeta,
+                              cot.ggamma,
+                              w.view3(buf::fused_alog_part),
+                              w.view2(buf::fused_d_part),
+                              w.view2(buf::fused_bd_part)};
+  const index_t W = fw.wave;
+  for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
+    const index_t Ww = (w0 + W < T) ? W : T - w0;
+    for (index_t l0 = w0; l0 < w0 + Ww; l0 += fw.launch) {  // in order, as the waves
+      const index_t Wl = l0 + fw.launch < w0 + Ww ? fw.launch : w0 + Ww - l0;
+      if (opts.e3_walk) {
+        ASH_WITH_LANE_TILE(N, impl::walk_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, D, w0, Ww, l0, Wl,
+                                                            fs, out, exec));
+      } else {
+        ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, D, w0, Ww, l0, Wl,
+                                                             fs, out, exec));
+      }
+    }
+    on_wave(BlockRows{Ww, T, w0}, cot, ParamPartials<S>{out.alog_part, out.d_part, out.bd_part, Bt * ((Ww + C - 1) / C)});
+  }
+}
+
 }  // namespace impl
 
 namespace {
@@ -294,6 +336,56 @@ template void adjoint_exact_scan_waves<double>(const EngineOptions&, Workspace<d
                                                const LayerActivations<double>&, const View2<double>&,
                                                const ScanWaveFn<double>&, const ExecSpace&, const View2<double>&,
                                                ExactCarry<double>*, index_t);
+
+bool e3_scan_fused_form(const EngineOptions& opts, index_t T, index_t groups) {
+  return opts.e3_scan_fused && groups == 1 && e3_fused_form(opts, T);
+}
+
+namespace {
+// The fused scan part's options: exact mode (the caller detaches in its dense VJPs).
+EngineOptions scan_fused_options(const EngineOptions& opts) {
+  EngineOptions o = opts;
+  o.detach_inputs = false;
+  return o;
+}
+}  // namespace
+
+WorkspaceSpec adjoint_exact_scan_fused_workspace(const EngineOptions& opts, const LayerShape& sh) {
+  return adjoint_exact_workspace(scan_fused_options(opts), sh);
+}
+
+template <class S>
+void adjoint_exact_scan_fused(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
+                              const LayerActivations<S>& act, const View2<S>& gy, const Unmanaged1<S>& D,
+                              const ScanFusedFn<S>& on_wave, const ExecSpace& exec) {
+  const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
+  const index_t groups = index_t(act.beta.extent(1)) / N;
+  require(opts_in.chunk >= 1 && opts_in.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
+  require(e3_scan_fused_form(opts_in, T, groups), "adjoint_exact_scan_fused: not the fused form's case");
+  const EngineOptions opts = scan_fused_options(opts_in);
+  const index_t C = opts.chunk < T ? opts.chunk : T;
+  const Chunks chunks(C, T);
+  const bool chunked_h = opts.e3_chunked_h;
+  const LayerShape sh{Bt, T, P, N, sizeof(S)};
+  work.plan(adjoint_exact_workspace(opts, sh));
+  const View3<S> Hb = chunked_h ? work.view3(buf::h_boundary) : View3<S>();
+  const View2<S> hrun = chunked_h ? View2<S>() : work.view2(buf::h_running);
+  const View3<S> G = work.view3(buf::chunk_products), Ms = work.view3(buf::mu_chunk_start);
+  const View3<S> gbuf = carry_groups(work, Bt, chunks.n, true);
+  const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
+  const ExactCarry<S> none;
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, View2<S>(), exec, gbuf);
+  impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, none, exec, gbuf);
+  impl::e3_fused_waves_run(opts, L, chunks, Bt, Hb, hrun, View2<S>(), Ms, none, D, T, sh, work, on_wave, exec);
+}
+
+template void adjoint_exact_scan_fused<float>(const EngineOptions&, Workspace<float>&, const SeqShape&,
+                                              const LayerActivations<float>&, const View2<float>&,
+                                              const Unmanaged1<float>&, const ScanFusedFn<float>&, const ExecSpace&);
+template void adjoint_exact_scan_fused<double>(const EngineOptions&, Workspace<double>&, const SeqShape&,
+                                               const LayerActivations<double>&, const View2<double>&,
+                                               const Unmanaged1<double>&, const ScanFusedFn<double>&,
+                                               const ExecSpace&);
 
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {
@@ -439,32 +531,11 @@ void AdjointExactLayer<S>::run(const LayerParams<S>& layer, const SeqShape& s, c
   if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, scratch, h0, exec, gbuf);
   if (!window) impl::chunk_start_adjoints(L, chunks, Bt, Ms, scratch, cin, exec, gbuf);
   if (fused) {
-    const impl::FusedShape fs = fused_shape(opts_, layer_shape(s, layer));
-    const bool split = fs.nPB > 1;
-    const impl::FusedOut<S> out{cot.gz,
-                                cot.gyhat,
-                                split ? w.view3(buf::fused_beta_part) : View3<S>(),
-                                split ? w.view3(buf::fused_gamma_part) : View3<S>(),
-                                cot.gbeta,
-                                cot.ggamma,
-                                w.view3(buf::fused_alog_part),
-                                w.view2(buf::fused_d_part),
-                                w.view2(buf::fused_bd_part)};
-    for (index_t w0 = 0; w0 < own; w0 += W) {  // in order: the sequential form carries h from wave to wave
-      const index_t Ww = (w0 + W < T) ? W : T - w0;
-      for (index_t l0 = w0; l0 < w0 + Ww; l0 += fw.launch) {  // in order, as the waves
-        const index_t Wl = l0 + fw.launch < w0 + Ww ? fw.launch : w0 + Ww - l0;
-        if (opts_.e3_walk) {
-          ASH_WITH_LANE_TILE(N, impl::walk_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
-                                                              l0, Wl, fs, out, exec));
-        } else {
-          ASH_WITH_LANE_TILE(N, impl::fused_chunk_backward<NT>(L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, w0, Ww,
-                                                               l0, Wl, fs, out, exec));
-        }
-      }
-      const ParamPartials<S> parts{out.alog_part, out.d_part, out.bd_part, Bt * ((Ww + C - 1) / C)};
-      ssm_layer_backward_dense(layer, s, y, act, g, BlockRows{Ww, s.T, w0}, cot, parts, grad, g, opts_.detach_inputs, exec);
-    }
+    const ScanFusedFn<S> dense = [&](const BlockRows& rb, const LayerCotangents<S>& c, const ParamPartials<S>& parts) {
+      ssm_layer_backward_dense(layer, s, y, act, g, rb, c, parts, grad, g, opts_.detach_inputs, exec);
+    };
+    impl::e3_fused_waves_run(opts_, L, chunks, Bt, Hb, hrun, h0, Ms, cin, layer.D, own, layer_shape(s, layer), w, dense,
+                             exec);
   } else {
     const ScanWaveFn<S> rows = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev, const View3<S>& A,
                                    const LayerCotangents<S>& c) {

@@ -89,6 +89,27 @@ void adjoint_exact_scan_waves(const EngineOptions& opts, Workspace<S>& work, con
 // Its buffers: adjoint_exact_workspace's in the wave form.
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh);
 
+// E3's scan part in the fused form (grad/impl/e3_fused.hpp; the reverse walk
+// with opts.e3_walk) on a whole window, exact mode (detachment is the
+// caller's), one group of β and γ: the per-token VJPs of the scan core formed
+// in the kernels, handed per wave to on_wave as the wave's rows, its cotangent
+// rows (gz = ∂L/∂(the pre-softplus Δ), gyhat = ∂L/∂u through the scan with
+// its D term, gbeta, ggamma; Bt·W rows) and the partial sums of the A_log, D
+// and bias gradients (selective_scan_param_sums adds them). D: the scan's skip
+// weights. Buffers: adjoint_exact_scan_fused_workspace, planned into `work`.
+template <class S>
+using ScanFusedFn =
+    std::function<void(const BlockRows& rows, const LayerCotangents<S>& cot, const ParamPartials<S>& parts)>;
+template <class S>
+void adjoint_exact_scan_fused(const EngineOptions& opts, Workspace<S>& work, const SeqShape& s,
+                              const LayerActivations<S>& act, const View2<S>& gy, const Unmanaged1<S>& D,
+                              const ScanFusedFn<S>& on_wave, const ExecSpace& exec = ExecSpace());
+WorkspaceSpec adjoint_exact_scan_fused_workspace(const EngineOptions& opts, const LayerShape& sh);
+// Whether a kind's scan core on a whole window of T tokens runs the fused
+// form: asked for (e3_scan_fused and e3_fused), no window T̄ < T, one group
+// of β and γ.
+bool e3_scan_fused_form(const EngineOptions& opts, index_t T, index_t groups = 1);
+
 template <class S>
 class AdjointExactLayer final : public LayerAdjoint<S>, public BlockAdjoint<S> {
  public:

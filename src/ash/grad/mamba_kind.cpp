@@ -132,30 +132,40 @@ void MambaKind::backward_window(const P& p, const ModelDims& d, ActivationStore<
   mamba_mixer_backward(p, d, s, store.input(k), act, mu, cot, grad, detach ? View2<S>() : g, exec);
 }
 
-// E3 on a whole window (the fused per-chunk form is an SSM-ResNet layer's: the
-// scan runs the wave form); detached, the input VJP is skipped (g passes on).
+// E3 on a whole window: the scan core in the fused form (or the walk), else
+// in waves; detached, the input VJP is skipped (g passes on).
 template <class S, class P>
 void MambaKind::backward_exact(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, int k,
                                ActivationStore<S>& store, const View2<S>& g, const P& grad) {
   const SeqShape& s = store.shape();
   const ExecSpace& exec = e3.execution_space();
-  // The block's activations again only up to the scan's inputs: the waves
-  // replay h^{t-1} and A^t, which give the scan's output s without a second
-  // forward scan, and the gate's VJP is split around them (∂L/∂s needs no s).
-  // A gate that reads s (a Mamba-2's gated norm) takes the activations through
-  // the gate instead.
+  // For the waves, the block's activations again only up to the scan's
+  // inputs: they replay h^{t-1} and A^t, which give the scan's output s
+  // without a second forward scan, and the gate's VJP is split around them
+  // (∂L/∂s needs no s). A gate that reads s (a Mamba-2's gated norm) and the
+  // fused form take the activations through the gate instead.
   const bool reads_s = gate_reads_s(p);
-  const auto& act = store.mamba_activations(p, k, exec, reads_s ? MambaUpTo::gate : MambaUpTo::scan_inputs);
+  const bool fused = e3_scan_fused_form(e3.options(), s.T, scan_layer_shape(d, s.batch, s.T, sizeof(S)).groups);
+  const bool upto_gate = reads_s || fused;  // the fused kernels replay no h^{t-1} for s: the forward scan gives it
+  const auto& act = store.mamba_activations(p, k, exec, upto_gate ? MambaUpTo::gate : MambaUpTo::scan_inputs);
   const auto& cot = e3.scratch().template get<MambaKind>().cotangents(s.rows(), d, false);
   mamba_gate_backward_first(p, act, g, cot, exec);
-  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+  if (fused) {
+    const ScanFusedFn<S> on_rows = [&](const BlockRows& rb, const LayerCotangents<S>& wc, const ParamPartials<S>& parts) {
+      selective_scan_param_sums(act.scan, parts, scan_param_grads(grad, cot), exec);
+      impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
+    };
+    adjoint_exact_scan_fused(e3.options(), e3.scan_work(), s, act.scan, cot.gs, scan_core_D(p, act), on_rows, exec);
+  } else {
+    const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
                                     const View3<S>& A, const LayerCotangents<S>& wc) {
-    if (!reads_s) mamba_scan_output_rows(scan_core_D(p, act), s, act, rb, hprev, A, exec);
-    selective_scan_backward_rows(scan_core_D(p, act), s, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                 scan_param_grads(grad, cot), exec);
-    impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
-  };
-  adjoint_exact_scan_waves(e3.options(), e3.scan_work(), s, act.scan, cot.gs, on_wave, exec);
+      if (!reads_s) mamba_scan_output_rows(scan_core_D(p, act), s, act, rb, hprev, A, exec);
+      selective_scan_backward_rows(scan_core_D(p, act), s, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                   scan_param_grads(grad, cot), exec);
+      impl::mamba_wave_rows(s, rb, wc, cot.scan, exec);
+    };
+    adjoint_exact_scan_waves(e3.options(), e3.scan_work(), s, act.scan, cot.gs, on_wave, exec);
+  }
   mamba_gate_backward_second(p, act, g, cot, grad, exec);  // s complete: o, W_out's gradient, ∂L/∂z
   mamba_mixer_backward_dense(p, d, s, store.input(k), act, cot, grad, e3.options().detach_inputs ? View2<S>() : g,
                              exec);
@@ -228,8 +238,12 @@ PlanRows MambaKind::exact_block_rows(const EngineOptions& o, const ModelDims& d,
 
 PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
                                       std::size_t elem) {
+  const LayerShape sh = scan_layer_shape(d, Bt, T, elem);
+  if (e3_scan_fused_form(o, T, sh.groups))
+    return {{"cotangents (whole window)", cotangents_spec(d, Bt * T, false, elem)},
+            {"E3 scan workspace (fused)", adjoint_exact_scan_fused_workspace(o, sh)}};
   return {{"cotangents (whole window)", cotangents_spec(d, Bt * T, false, elem)},
-          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan_layer_shape(d, Bt, T, elem))}};
+          {"E3 scan workspace", adjoint_exact_scan_workspace(o, sh)}};
 }
 
 #define ASH_INSTANTIATE_P(S, P)                                                                                   \
