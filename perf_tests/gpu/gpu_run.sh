@@ -226,8 +226,10 @@ if [ "$QUICK" = 1 ]; then
   MAMBA_ARGS=(--quick)
   MAMBA_BLOCK_ARGS=(--quick)
   MAMBA2_ARGS=(--quick)
+  MAMBA_E3=(--arch mamba --width 32 --state 8 --layers 2 --vocab 256) MAMBA_E3_T=512
 else
   BENCH=(--width 256 --state 16 --layers 8 --vocab 256) BENCH_T=1048576 REPS=2 LONGEST_MAX=1073741824
+  MAMBA_E3=(--arch mamba --width 256 --state 16 --layers 4 --vocab 256) MAMBA_E3_T=65536
   BIG=(model.width=4096 model.state=16 model.layers=80 model.vocab=256) BIG_T=100000
   MM=(--width 1024 --state 16 --layers 2) MM_T=65536
   SMALL_T="16384,65536,262144,1048576,4194304,16777216" CAP_TEST=90 CAP_BENCH=75
@@ -294,6 +296,12 @@ stage_A() {
       step "a_e3_${form}_chunk$ch" "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" \
         --reps 5 --warmup 1 "${BENCH[@]}" --chunk "$ch" --e3-form "$form" --json "$RES/a_e3_${form}_chunk$ch.jsonl"
     done
+  done
+  # A Mamba's scan core in the three forms (the waves were a Mamba's only form before; the
+  # fused one is now a GPU's default), warm, 5 reps each.
+  for form in waves fused walk; do
+    step "a_mamba_e3_$form" "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$MAMBA_E3_T" \
+      --reps 5 --warmup 1 "${MAMBA_E3[@]}" --e3-form "$form" --json "$RES/a_mamba_e3_$form.jsonl"
   done
   step a_bench_e3_wave4096 "$CAP_BENCH" "$G" --precision float --engines adjoint-exact --T "$BENCH_T" --reps "$REPS" \
     --warmup 1 "${BENCH[@]}" --wave 4096 --json "$RES/a_bench_e3_wave4096.jsonl"
