@@ -4,6 +4,16 @@
 
 namespace ash {
 
+DocStarts DocStarts::of(const TokenView& x) {
+  const index_t T = x.extent(1), M = index_t(x.extent(0)) * T;
+  if (M == 0) return DocStarts();
+  index_t starts = 0;
+  Kokkos::parallel_reduce(
+      "ash::docs::any_start", Range(0, M),
+      KOKKOS_LAMBDA(const index_t m, index_t& acc) { acc += starts_document(x(m / T, m % T)) ? 1 : 0; }, starts);
+  return starts > 0 ? DocStarts(x) : DocStarts();
+}
+
 void set_document_starts(const TokenView& x, const Kokkos::View<const index_t*, MemSpace>& starts) {
   const index_t Bt = x.extent(0), T = x.extent(1), M = Bt * T, n = starts.extent(0);
   index_t bad = 0;

@@ -26,6 +26,9 @@ struct DocStarts {
   index_t t0 = 0;
   DocStarts() = default;
   explicit DocStarts(const TokenView& x_, index_t t0_ = 0) : x(x_), t0(t0_) {}
+  // x's starts, or none (the empty DocStarts) when no token of x starts a
+  // document: then no kernel reads a token per step (one reduction here).
+  static DocStarts of(const TokenView& x);
   // The same tokens from token `t` of these rows on (a token block).
   DocStarts from(index_t t) const { return DocStarts(x, t0 + t); }
   KOKKOS_INLINE_FUNCTION bool at(index_t b, index_t t) const {

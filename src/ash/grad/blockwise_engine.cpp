@@ -121,7 +121,7 @@ void BlockwisePass<S>::start(const ParamSet<S>& params, const TokenView& x, inde
   targets = targets_;
   P = d.width;
   N = d.state;
-  docs = DocStarts(x);
+  docs = DocStarts::of(x);
   if (state) check_carried_state(*state, d, k1 - k0, Bt);  // the kind's carried shape per layer
   seg = LayerSegments(k0, k1, K, last, opts.layer_checkpoint);
   ws = spec(shape(blen < T ? blen : T));  // the longest block (a range may be shorter than the grid)

@@ -35,8 +35,11 @@ struct SeqShape {
   index_t T = 1;      // tokens per window
   DocStarts docs;     // where a document starts (A^t = 0 there); empty: nowhere
   index_t rows() const { return batch * T; }
-  // The windows of x, their document starts read from x's tokens.
-  static SeqShape of(const TokenView& x) { return SeqShape{index_t(x.extent(0)), index_t(x.extent(1)), DocStarts(x)}; }
+  // The windows of x, their document starts read from x's tokens (none read
+  // per step where x marks no start: DocStarts::of).
+  static SeqShape of(const TokenView& x) {
+    return SeqShape{index_t(x.extent(0)), index_t(x.extent(1)), DocStarts::of(x)};
+  }
 };
 
 // What the forward keeps of one layer. The O(T·P) part is always filled;
