@@ -52,6 +52,56 @@ inline FusedShape fused_shape(index_t P, index_t N, index_t C, int NT, index_t r
   return f;
 }
 
+// The per-token sums of the fused kernels and the walk, from a chunk's μ^t
+// (X) and h^{t-1} A^t (Y) in team scratch, row i of token m.
+// Of channel q (columns col0 + n), over n: ∂L/∂z = Σ μ (hA a + β ŷ)·softplus'(z)
+// and the D and state part of ∂L/∂ŷ, g D + Δ Σ μ β; into o's row r.
+template <int NT, class S, class X2>
+KOKKOS_INLINE_FUNCTION void token_state_sums(const ScanView<S>& L, const X2& X, const X2& Y, index_t i, index_t m,
+                                             index_t q, index_t col0, const Unmanaged1<S>& D, const View2<S>& gz,
+                                             const View2<S>& gyhat, index_t r) {
+  const index_t N = L.a.extent(1);
+  const S dq = L.delta(m, q), yq = L.yhat(m, q);
+  S gd = 0, gh = 0;
+  for (index_t n0 = 0; n0 < N; n0 += NT) {
+    S pd[NT], ph[NT];
+    for (int j = 0; j < NT; ++j) {
+      const index_t col = col0 + n0 + j;
+      const S mu = X(i, col), bn = L.beta(m, n0 + j);
+      pd[j] = mu * (Y(i, col) * L.a(q, n0 + j) + bn * yq);
+      ph[j] = mu * bn;
+    }
+    for (int j = 0; j < NT; ++j) {
+      gd += pd[j];
+      gh += ph[j];
+    }
+  }
+  gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
+  gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
+}
+
+// Of states n0 .. n0+NT, over the channels p0 .. p0+np (columns ql·N + n), in
+// order: ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
+template <int NT, class S, class X2>
+KOKKOS_INLINE_FUNCTION void token_channel_sums(const ScanView<S>& L, const X2& X, const X2& Y, index_t i, index_t m,
+                                               index_t n0, index_t p0, index_t np, S (&gb)[NT], S (&gg)[NT]) {
+  const index_t N = L.a.extent(1);
+  S bv[NT];
+  for (int j = 0; j < NT; ++j) {
+    gb[j] = 0;
+    gg[j] = 0;
+    bv[j] = L.beta(m, n0 + j);
+  }
+  for (index_t ql = 0; ql < np; ++ql) {
+    const index_t q = p0 + ql, col = ql * N + n0;
+    const S du = L.delta(m, q) * L.yhat(m, q), g = L.gy(m, q);
+    for (int j = 0; j < NT; ++j) {
+      gb[j] += X(i, col + j) * du;
+      gg[j] += g * (Y(i, col + j) + du * bv[j]);
+    }
+  }
+}
+
 using FusedPolicy = Kokkos::TeamPolicy<ExecSpace>;
 using FusedMember = FusedPolicy::member_type;
 
@@ -144,45 +194,16 @@ void fused_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, con
       // fastest read 32 rows P apart (32 sectors a load). Scratch then shares
       // banks between channels N apart, cheaper than the global loads were.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, np * len), [&](const index_t i) {
-        const index_t ql = i % np, t = t0 + i / np, q = p0 + ql, m = b * T + t;
-        const S dq = L.delta(m, q), yq = L.yhat(m, q);
-        S gd = 0, gh = 0;
-        for (index_t n0 = 0; n0 < N; n0 += NT) {
-          S pd[NT], ph[NT];
-          for (int j = 0; j < NT; ++j) {
-            const index_t col = ql * N + n0 + j;
-            const S mu = X(t - t0, col), bn = L.beta(m, n0 + j);
-            pd[j] = mu * (Y(t - t0, col) * L.a(q, n0 + j) + bn * yq);
-            ph[j] = mu * bn;
-          }
-          for (int j = 0; j < NT; ++j) {
-            gd += pd[j];
-            gh += ph[j];
-          }
-        }
-        const index_t r = b * W + t - w0;
-        o.gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
-        o.gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
+        const index_t ql = i % np, t = t0 + i / np;
+        token_state_sums<NT>(L, X, Y, t - t0, b * T + t, p0 + ql, ql * N, D, o.gz, o.gyhat, b * W + t - w0);
       });
       // Per (token, state tile), sums over the block's channels in order:
       // ∂L/∂β = Σ_q μ Δ ŷ and ∂L/∂γ = Σ_q g h^t, h^t = h^{t-1} A + Δ ŷ β.
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * ntile), [&](const index_t i) {
         const index_t t = t0 + i / ntile, n0 = (i % ntile) * NT, m = b * T + t, r = b * W + t - w0;
         const index_t rl = b * Wl + t - l0;  // the launch's row of the block shares
-        S gb[NT], gg[NT], bv[NT];
-        for (int j = 0; j < NT; ++j) {
-          gb[j] = 0;
-          gg[j] = 0;
-          bv[j] = L.beta(m, n0 + j);
-        }
-        for (index_t ql = 0; ql < np; ++ql) {
-          const index_t q = p0 + ql, col = ql * N + n0;
-          const S du = L.delta(m, q) * L.yhat(m, q), g = L.gy(m, q);
-          for (int j = 0; j < NT; ++j) {
-            gb[j] += X(t - t0, col + j) * du;
-            gg[j] += g * (Y(t - t0, col + j) + du * bv[j]);
-          }
-        }
+        S gb[NT], gg[NT];
+        token_channel_sums<NT>(L, X, Y, t - t0, m, n0, p0, np, gb, gg);
         for (int j = 0; j < NT; ++j) {
           if (split) {
             o.beta_part(rl, pb, n0 + j) = gb[j];

@@ -188,42 +188,14 @@ void walk_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, cons
         // Per (token, channel), sums over n: gΔ = Σ μ (hA a + β ŷ) gives
         // ∂L/∂z; Σ μ β. Channels fastest: a warp writes rows of neighbours.
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * np), [&](const index_t it) {
-          const index_t ql = it % np, i = it / np, q = p0 + ql, m = b * T + t0 + i;
-          const S dq = L.delta(m, q), yq = L.yhat(m, q);
-          S gd = 0, gh = 0;
-          for (index_t n0 = 0; n0 < N; n0 += NT) {
-            S pd[NT], ph[NT];
-            for (int j = 0; j < NT; ++j) {
-              const S mu = X(i, ql * N + n0 + j), bn = L.beta(m, n0 + j);
-              pd[j] = mu * (Y(i, ql * N + n0 + j) * L.a(q, n0 + j) + bn * yq);
-              ph[j] = mu * bn;
-            }
-            for (int j = 0; j < NT; ++j) {
-              gd += pd[j];
-              gh += ph[j];
-            }
-          }
-          const index_t r = b * W + t0 + i - w0;
-          o.gz(r, q) = -gd * kmath::expm1(-dq);  // softplus'(z) = 1 - e^{-Δ}
-          o.gyhat(r, q) = L.gy(m, q) * D(q) + gh * dq;
+          const index_t ql = it % np, i = it / np;
+          token_state_sums<NT>(L, X, Y, i, b * T + t0 + i, p0 + ql, ql * N, D, o.gz, o.gyhat, b * W + t0 + i - w0);
         });
         // Per (token, state tile): the step's terms of ∂L/∂β and ∂L/∂γ, in channel order.
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len * ntile), [&](const index_t it) {
-          const index_t i = it / ntile, n0 = (it % ntile) * NT, m = b * T + t0 + i;
-          S gb[NT], gg[NT], bv[NT];
-          for (int j = 0; j < NT; ++j) {
-            gb[j] = 0;
-            gg[j] = 0;
-            bv[j] = L.beta(m, n0 + j);
-          }
-          for (index_t ql = 0; ql < np; ++ql) {
-            const index_t q = p0 + ql, col = ql * N + n0;
-            const S du = L.delta(m, q) * L.yhat(m, q), g = L.gy(m, q);
-            for (int j = 0; j < NT; ++j) {
-              gb[j] += X(i, col + j) * du;
-              gg[j] += g * (Y(i, col + j) + du * bv[j]);
-            }
-          }
+          const index_t i = it / ntile, n0 = (it % ntile) * NT;
+          S gb[NT], gg[NT];
+          token_channel_sums<NT>(L, X, Y, i, b * T + t0 + i, n0, p0, np, gb, gg);
           for (int j = 0; j < NT; ++j) {
             GB(i, n0 + j) = p0 == 0 ? gb[j] : GB(i, n0 + j) + gb[j];
             GG(i, n0 + j) = p0 == 0 ? gg[j] : GG(i, n0 + j) + gg[j];
