@@ -357,7 +357,8 @@ WorkspaceSpec adjoint_exact_scan_fused_workspace(const EngineOptions& opts, cons
 template <class S>
 void adjoint_exact_scan_fused(const EngineOptions& opts_in, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const Unmanaged1<S>& D,
-                              const ScanFusedFn<S>& on_wave, const ExecSpace& exec) {
+                              const ScanFusedFn<S>& on_wave, const ExecSpace& exec, const View2<S>& h0,
+                              ExactCarry<S>* carry) {
   const index_t T = s.T, Bt = s.batch, P = act.a.extent(0), N = act.a.extent(1);
   const index_t groups = index_t(act.beta.extent(1)) / N;
   require(opts_in.chunk >= 1 && opts_in.wave >= 0, "adjoint-exact: chunk must be >= 1 and wave >= 0 (0: auto)");
@@ -374,18 +375,27 @@ void adjoint_exact_scan_fused(const EngineOptions& opts_in, Workspace<S>& work, 
   const View3<S> gbuf = carry_groups(work, Bt, chunks.n, true);
   const ScanView<S> L{act.delta, act.yhat, act.beta, act.gamma, gy, act.a, T, s.docs};
   const ExactCarry<S> none;
-  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, View2<S>(), exec, gbuf);
-  impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, none, exec, gbuf);
-  impl::e3_fused_waves_run(opts, L, chunks, Bt, Hb, hrun, View2<S>(), Ms, none, D, T, sh, work, on_wave, exec);
+  const ExactCarry<S>& cin = carry ? *carry : none;
+  if (chunked_h) impl::boundary_states(L, chunks, Bt, Hb, G, h0, exec, gbuf);
+  impl::chunk_start_adjoints(L, chunks, Bt, Ms, G, cin, exec, gbuf);
+  impl::e3_fused_waves_run(opts, L, chunks, Bt, Hb, hrun, h0, Ms, cin, D, T, sh, work, on_wave, exec);
+  if (!carry) return;
+  if (index_t(carry->mu.extent(0)) != Bt) {  // a layer's first block allocates the carry
+    const WorkspaceSpec cs = adjoint_exact_carry_workspace(sh);
+    carry->mu = make_view3<S>(*cs.find(buf::carry_mu));
+    carry->A = make_view3<S>(*cs.find(buf::carry_A));
+  }
+  impl::take_carry(L, Bt, chunks.n, Ms, *carry, exec);
 }
 
 template void adjoint_exact_scan_fused<float>(const EngineOptions&, Workspace<float>&, const SeqShape&,
                                               const LayerActivations<float>&, const View2<float>&,
-                                              const Unmanaged1<float>&, const ScanFusedFn<float>&, const ExecSpace&);
+                                              const Unmanaged1<float>&, const ScanFusedFn<float>&, const ExecSpace&,
+                                              const View2<float>&, ExactCarry<float>*);
 template void adjoint_exact_scan_fused<double>(const EngineOptions&, Workspace<double>&, const SeqShape&,
                                                const LayerActivations<double>&, const View2<double>&,
                                                const Unmanaged1<double>&, const ScanFusedFn<double>&,
-                                               const ExecSpace&);
+                                               const ExecSpace&, const View2<double>&, ExactCarry<double>*);
 
 template <class S>
 AdjointExactLayer<S>::AdjointExactLayer(const EngineOptions& opts) : opts_(opts) {

@@ -90,7 +90,8 @@ void adjoint_exact_scan_waves(const EngineOptions& opts, Workspace<S>& work, con
 WorkspaceSpec adjoint_exact_scan_workspace(const EngineOptions& opts, const LayerShape& sh);
 
 // E3's scan part in the fused form (grad/impl/e3_fused.hpp; the reverse walk
-// with opts.e3_walk) on a whole window, exact mode (detachment is the
+// with opts.e3_walk) on a whole window or a token block (h0 and carry as
+// adjoint_exact_scan_waves'; no halo), exact mode (detachment is the
 // caller's), one group of β and γ: the per-token VJPs of the scan core formed
 // in the kernels, handed per wave to on_wave as the wave's rows, its cotangent
 // rows (gz = ∂L/∂(the pre-softplus Δ), gyhat = ∂L/∂u through the scan with
@@ -103,7 +104,8 @@ using ScanFusedFn =
 template <class S>
 void adjoint_exact_scan_fused(const EngineOptions& opts, Workspace<S>& work, const SeqShape& s,
                               const LayerActivations<S>& act, const View2<S>& gy, const Unmanaged1<S>& D,
-                              const ScanFusedFn<S>& on_wave, const ExecSpace& exec = ExecSpace());
+                              const ScanFusedFn<S>& on_wave, const ExecSpace& exec = ExecSpace(),
+                              const View2<S>& h0 = View2<S>(), ExactCarry<S>* carry = nullptr);
 WorkspaceSpec adjoint_exact_scan_fused_workspace(const EngineOptions& opts, const LayerShape& sh);
 // Whether a kind's scan core on a whole window of T tokens runs the fused
 // form: asked for (e3_scan_fused and e3_fused), no window T̄ < T, one group

@@ -62,14 +62,25 @@ void exact_block(AdjointExactLayer<S>& e3, const P& p, const ModelDims& d, const
   // a halo): with a halo, its rows' g, ∂L/∂o and scan cotangents are zeroed
   // between, so they add nothing to W_out's gradient or the dense VJPs.
   mamba_gate_backward_first(p, act, g_blk, cot, exec);
-  const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
-                                    const View3<S>& A, const LayerCotangents<S>& wc) {
-    selective_scan_backward_rows(scan_core_D(p, act), sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
-                                 scan_param_grads(grad, cot), exec);
-    impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
-  };
-  adjoint_exact_scan_waves(e3.options(), e3.scan_work(), sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry,
-                           own_T);
+  const bool halo = own_T > 0 && own_T < sb.T;
+  if (!halo && e3_scan_fused_form(e3.options(), sb.T, MambaKind::scan_layer_shape(d, sb.batch, sb.T, sizeof(S)).groups)) {
+    // The replay above gave s; the fused form (or the walk) from the block's start state.
+    const ScanFusedFn<S> on_rows = [&](const BlockRows& rb, const LayerCotangents<S>& wc, const ParamPartials<S>& parts) {
+      selective_scan_param_sums(act.scan, parts, scan_param_grads(grad, cot), exec);
+      impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
+    };
+    adjoint_exact_scan_fused(e3.options(), e3.scan_work(), sb, act.scan, cot.gs, scan_core_D(p, act), on_rows, exec,
+                             before.ssm, carry);
+  } else {
+    const ScanWaveFn<S> on_wave = [&](const BlockRows& rb, const View3<S>& mu, const View3<S>& hprev,
+                                      const View3<S>& A, const LayerCotangents<S>& wc) {
+      selective_scan_backward_rows(scan_core_D(p, act), sb, act.scan, cot.gs, rb, mu, hprev, A, wc,
+                                   scan_param_grads(grad, cot), exec);
+      impl::mamba_wave_rows(sb, rb, wc, cot.scan, exec);
+    };
+    adjoint_exact_scan_waves(e3.options(), e3.scan_work(), sb, act.scan, cot.gs, on_wave, exec, before.ssm, carry,
+                             own_T);
+  }
   if (own_T > 0 && own_T < sb.T) {
     // A named array, not a braced list in the range-for: nvcc's front end refuses that form.
     const View2<S> halo_rows[] = {g_blk, cot.gz, cot.scan.gz, cot.scan.gyhat, cot.scan.gbeta, cot.scan.ggamma, cot.go};
@@ -228,12 +239,15 @@ WorkspaceSpec MambaKind::cotangents_spec(const ModelDims& d, index_t rows, bool 
   return w;
 }
 
-PlanRows MambaKind::exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool,
+PlanRows MambaKind::exact_block_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T, bool halo,
                                      std::size_t elem) {
   WorkspaceSpec act = acts_spec(d, Bt * T, false, elem);
+  const LayerShape sh = scan_layer_shape(d, Bt, T, elem);
+  const bool fused = !halo && e3_scan_fused_form(o, T, sh.groups);
   return {{"E3 block activations + state copy", act.append(state_spec(d, Bt, elem))},
           {"cotangents (one block)", cotangents_spec(d, Bt * T, false, elem)},
-          {"E3 scan workspace", adjoint_exact_scan_workspace(o, scan_layer_shape(d, Bt, T, elem))}};
+          {fused ? "E3 scan workspace (fused)" : "E3 scan workspace",
+           fused ? adjoint_exact_scan_fused_workspace(o, sh) : adjoint_exact_scan_workspace(o, sh)}};
 }
 
 PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
