@@ -68,8 +68,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, MambaE3,
 // (the conv's carry then passes through several blocks), document starts inside
 // a block, on a block's first token and within a block's first Kc−1 tokens,
 // batch 2, T odd; exact and detached; layer checkpoints m = 1..K+1 and 16-bit
-// storage of the kept inputs. The gradient equals the whole window's (E3 in
-// one block) to 1e-12 in double, and is the same for every m bit for bit.
+// storage of the kept inputs; the scan core in each of E3's three forms. The
+// gradient equals the whole window's (E3 in one block) to 1e-12 in double, and
+// is the same for every m bit for bit.
 struct BlockCase {
   int K;
   index_t batch, T;
@@ -95,31 +96,43 @@ TEST_P(MambaBlockwise, EqualsWholeWindow) {
     x = with_document_starts(
         x, c.batch == 2 ? std::vector<index_t>{3, 6, c.T + 1, c.T + 5, std::min<index_t>(c.T + 8, 2 * c.T - 1)}
                         : std::vector<index_t>{2, 5, 9});
-  for (const bool detach : {false, true})
-    for (const index_t chunk : {1, 2}) {
-      EngineOptions whole = engine_options("adjoint-exact", 0, detach);
-      whole.chunk = chunk;
-      double lw = 0;
-      const auto gw = grad_of(whole, ps, x, &lw);
-      for (const index_t tb : {1, 2, 3, 5}) {
-        std::vector<double> g_m1;
-        for (int m = 1; m <= c.K + 1; ++m) {
-          EngineOptions o = whole;
-          o.token_block = tb;
-          o.layer_checkpoint = m;
-          double lb = 0;
-          const auto gb = grad_of(o, ps, x, &lb);
-          const std::string what = std::string(detach ? "detached" : "exact") + ", chunk " + std::to_string(chunk) +
-                                   ", token_block " + std::to_string(tb) + ", m " + std::to_string(m);
-          EXPECT_NEAR(lb, lw, 1e-13 * lw) << what;
-          expect_close(gb, gw, d, 1e-12, what);
-          if (m == 1)
-            g_m1 = gb;
-          else
-            EXPECT_EQ(gb, g_m1) << what << ": not bitwise the m = 1 gradient";
+  // The scan core's three forms: waves, fused (a GPU's default) and the walk;
+  // each form's whole window is the waves' to 1e-12.
+  for (const int form : {0, 1, 2}) {
+    for (const bool detach : {false, true})
+      for (const index_t chunk : {1, 2}) {
+        EngineOptions whole = engine_options("adjoint-exact", 0, detach);
+        whole.chunk = chunk;
+        whole.e3_scan_fused = form > 0;
+        whole.e3_walk = form == 2;
+        double lw = 0;
+        const auto gw = grad_of(whole, ps, x, &lw);
+        if (form > 0) {
+          EngineOptions waves = whole;
+          waves.e3_scan_fused = waves.e3_walk = false;
+          expect_close(gw, grad_of(waves, ps, x), d, 1e-12, form == 1 ? "fused vs waves" : "walk vs waves");
+        }
+        for (const index_t tb : {1, 2, 3, 5}) {
+          std::vector<double> g_m1;
+          for (int m = 1; m <= c.K + 1; ++m) {
+            EngineOptions o = whole;
+            o.token_block = tb;
+            o.layer_checkpoint = m;
+            double lb = 0;
+            const auto gb = grad_of(o, ps, x, &lb);
+            const std::string what = std::string(form == 0 ? "waves, " : form == 1 ? "fused, " : "walk, ") +
+                                     (detach ? "detached" : "exact") + ", chunk " + std::to_string(chunk) +
+                                     ", token_block " + std::to_string(tb) + ", m " + std::to_string(m);
+            EXPECT_NEAR(lb, lw, 1e-13 * lw) << what;
+            expect_close(gb, gw, d, 1e-12, what);
+            if (m == 1)
+              g_m1 = gb;
+            else
+              EXPECT_EQ(gb, g_m1) << what << ": not bitwise the m = 1 gradient";
+          }
         }
       }
-    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MambaBlockwise,
