@@ -23,6 +23,15 @@ namespace ash::impl {
 constexpr index_t walk_sub = 8;
 KOKKOS_INLINE_FUNCTION index_t walk_sub_ranges(index_t C) { return (C + walk_sub - 1) / walk_sub; }
 
+// The walk's team policy: at most walk_team_max threads and, on a GPU, two
+// teams resident per SM, so ptxas keeps a thread within 128 registers. The
+// walk's phases keep many views' metadata live: unbounded, its float kernel
+// took 167 registers (12 warps an SM); bounded, 128 with 40 bytes spilled
+// (16 warps an SM), nvcc 13.0 for sm_90 (perf_tests/gpu/kernel_resources.py).
+constexpr int walk_team_max = 256;
+using WalkPolicy = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<walk_team_max, 2>>;
+using WalkMember = WalkPolicy::member_type;
+
 // Team scratch of one walk team, in scalars, for Qc channels a step: μ/A and
 // h^{t-1}A ([C, Qc·N+1] each), Σ_q for ∂L/∂β and ∂L/∂γ ([C, N+1] each), the
 // sub-ranges' products, h and carries ([ns, Qc·N+1] each).
@@ -34,7 +43,7 @@ inline std::size_t walk_scratch_scalars(index_t C, index_t N, index_t Qc) {
 // The walk's shape: Pt is the channels a team takes per step (the rest of
 // FusedShape as the fused form's with one channel block: nPB = 1). `requested`
 // if > 0, else as many as keep the scratch within a GPU's 40 KiB of shared
-// memory (a host's 256 KiB of L2) and a GPU team within 1024 threads, one
+// memory (a host's 256 KiB of L2) and a GPU team within walk_team_max threads, one
 // per (channel, sub-range, state tile); a host team has one thread.
 inline FusedShape walk_shape(index_t P, index_t N, index_t C, int NT, index_t requested, std::size_t scalar_bytes) {
   const std::size_t budget = host_backend ? (std::size_t(256) << 10) : (std::size_t(40) << 10);
@@ -42,14 +51,15 @@ inline FusedShape walk_shape(index_t P, index_t N, index_t C, int NT, index_t re
   index_t Qc = requested > 0 ? requested : 1;
   if (requested <= 0)
     while (Qc < P && walk_scratch_scalars(C, N, Qc + 1) * scalar_bytes <= budget &&
-           (host_backend || (Qc + 1) * per_step <= 1024))
+           (host_backend || (Qc + 1) * per_step <= walk_team_max))
       ++Qc;
   FusedShape f;
   f.Pt = std::min(Qc, P);
   f.nPB = 1;
-  f.team = host_backend ? 1 : int(std::min<index_t>(1024, f.Pt * per_step));
+  f.team = host_backend ? 1 : int(std::min<index_t>(walk_team_max, f.Pt * per_step));
   return f;
 }
+
 // The launch [l0, l0+Wl) of whole chunks (segments) of the wave [w0, w0+W),
 // with fused_chunk_backward's inputs and outputs (out's block shares unused):
 // h before a chunk from Hb (chunk-parallel, a team per chunk) or hrun (a team
@@ -74,7 +84,7 @@ void walk_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, cons
   const std::size_t reserved = sizeof(double) * std::size_t(fs.team + 2);
   const int level = !host_backend && bytes + reserved > (std::size_t(48) << 10) ? 1 : 0;
   const index_t league = Bt * (ncl / per_team);
-  const auto body = KOKKOS_LAMBDA(const FusedMember& team) {
+  const auto body = KOKKOS_LAMBDA(const WalkMember& team) {
     const index_t l = team.league_rank(), b = l / (ncl / per_team), c_first = c_lo + (l % (ncl / per_team)) * per_team;
     // Columns ql·N + n of channel p0 + ql of the step. X: A^t, then μ^t. Y:
     // h^{t-1} A^t. SP: a sub-range's Π A, then its Σ μ h^{t-1} A Δ, then its
@@ -246,10 +256,10 @@ void walk_chunk_backward(const ScanView<S>& L, const Chunks ch, index_t Bt, cons
   };
   // Every loop above is a TeamThreadRange, so any team size gives the same
   // result; a GPU may cap fs.team by its registers.
-  FusedPolicy probe(exec, league, fs.team);
+  WalkPolicy probe(exec, league, fs.team);
   probe.set_scratch_size(level, Kokkos::PerTeam(bytes));
   const int team = std::min(fs.team, probe.team_size_max(body, Kokkos::ParallelForTag()));
-  FusedPolicy policy(exec, league, team);
+  WalkPolicy policy(exec, league, team);
   policy.set_scratch_size(level, Kokkos::PerTeam(bytes));
   Kokkos::parallel_for("ash::e3::walk", policy, body);
 }
