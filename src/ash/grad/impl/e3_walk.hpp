@@ -26,8 +26,8 @@ KOKKOS_INLINE_FUNCTION index_t walk_sub_ranges(index_t C) { return (C + walk_sub
 // The walk's team policy: at most walk_team_max threads and, on a GPU, two
 // teams resident per SM, so ptxas keeps a thread within 128 registers. The
 // walk's phases keep many views' metadata live: unbounded, its float kernel
-// took 167 registers (12 warps an SM); bounded, 128 with 40 bytes spilled
-// (16 warps an SM), nvcc 13.0 for sm_90 (perf_tests/gpu/kernel_resources.py).
+// took 167 registers (12 warps an SM); bounded, 128 and no spill (double:
+// 40 bytes), 16 warps an SM, nvcc 13.0 for sm_90 (perf_tests/gpu/kernel_resources.py).
 constexpr int walk_team_max = 256;
 using WalkPolicy = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<walk_team_max, 2>>;
 using WalkMember = WalkPolicy::member_type;
