@@ -193,6 +193,54 @@ TEST(AdjointExact, WalkEqualsTheFusedForm) {
   }
 }
 
+// EngineOptions::keep_buffers: an engine that keeps its layer inputs, g and
+// workspace between calls gives each call bitwise the gradient a fresh engine
+// gives, for windows of one shape with and without documents (and again after
+// a call on another shape), and a warm call allocates fewer Views than a cold one.
+TEST(AdjointExact, KeptBuffersGiveEachCallsGradient) {
+  ASSERT_TRUE(MemoryTracker::installed());
+  const std::string space = MemSpace::name();
+  const auto d = tiny_dims(2, 17, 8, 4);
+  auto ps = random_model<double>(d, 181);
+  const auto x1 = random_tokens(2, 29, d.vocab, 182);
+  auto x2 = random_tokens(2, 29, d.vocab, 183);
+  {
+    auto h = Kokkos::create_mirror_view(x2);
+    Kokkos::deep_copy(h, x2);
+    h(0, 7) |= doc_start_bit;
+    h(1, 20) |= doc_start_bit;
+    Kokkos::deep_copy(x2, h);
+  }
+  const auto x3 = random_tokens(3, 17, d.vocab, 184);
+  for (const char* engine : {"backprop", "adjoint", "adjoint-exact"}) {
+    EngineOptions o = engine_options(engine);
+    o.chunk = 8;
+    o.keep_buffers = true;
+    const auto warm = make_engine<double>(o);
+    // Calls: cold, warm (x2 has x1's shape), cold (another shape), cold, warm.
+    const std::vector<std::pair<const TokenView*, bool>> calls{{&x1, false}, {&x2, true}, {&x3, false}, {&x1, false},
+                                                               {&x1, true}};
+    for (const auto& [x, is_warm] : calls) {
+      ParamSet<double> g(d);
+      const auto a0 = MemoryTracker::allocations(space);
+      const double l = warm->compute(ps, *x, g);
+      const auto allocated = MemoryTracker::allocations(space) - a0;
+      double lf = 0;
+      EngineOptions fresh = o;
+      fresh.keep_buffers = false;
+      const auto a1 = MemoryTracker::allocations(space);
+      const auto gf = grad_of(fresh, ps, *x, &lf);
+      const auto allocated_fresh = MemoryTracker::allocations(space) - a1;
+      EXPECT_EQ(l, lf) << engine;
+      EXPECT_EQ(to_host(g), gf) << engine;
+      if (is_warm)
+        EXPECT_LT(allocated, allocated_fresh / 2) << engine << ": a warm call allocated " << allocated << " Views";
+      else
+        EXPECT_GT(allocated, allocated_fresh / 2) << engine << ": a cold call allocated " << allocated << " Views";
+    }
+  }
+}
+
 // e3_fused_waves: whole chunks, the launch within the wave, both at most T;
 // grad.wave and grad.e3_fused_launch as asked (rounded down to whole chunks).
 TEST(AdjointExact, FusedWavesAreWholeChunks) {

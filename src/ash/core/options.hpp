@@ -139,6 +139,12 @@ struct EngineOptions {
   // benches): a GPU's default; on a host the waves are faster (one forward
   // scan fewer). Tests run both.
   bool e3_scan_fused = !host_backend;
+  // The local engine (no memory lever) keeps its layer inputs, g and the layer
+  // method's workspace between compute calls on windows of one shape (C++ API
+  // and the benches): a warm call then allocates and zero-fills almost
+  // nothing, as a framework's caching allocator does. The memory stays held
+  // until the engine is destroyed or the shape changes.
+  bool keep_buffers = false;
   index_t e3_channel_block = 0;  // the fused form's channels per team, the walk's per step (0: auto)
   index_t e3_fused_launch = 0;   // the fused form's tokens per kernel launch within a wave (0: auto, e3_fused_waves)
   // The memory levers of docs/design.md §8 (E3 only; any of them selects the

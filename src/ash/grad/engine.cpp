@@ -43,21 +43,38 @@ double LocalEngine<S>::compute(const ParamSet<S>& params, const TokenView& x, co
   grad.fill_zero();
   const auto gglobal = grad.global();
   const ExecSpace& exec = layer_->execution_space();
-  ActivationStore<S> store(s, d, 0, int(d.layers), layer_->store(), layer_->keeps_activations());
+  // With keep_buffers, a call on windows of the last call's shape reuses its
+  // layer inputs, g and the layer's workspace (every value is written anew:
+  // the forward fills the inputs, the head every row of g); else they are
+  // freed as the backward passes them.
+  const bool keep = opts_.keep_buffers;
+  if (keep && store_ && store_->fits(s, d, 0, int(d.layers)))
+    store_->rebind(s);
+  else {
+    store_.reset();  // the old buffers first
+    store_ = std::make_unique<ActivationStore<S>>(s, d, 0, int(d.layers), layer_->store(), layer_->keeps_activations());
+  }
+  ActivationStore<S>& store = *store_;
   embedding_forward(params.global().embedding, x, store.input(0), exec);
   forward_layers(params, store, exec);
-  const View2<S> g("ash::g", s.rows(), d.width);  // g_K, then g_k in place (unchanged when detached)
+  if (!keep || index_t(g_.extent(0)) != s.rows() || index_t(g_.extent(1)) != index_t(d.width))
+    g_ = View2<S>("ash::g", s.rows(), d.width);  // g_K, then g_k in place (unchanged when detached)
+  const View2<S> g = g_;
   const double loss = head_loss<S>(params.global(), x, store.output(), g, &gglobal, opts_.head_chunk, 0, exec);
-  store.release_output();
+  if (!keep) store.release_output();
   with_layer_kind(d, [&](auto kind) {
     using K = decltype(kind);
     for (int k = int(d.layers) - 1; k >= 0; --k) {
       layer_->backward(K::layer(params, k), d, k, store, g, K::layer(grad, k));
-      store.release(k);
+      if (!keep) store.release(k);
     }
   });
-  layer_->release();
+  if (!keep) layer_->release();
   embedding_backward(x, g, gglobal.embedding, exec);
+  if (!keep) {
+    store_.reset();
+    g_ = View2<S>();
+  }
   return loss;
 }
 

@@ -46,6 +46,9 @@ class LocalEngine final : public GradientEngine<S> {
  private:
   EngineOptions opts_;
   std::unique_ptr<LayerAdjoint<S>> layer_;
+  // Held between calls with opts_.keep_buffers only (else one call's).
+  std::unique_ptr<ActivationStore<S>> store_;
+  View2<S> g_;
 };
 
 // The buffers of one layer's backward with opts.method on whole windows of

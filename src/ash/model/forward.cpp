@@ -23,6 +23,20 @@ ActivationStore<S>::ActivationStore(const SeqShape& s, const ModelDims& d, int k
 }
 
 template <class S>
+bool ActivationStore<S>::fits(const SeqShape& s, const ModelDims& d, int k0, int k1) const {
+  if (s.batch != s_.batch || s.T != s_.T || !(d == d_) || k0 != k0_ || k1 != k1_) return false;
+  for (const auto& y : ys_)
+    if (y.extent(0) == 0) return false;  // released
+  return true;
+}
+
+template <class S>
+void ActivationStore<S>::rebind(const SeqShape& s) {
+  require(s.batch == s_.batch && s.T == s_.T, "ActivationStore::rebind: windows of another shape");
+  s_ = s;  // the new windows' document starts; every buffer is the same
+}
+
+template <class S>
 const MambaActivations<S>& ActivationStore<S>::mamba_scratch() {
   if (!has_mamba_scratch_) {
     mamba_scratch_ = MambaActivations<S>(s_, d_, LayerActivations<S>::projections_only);

@@ -33,6 +33,11 @@ class ActivationStore {
   // Layer k's activations: the kept ones, or its projections recomputed from
   // y_{k-1} into one scratch shared by all layers of the store.
   const LayerActivations<S>& activations(const LayerParams<S>& p, int k, const ExecSpace& exec = ExecSpace());
+  // Whether the store's buffers hold windows of s's shape for layers [k0, k1)
+  // of d (every buffer still allocated): then rebind(s) lets another call
+  // with windows of that shape reuse them (EngineOptions::keep_buffers).
+  bool fits(const SeqShape& s, const ModelDims& d, int k0, int k1) const;
+  void rebind(const SeqShape& s);
   // Frees y_{k-1} and what is kept of layer k (the backward is done with it).
   void release(int k);
   void release_output() { ys_.back() = View2<S>(); }
