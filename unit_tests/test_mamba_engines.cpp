@@ -39,7 +39,7 @@ TEST_P(MambaE3, EqualsBackprop) {
   // The scan core in E3's every form: the wave buffers, the fused kernels
   // (the default) and the reverse walk, each with both h forms.
   for (const E3Form form : e3_forms())
-    for (const auto& [chunk, wave] : std::vector<std::pair<index_t, index_t>>{{64, 0}, {3, 3}, {2, 4}, {4, 0}, {9, 0}}) {
+    for (const auto& [chunk, wave] : std::vector<std::pair<index_t, index_t>>{{64, 0}, {3, 3}, {2, 4}, {4, 0}, {9, 0}, {20, 0}}) {
       EngineOptions o = with_e3_form(engine_options("adjoint-exact"), form);
       o.chunk = chunk;
       o.wave = wave;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Registers, stack and static shared memory of the project's CUDA kernels, read from the
 SASS (cuobjdump --dump-resource-usage), with the occupancy the registers allow on an
-sm_90 GPU (H100/H200: 65,536 registers and 64 warps per SM). The host-side part of the
+sm_90 GPU (H100/H200: 65,536 registers and 64 warps per SM). Registers only: whole teams
+(blocks) round it down further, and shared memory may bound it too. The host-side part of the
 GPU cost model: what ptxas gave each kernel, before a window measures it.
 
     kernel_resources.py --cuobjdump PATH --object FILE [--object FILE ...] [--filter REGEX] [--json OUT]

@@ -134,7 +134,7 @@ struct EngineOptions {
   // threads over tokens with a two-level scan, one exp serving h and μ, the
   // channel sums in scratch. Off by default until a GPU measures it.
   bool e3_walk = false;
-  // A kind's scan core (a Mamba's, a FalconMamba's) on a whole window in the
+  // A kind's scan core (a Mamba's, a FalconMamba's) on a whole window or a token block in the
   // fused form (or the walk) as well, not the wave form (C++ API and the
   // benches): a GPU's default; on a host the waves are faster (one forward
   // scan fewer). Tests run both.

@@ -107,7 +107,7 @@ void adjoint_exact_scan_fused(const EngineOptions& opts, Workspace<S>& work, con
                               const ScanFusedFn<S>& on_wave, const ExecSpace& exec = ExecSpace(),
                               const View2<S>& h0 = View2<S>(), ExactCarry<S>* carry = nullptr);
 WorkspaceSpec adjoint_exact_scan_fused_workspace(const EngineOptions& opts, const LayerShape& sh);
-// Whether a kind's scan core on a whole window of T tokens runs the fused
+// Whether a kind's scan core on T tokens (a whole window or a token block) runs the fused
 // form: asked for (e3_scan_fused and e3_fused), no window T̄ < T, one group
 // of β and γ.
 bool e3_scan_fused_form(const EngineOptions& opts, index_t T, index_t groups = 1);

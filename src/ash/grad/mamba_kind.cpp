@@ -253,9 +253,17 @@ PlanRows MambaKind::exact_block_rows(const EngineOptions& o, const ModelDims& d,
 PlanRows MambaKind::exact_window_rows(const EngineOptions& o, const ModelDims& d, index_t Bt, index_t T,
                                       std::size_t elem) {
   const LayerShape sh = scan_layer_shape(d, Bt, T, elem);
-  if (e3_scan_fused_form(o, T, sh.groups))
+  if (e3_scan_fused_form(o, T, sh.groups)) {
+    // The activations to the gate run the forward scan, whose chunk states (a
+    // GPU's chunked scan; none in one chunk) live beside the scan workspace.
+    const index_t nc = forward_scan_chunks(T, Bt, sh.P);
+    WorkspaceSpec fwd;
+    if (nc > 1)
+      fwd.add("ash::fwd::h_boundary", elem, {Bt * nc, sh.P, sh.N}, false)
+          .add("ash::fwd::chunk_products", elem, {Bt * nc, sh.P, sh.N}, false);
     return {{"cotangents (whole window)", cotangents_spec(d, Bt * T, false, elem)},
-            {"E3 scan workspace (fused)", adjoint_exact_scan_fused_workspace(o, sh)}};
+            {"E3 scan workspace (fused)", adjoint_exact_scan_fused_workspace(o, sh).append(fwd)}};
+  }
   return {{"cotangents (whole window)", cotangents_spec(d, Bt * T, false, elem)},
           {"E3 scan workspace", adjoint_exact_scan_workspace(o, sh)}};
 }

@@ -238,6 +238,10 @@ bool forward_scan_is_sequential(index_t T, index_t Bt, index_t P, const ExecSpac
   return forward_chunks(T, Bt, P, exec).n == 1;
 }
 
+index_t forward_scan_chunks(index_t T, index_t Bt, index_t P, const ExecSpace& exec) {
+  return forward_chunks(T, Bt, P, exec).n;
+}
+
 template <class S>
 void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S>& y_in,
                        const LayerActivations<S>& act, const View2<S>& y_out, const View2<S>& state_io,

@@ -100,6 +100,9 @@ void ssm_layer_forward(const LayerParams<S>& p, const SeqShape& s, const View2<S
 // channels, or T ≤ 64): then cutting the tokens anywhere and carrying the state
 // across the cut gives the same bits; chunked, only cuts where a block starts do.
 bool forward_scan_is_sequential(index_t T, index_t Bt, index_t P, const ExecSpace& exec = ExecSpace());
+// Its chunks per sequence (1 when sequential). In chunks it holds h at chunk
+// ends and the chunks' Π A ([Bt·chunks, P, N] each) while it runs.
+index_t forward_scan_chunks(index_t T, index_t Bt, index_t P, const ExecSpace& exec = ExecSpace());
 
 // The scan alone, on projections already in act (what ssm_layer_forward runs
 // after ssm_layer_project).
