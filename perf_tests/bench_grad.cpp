@@ -29,7 +29,9 @@
 // default memory space (what a warm engine still pays cudaMalloc and zero-fill for).
 // --keep-buffers 1 (the default) lets the engine keep its buffers between calls, as
 // a framework's caching allocator does; the peaks count from before the first call
-// (warm-ups included), so they are the same either way. Rows carry "keep_buffers".
+// (warm-ups included). A kept engine's peak is higher by what a call allocates while
+// the last call's buffers are held (the head's chunk buffers beside the layer
+// workspace, and y_K through the backward). Rows carry "keep_buffers".
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>

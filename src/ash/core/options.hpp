@@ -143,7 +143,9 @@ struct EngineOptions {
   // method's workspace between compute calls on windows of one shape (C++ API
   // and the benches): a warm call then allocates and zero-fills almost
   // nothing, as a framework's caching allocator does. The memory stays held
-  // until the engine is destroyed or the shape changes.
+  // until the engine is destroyed or the shape changes, so the peak grows by
+  // what a call allocates beside it (the head's chunk buffers) and by y_K,
+  // held through the backward.
   bool keep_buffers = false;
   index_t e3_channel_block = 0;  // the fused form's channels per team, the walk's per step (0: auto)
   index_t e3_fused_launch = 0;   // the fused form's tokens per kernel launch within a wave (0: auto, e3_fused_waves)
