@@ -8,8 +8,9 @@ Both sides are measured alike:
   time.perf_counter around the step;
 - ours (ash_bench_grad, a process per point): its own steady_clock around `engine.compute`
   and the Kokkos::fence after it, in the process, after its warm-up; process start-up, Kokkos'
-  and CUDA's initialisation, parameter initialisation and the token upload are outside it, the
-  engine's own allocations (cudaMalloc, zero-fill) inside;
+  and CUDA's initialisation, parameter initialisation and the token upload are outside it; the
+  engine keeps its buffers from call to call (--keep-buffers 1, its default), so a warm call
+  allocates only the head's chunk buffers, as torch's caching allocator serves theirs;
 - peaks: theirs torch.cuda.max_memory_allocated() over the warm-up and reps of one point (reset
   before the point, so the parameters, the gradients and the tokens are in it); ours
   "peak_total_bytes", the Kokkos high-water mark with the parameters, the gradient buffers
@@ -30,7 +31,8 @@ ROW_FIELDS = ("side", "mode", "T", "reps", "min_s", "median_s", "peak_bytes", "l
 TIMER_TORCH_CUDA = "torch.cuda.Event around zero_grad + forward + backward, after 1 warm-up"
 TIMER_TORCH_CPU = "time.perf_counter around zero_grad + forward + backward, after 1 warm-up"
 TIMER_ASH = ("ash_bench_grad in-process steady_clock around compute + Kokkos::fence, after 1 warm-up "
-             "(process and CUDA start-up excluded; the engine's allocations included)")
+             "(process and CUDA start-up excluded; the engine's buffers kept from call to call, "
+             "as a caching allocator's)")
 PEAK_TORCH = "torch.cuda.max_memory_allocated over the point (parameters, gradients, tokens included)"
 PEAK_ASH = "ash_bench_grad peak_total_bytes (parameters, gradient buffers, tokens included)"
 
